@@ -1,0 +1,1 @@
+"""The HTTP layer: a FastAPI app per replica, served by Ray Serve."""

@@ -1,0 +1,137 @@
+"""The FastAPI application of one replica. No Ray here: Serve wraps it in `deployments.app`,
+and tests or plain uvicorn can run it as is."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from deployments.context import SERVICE_VERSION, AppContext, LocalMetricsHub, MetricsHub
+from deployments.errors import install_error_handlers
+from deployments.middleware import RequestContextMiddleware
+from deployments.routers import ROUTERS
+from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
+from orchestrator.config import Settings
+from orchestrator.db import connect
+from orchestrator.observability import (
+    MetricsRecorder,
+    RouteTemplates,
+    heartbeat,
+    prune_heartbeats,
+)
+
+log = logging.getLogger("orchestrator.api")
+
+API_PREFIX = "/api/v1"
+METRICS_FLUSH_S = 1.0
+HEARTBEAT_S = 20.0
+
+
+def _secret(value: object) -> str | None:
+    return value.get_secret_value() if value is not None else None  # type: ignore[attr-defined]
+
+
+async def build_context(
+    settings: Settings, metrics: MetricsHub, started_at: float | None
+) -> AppContext:
+    if not settings.database_url or not settings.redis_url:
+        raise RuntimeError("database_url and redis_url must be set before the app starts")
+    db = await connect(settings.database_url, min_size=settings.db_pool_min,
+                       max_size=settings.db_pool_max)
+    redis = aioredis.from_url(settings.redis_url, socket_timeout=2.0,
+                              socket_connect_timeout=2.0, health_check_interval=15)
+    tokens = TokenStore(db.pool)
+    jwt_verifier = JwtVerifier(
+        secret=_secret(settings.jwt_secret),
+        jwks_url=settings.jwt_jwks_url,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        user_claim=settings.jwt_user_claim,
+        admin_claim=settings.jwt_admin_claim,
+    )
+    ctx = AppContext(
+        settings=settings,
+        db=db,
+        redis=redis,
+        tokens=tokens,
+        authenticator=Authenticator(tokens, jwt_verifier, settings.auth_cache_ttl_s),
+        rate_limiter=RateLimiter(redis, settings.rate_limit_per_minute),
+        recorder=MetricsRecorder(f"api:{socket.gethostname()}:{os.getpid()}"),
+        metrics=metrics,
+    )
+    if started_at is not None:
+        ctx.started_at = started_at
+    return ctx
+
+
+async def _every(seconds: float, what: str, fn: Callable[[], object]) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await fn()  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - a background duty must outlive a bad tick
+            log.warning("%s failed: %r", what, exc)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    metrics: MetricsHub | None = None,
+    started_at: float | None = None,
+) -> FastAPI:
+    """Build the HTTP API. `metrics` is the cluster-wide hub (the Metrics actor under Ray)."""
+    hub = metrics or LocalMetricsHub()
+    holder: dict[str, AppContext] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = await build_context(settings, hub, started_at)
+        holder["ctx"] = ctx
+        app.state.ctx = ctx
+
+        async def beat() -> None:
+            await heartbeat(ctx.db.pool)
+            await prune_heartbeats(ctx.db.pool)
+
+        with contextlib.suppress(Exception):
+            await heartbeat(ctx.db.pool)
+        tasks = [
+            asyncio.create_task(_every(METRICS_FLUSH_S, "metrics flush", ctx.flush_metrics)),
+            asyncio.create_task(_every(HEARTBEAT_S, "heartbeat", beat)),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await ctx.flush_metrics()
+            await ctx.redis.aclose()
+            await ctx.db.close()
+
+    app = FastAPI(
+        title="Agent orchestration service",
+        version=SERVICE_VERSION,
+        lifespan=lifespan,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+    )
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router, prefix=API_PREFIX)
+    templates = RouteTemplates(
+        [API_PREFIX + route.path for router in ROUTERS for route in router.routes]  # type: ignore[attr-defined]
+        + [app.openapi_url or "", app.docs_url or ""]
+    )
+    app.add_middleware(RequestContextMiddleware, ctx_getter=lambda: holder["ctx"],
+                       templates=templates)
+    return app

@@ -1,0 +1,59 @@
+"""The Serve application: `build_app(args) -> Application`, named by serve_config.yaml."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve import Application
+
+from actors.metrics import ActorMetricsHub, get_or_create_metrics
+from deployments.api import create_app
+from orchestrator.config import Settings
+
+APP_NAME = "orchestrator"
+
+
+@serve.deployment(name="Api", max_ongoing_requests=256)
+@serve.ingress()
+class Api:
+    """HTTP ingress replica: the FastAPI app, built on the replica after construction."""
+
+    def __init__(self, settings: Settings, started_at: float) -> None:
+        self._settings = settings
+        self._started_at = started_at
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
+        return create_app(self._settings, metrics=hub, started_at=self._started_at)
+
+    def __repr__(self) -> str:
+        return f"Api(port={self._settings.port})"
+
+
+def _settings_from_args(args: dict[str, Any]) -> Settings:
+    given = args.get("settings")
+    if isinstance(given, Settings):
+        return given
+    overrides = {k: v for k, v in args.items() if k not in ("config", "settings", "started_at")}
+    settings = Settings.load(args.get("config"), **overrides)
+    if not settings.database_url or not settings.redis_url:
+        raise ValueError(
+            "serve_config.yaml deployments need database_url and redis_url (ORCH_DATABASE_URL, "
+            "ORCH_REDIS_URL): only `orchestrator serve` starts embedded servers"
+        )
+    return settings
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Serve app builder. `args` holds a `Settings` (from the CLI) or settings keys and an
+    optional `config` file path (from serve_config.yaml)."""
+    settings = _settings_from_args(args)
+    started_at = float(args.get("started_at") or time.time())
+    deployment = Api.options(
+        num_replicas=settings.api_replicas,
+        ray_actor_options={"num_cpus": settings.api_replica_cpus},
+    )
+    return deployment.bind(settings, started_at)

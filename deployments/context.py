@@ -1,0 +1,71 @@
+"""What a replica holds: settings, the database, Redis, auth, metrics. Built in the lifespan."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+from orchestrator.auth import Authenticator, RateLimiter, TokenStore
+from orchestrator.config import Settings
+from orchestrator.db import Database
+from orchestrator.observability import MetricsRecorder, MetricsSnapshot, MetricsState, SloTargets
+
+try:
+    SERVICE_VERSION = version("orchestrator")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    SERVICE_VERSION = "0.0.0+source"
+
+
+class MetricsHub(Protocol):
+    """Where a replica's metric deltas go and the cluster-wide view comes from."""
+
+    async def push(self, snapshot: MetricsSnapshot) -> None: ...
+    async def render(self) -> bytes: ...
+    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict: ...
+    async def gauges(self) -> dict[str, int]: ...
+
+
+class LocalMetricsHub:
+    """In-process aggregation, for an app served without Ray (tests, plain uvicorn)."""
+
+    def __init__(self) -> None:
+        self.state = MetricsState()
+
+    async def push(self, snapshot: MetricsSnapshot) -> None:
+        self.state.apply(snapshot)
+
+    async def render(self) -> bytes:
+        return self.state.render()
+
+    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict:
+        return self.state.slo(targets, uptime_ratio)
+
+    async def gauges(self) -> dict[str, int]:
+        return {"stream_sockets": self.state.stream_sockets(),
+                "active_workers": self.state.active_workers()}
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    db: Database
+    redis: aioredis.Redis
+    tokens: TokenStore
+    authenticator: Authenticator
+    rate_limiter: RateLimiter
+    recorder: MetricsRecorder
+    metrics: MetricsHub
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def slo_targets(self) -> SloTargets:
+        s = self.settings
+        return SloTargets(latency_p99_s=s.slo_latency_p99_s, uptime_7d_pct=s.slo_uptime_7d_pct,
+                          error_rate=s.slo_error_rate, window_s=s.slo_window_s)
+
+    async def flush_metrics(self) -> None:
+        await self.metrics.push(self.recorder.drain())

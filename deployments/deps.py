@@ -1,0 +1,34 @@
+"""Typed dependencies every handler uses."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from deployments.context import AppContext
+from orchestrator.auth import Principal
+from orchestrator.errors import Forbidden, Unauthorized
+
+
+def get_context(request: Request) -> AppContext:
+    return request.app.state.ctx  # type: ignore[no-any-return]
+
+
+def current_principal(request: Request) -> Principal:
+    # Set by the auth middleware on every path outside the exempt list.
+    principal = getattr(request.state, "principal", None)
+    if principal is None:
+        raise Unauthorized("missing bearer token")
+    return principal  # type: ignore[no-any-return]
+
+
+def admin_principal(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    if not principal.is_admin:
+        raise Forbidden("admin only")
+    return principal
+
+
+Ctx = Annotated[AppContext, Depends(get_context)]
+CurrentUser = Annotated[Principal, Depends(current_principal)]
+AdminUser = Annotated[Principal, Depends(admin_principal)]

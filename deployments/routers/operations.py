@@ -1,0 +1,136 @@
+"""Health, readiness, metrics and SLO: served without a token (see `exempt_paths`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+from deployments.context import SERVICE_VERSION, AppContext
+from deployments.deps import Ctx
+from orchestrator.observability import uptime_ratio
+
+router = APIRouter(tags=["operations"])
+log = logging.getLogger(__name__)
+
+
+class Component(BaseModel):
+    status: str
+
+
+class StoreHealth(Component):
+    tables: int
+
+
+class MessagingHealth(Component):
+    sockets: int
+
+
+class ProvidersHealth(BaseModel):
+    total: int
+    healthy: int
+
+
+class WorkersHealth(BaseModel):
+    active: int
+    idle: int
+
+
+class Components(BaseModel):
+    store: StoreHealth
+    messaging: MessagingHealth
+    providers: ProvidersHealth
+    workers: WorkersHealth
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    uptime_seconds: float
+    components: Components
+
+
+class SloEntry(BaseModel):
+    target: float
+    current: float
+    compliant: bool
+
+
+class Slo(BaseModel):
+    latency_p99: SloEntry
+    uptime_7d: SloEntry
+    error_rate: SloEntry
+
+
+async def _probe_store(ctx: AppContext) -> StoreHealth:
+    try:
+        return StoreHealth(status="ok", tables=await ctx.db.ping())
+    except Exception as exc:  # noqa: BLE001 - any failure means the store is degraded
+        log.warning("store probe failed: %r", exc)
+        return StoreHealth(status="degraded", tables=0)
+
+
+async def _probe_messaging(ctx: AppContext) -> MessagingHealth:
+    try:
+        async with asyncio.timeout(2.0):
+            await ctx.redis.ping()
+            gauges = await ctx.metrics.gauges()
+        return MessagingHealth(status="ok", sockets=gauges.get("stream_sockets", 0))
+    except Exception as exc:  # noqa: BLE001 - any failure means messaging is degraded
+        log.warning("messaging probe failed: %r", exc)
+        return MessagingHealth(status="degraded", sockets=0)
+
+
+@router.get("/health", response_model=Health)
+async def health(ctx: Ctx) -> JSONResponse:
+    store, messaging = await asyncio.gather(_probe_store(ctx), _probe_messaging(ctx))
+    gauges: dict[str, int] = {}
+    try:
+        gauges = await ctx.metrics.gauges()
+    except Exception as exc:  # noqa: BLE001 - metrics are not a critical component
+        log.warning("metrics hub unreachable: %r", exc)
+    # Provider adapters and the worker pool register here as their parts land; until then
+    # there is honestly nothing configured to count.
+    providers = ProvidersHealth(total=0, healthy=0)
+    workers = WorkersHealth(active=gauges.get("active_workers", 0), idle=0)
+    critical_ok = store.status == "ok" and messaging.status == "ok"
+    body = Health(
+        status="ok" if critical_ok else "degraded",
+        version=SERVICE_VERSION,
+        uptime_seconds=round(time.time() - ctx.started_at, 3),
+        components=Components(store=store, messaging=messaging, providers=providers,
+                              workers=workers),
+    )
+    return JSONResponse(body.model_dump(), status_code=200 if critical_ok else 503)
+
+
+@router.get("/ready", response_class=PlainTextResponse)
+async def ready() -> PlainTextResponse:
+    return PlainTextResponse("OK")
+
+
+@router.get("/metrics")
+async def metrics(ctx: Ctx) -> Response:
+    # Push this replica's latest deltas first, so a scrape sees the requests just served here.
+    await ctx.flush_metrics()
+    return Response(await ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/slo", response_model=Slo)
+async def slo(ctx: Ctx) -> dict[str, Any]:
+    await ctx.flush_metrics()
+    ratio: float | None = None
+    try:
+        ratio = await uptime_ratio(ctx.db.pool, now=time.time())
+    except Exception as exc:  # noqa: BLE001 - without the store, uptime is unknown, not fatal
+        log.warning("uptime unavailable: %r", exc)
+    return await ctx.metrics.slo(ctx.slo_targets, ratio)
+
+
+__all__ = ["router"]

@@ -1,0 +1,1 @@
+"""Multi-tenant agent orchestration service: the domain core (no Ray imports here)."""

@@ -1,0 +1,19 @@
+"""Who is calling: bearer tokens (opaque or JWT), principals, per-token rate limits."""
+
+from orchestrator.auth._authenticator import Authenticator
+from orchestrator.auth._jwt import JwtVerifier
+from orchestrator.auth._principal import Principal
+from orchestrator.auth._ratelimit import RateLimiter
+from orchestrator.auth._tokens import IssuedToken, TokenStore, generate_token, hash_token, token_prefix
+
+__all__ = [
+    "Authenticator",
+    "IssuedToken",
+    "JwtVerifier",
+    "Principal",
+    "RateLimiter",
+    "TokenStore",
+    "generate_token",
+    "hash_token",
+    "token_prefix",
+]

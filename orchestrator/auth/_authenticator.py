@@ -1,0 +1,53 @@
+"""Turns an Authorization header into a Principal, with a short per-process cache."""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator.auth._jwt import JwtVerifier
+from orchestrator.auth._principal import Principal
+from orchestrator.auth._tokens import TokenStore, hash_token
+from orchestrator.errors import Unauthorized
+
+
+class Authenticator:
+    """Verifies bearer tokens.
+
+    Opaque tokens are looked up by hash in Postgres and cached for `cache_ttl_s`, so a hot
+    client costs one dict lookup, not a database round trip; a revoked token stops working
+    on every replica within that time (at once on the replica that revoked it).
+    """
+
+    def __init__(self, store: TokenStore, jwt_verifier: JwtVerifier, cache_ttl_s: float) -> None:
+        self._store = store
+        self._jwt = jwt_verifier
+        self._ttl = cache_ttl_s
+        self._cache: dict[str, tuple[float, Principal]] = {}
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise Unauthorized("missing bearer token")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("Authorization must be 'Bearer <token>'")
+        if self._jwt.enabled and JwtVerifier.looks_like_jwt(token):
+            return await self._jwt.verify(token)
+        digest = hash_token(token)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        principal = await self._store.lookup(digest)
+        if principal is None:
+            self._cache.pop(digest, None)
+            raise Unauthorized("invalid or revoked token")
+        if self._ttl > 0:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[digest] = (now + self._ttl, principal)
+        return principal
+
+    def forget(self, token_hashes: list[str]) -> None:
+        for digest in token_hashes:
+            self._cache.pop(digest, None)

@@ -1,0 +1,69 @@
+"""Optional JWT bearer tokens, for single sign-on: HS256 with a secret, or keys from a JWKS."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import jwt
+
+from orchestrator.auth._principal import Principal
+from orchestrator.errors import Unauthorized
+
+_ASYMMETRIC = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256"]
+
+
+class JwtVerifier:
+    def __init__(
+        self,
+        *,
+        secret: str | None = None,
+        jwks_url: str | None = None,
+        issuer: str | None = None,
+        audience: str | None = None,
+        user_claim: str = "sub",
+        admin_claim: str = "admin",
+    ) -> None:
+        self._secret = secret
+        # PyJWKClient caches the key set and refetches on an unknown `kid`.
+        self._jwks = jwt.PyJWKClient(jwks_url, cache_keys=True, lifespan=300) if jwks_url else None
+        self._issuer = issuer
+        self._audience = audience
+        self._user_claim = user_claim
+        self._admin_claim = admin_claim
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._secret or self._jwks)
+
+    @staticmethod
+    def looks_like_jwt(token: str) -> bool:
+        return token.count(".") == 2 and token.startswith("ey")
+
+    async def verify(self, token: str) -> Principal:
+        options: dict[str, Any] = {"require": ["exp"], "verify_aud": self._audience is not None}
+        try:
+            header = jwt.get_unverified_header(token)
+            if header.get("alg") == "HS256" and self._secret:
+                key: Any = self._secret
+                algorithms = ["HS256"]
+            elif self._jwks is not None and header.get("alg") in _ASYMMETRIC:
+                # The JWKS fetch is blocking I/O: keep it off the event loop.
+                key = (await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)).key
+                algorithms = _ASYMMETRIC
+            else:
+                raise Unauthorized("JWT algorithm not accepted")
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=algorithms,
+                issuer=self._issuer,
+                audience=self._audience,
+                options=options,
+            )
+        except jwt.PyJWTError as exc:
+            raise Unauthorized(f"invalid JWT: {exc}") from exc
+        user = claims.get(self._user_claim)
+        if not isinstance(user, str) or not user:
+            raise Unauthorized(f"JWT has no '{self._user_claim}' claim")
+        return Principal(user, claims.get(self._admin_claim) is True, subject=f"jwt:{user}")

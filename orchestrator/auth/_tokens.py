@@ -1,0 +1,88 @@
+"""Opaque API tokens: random, shown once, stored as a sha256 hash."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+
+import asyncpg
+
+from orchestrator.auth._principal import Principal
+
+TOKEN_PREFIX = "orch_"
+PREFIX_LEN = 12  # characters of the token kept in clear to name it (e.g. for revocation)
+
+
+def generate_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_prefix(token: str) -> str:
+    return token[:PREFIX_LEN]
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str
+    prefix: str
+    user_uuid: str
+    admin: bool
+
+
+class TokenStore:
+    """The `api_tokens` table."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(self, user_uuid: str, admin: bool, description: str = "") -> IssuedToken:
+        token = generate_token()
+        await self.register(token, user_uuid, admin, description)
+        return IssuedToken(token, token_prefix(token), user_uuid, admin)
+
+    async def register(
+        self, token: str, user_uuid: str, admin: bool, description: str = ""
+    ) -> None:
+        """Store a token chosen elsewhere (the configured admin token); idempotent."""
+        await self._pool.execute(
+            """INSERT INTO api_tokens (token_hash, prefix, user_uuid, is_admin, description,
+                                       created_at)
+               VALUES ($1, $2, $3, $4, $5, $6)
+               ON CONFLICT (token_hash) DO UPDATE
+                 SET user_uuid = EXCLUDED.user_uuid, is_admin = EXCLUDED.is_admin,
+                     revoked_at = NULL""",
+            hash_token(token),
+            token_prefix(token),
+            user_uuid,
+            admin,
+            description,
+            int(time.time() * 1000),
+        )
+
+    async def lookup(self, token_hash: str) -> Principal | None:
+        row = await self._pool.fetchrow(
+            "SELECT user_uuid, is_admin FROM api_tokens"
+            " WHERE token_hash = $1 AND revoked_at IS NULL",
+            token_hash,
+        )
+        if row is None:
+            return None
+        return Principal(row["user_uuid"], row["is_admin"], subject=token_hash)
+
+    async def revoke(self, prefix: str, *, owner: str | None = None) -> list[str]:
+        """Revoke live tokens with this prefix (only `owner`'s when given); return their hashes."""
+        rows = await self._pool.fetch(
+            """UPDATE api_tokens SET revoked_at = $3
+               WHERE prefix = $1 AND revoked_at IS NULL AND ($2::text IS NULL OR user_uuid = $2)
+               RETURNING token_hash""",
+            prefix,
+            owner,
+            int(time.time() * 1000),
+        )
+        return [r["token_hash"] for r in rows]

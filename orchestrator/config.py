@@ -1,0 +1,294 @@
+"""The service's one settings object.
+
+Sources, highest priority first: explicit overrides (CLI flags), `ORCH_<KEY>` environment
+variables, the YAML file (`--config FILE` or `ORCH_CONFIG`), then the defaults below.
+Provider keys may also come from `<PROVIDER>_API_KEY` (Bedrock: the AWS variables).
+Settings are read once, in the process that starts the service, and passed down
+(pickled to Ray actors and replicas); nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = [
+    "PROVIDER_KINDS",
+    "CustomProvider",
+    "ProviderSettings",
+    "Settings",
+    "ConfigError",
+]
+
+# Provider kind -> environment variable holding its API key.
+PROVIDER_KEY_ENV: dict[str, str] = {
+    "anthropic": "ANTHROPIC_API_KEY",
+    "openai": "OPENAI_API_KEY",
+    "zhipu": "ZHIPU_API_KEY",
+    "ollama": "OLLAMA_API_KEY",
+    "gemini": "GEMINI_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+    "qwen": "DASHSCOPE_API_KEY",
+}
+PROVIDER_KINDS: tuple[str, ...] = (*PROVIDER_KEY_ENV, "bedrock")
+
+TELEGRAM_WEBHOOK_CIDRS = ["149.154.160.0/20", "91.108.4.0/22"]
+
+
+class ConfigError(ValueError):
+    """The configuration file or a setting is invalid."""
+
+
+class ProviderSettings(BaseModel):
+    """Connection settings of one provider kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_key: SecretStr | None = Field(None, description="API key; else <PROVIDER>_API_KEY")
+    base_url: str | None = Field(None, description="Override of the provider's endpoint")
+    models: list[str] = Field(default_factory=list, description="Models served by it")
+    region: str | None = Field(None, description="Cloud-runtime region (Bedrock)")
+    access_key_id: SecretStr | None = Field(None, description="Cloud-runtime access key id")
+    secret_access_key: SecretStr | None = Field(None, description="Cloud-runtime secret key")
+    model_id: str | None = Field(None, description="Cloud-runtime default model id")
+
+
+class CustomProvider(BaseModel):
+    """A declarative adapter for an endpoint that speaks one of two wire formats."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    format: Literal["openai", "anthropic"]
+    base_url: str
+    api_key: SecretStr | None = None
+    models: list[str] = Field(default_factory=list)
+    alias: str | None = None
+
+
+class Settings(BaseSettings):
+    """Every configuration key of the service, with its default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ORCH_", extra="forbid", validate_default=True, env_nested_delimiter="__"
+    )
+
+    # --- where it runs -------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address the HTTP API binds to")
+    port: int = Field(8000, ge=1, le=65535, description="Port of the HTTP API")
+    data_dir: Path = Field(Path("./.orchestrator"), description="Embedded Postgres/Redis data, logs")
+    database_url: str | None = Field(None, description="External Postgres; unset = embedded")
+    redis_url: str | None = Field(None, description="External Redis; unset = embedded")
+    ray_address: str | None = Field(None, description="Join this Ray cluster; unset = local")
+    dashboard: bool = Field(False, description="Start the Ray dashboard with a local cluster")
+    haproxy: bool = Field(True, description="Serve through HAProxy in throughput-optimized mode")
+    api_replicas: int = Field(1, ge=1, description="Replicas of the HTTP ingress deployment")
+    api_replica_cpus: float = Field(0.25, gt=0, description="Ray CPUs reserved per replica")
+    db_pool_min: int = Field(1, ge=0, description="Minimum Postgres connections per process")
+    db_pool_max: int = Field(10, ge=1, description="Maximum Postgres connections per process")
+    log_level: str = Field("INFO", description="Python log level")
+
+    # --- auth ----------------------------------------------------------------------------
+    admin_token: SecretStr | None = Field(None, description="Registered as an admin token")
+    exempt_paths: list[str] = Field(
+        default_factory=lambda: [
+            "/api/v1/health",
+            "/api/v1/ready",
+            "/api/v1/metrics",
+            "/api/v1/slo",
+            "/api/v1/openapi.json",
+            "/api/v1/docs",
+        ],
+        description="Paths served without a bearer token",
+    )
+    auth_cache_ttl_s: float = Field(
+        5.0, ge=0, description="Seconds a replica caches a verified token (revocation delay)"
+    )
+    jwt_secret: SecretStr | None = Field(None, description="HS256 secret for JWT bearers")
+    jwt_jwks_url: str | None = Field(None, description="JWKS URL for RS256/ES256 JWT bearers")
+    jwt_issuer: str | None = Field(None, description="Required JWT issuer (iss)")
+    jwt_audience: str | None = Field(None, description="Required JWT audience (aud)")
+    jwt_user_claim: str = Field("sub", description="JWT claim holding the user_uuid")
+    jwt_admin_claim: str = Field("admin", description="JWT claim that is true for admins")
+    rate_limit_per_minute: int = Field(600, ge=0, description="Requests per token per minute; 0 = off")
+
+    # --- models and inference ------------------------------------------------------------
+    default_model: str | None = Field(None, description="Model for tasks that name none")
+    providers: dict[str, ProviderSettings] = Field(
+        default_factory=dict, description="Per provider kind settings"
+    )
+    custom_providers: list[CustomProvider] = Field(
+        default_factory=list, description="Declarative adapters"
+    )
+    fallback_models: dict[str, list[str]] = Field(
+        default_factory=dict, description="Model -> ordered fallbacks"
+    )
+    models_dir: Path | None = Field(None, description="GGUF directory; default <data_dir>/models")
+    inference_bin: str = Field("./llama-server", description="llama-server compatible binary")
+    inference_gpu_layers: int = Field(99, ge=0, description="Layers offloaded to the GPU")
+    inference_ctx_size: int = Field(4096, ge=128, description="Context window of an instance")
+    inference_threads: int = Field(4, ge=1, description="CPU threads of an instance")
+    inference_gpus_per_instance: float | None = Field(
+        None, ge=0, description="Ray num_gpus per instance; default 1 when the cluster has GPUs"
+    )
+
+    # --- workspace -----------------------------------------------------------------------
+    workspace_root: Path | None = Field(None, description="Default <data_dir>/workspace")
+    workspace_isolation: Literal["user", "shared"] = Field(
+        "user", description="'user': each user works in <root>/<user_uuid>/"
+    )
+    workspace_max_file_bytes: int = Field(10 * 1024 * 1024, ge=1, description="413 above this")
+
+    # --- memory --------------------------------------------------------------------------
+    memory_enabled: bool = Field(True, description="False: memory endpoints answer 503")
+    embedder: str = Field("none", description="none, local, or provider:<model>")
+    memory_embedding_dim: int = Field(384, ge=1, description="Dimension of memory embeddings")
+    memory_agent_id_max: int = Field(128, ge=1, description="Longest agent_id")
+    memory_list_limit: int = Field(50, ge=1, description="Default list page")
+    memory_search_limit: int = Field(20, ge=1, description="Default (vector) search results")
+    memory_vector_threshold: float = Field(0.75, ge=0, le=1, description="Default similarity")
+    memory_decay_threshold: float = Field(0.1, ge=0, le=1, description="Forget below this")
+
+    # --- channels ------------------------------------------------------------------------
+    telegram_allowed_cidrs: list[str] = Field(
+        default_factory=lambda: list(TELEGRAM_WEBHOOK_CIDRS),
+        description="Source ranges accepted for Telegram-style webhooks",
+    )
+    teams_jwks_url: str = Field(
+        "https://login.botframework.com/v1/.well-known/keys", description="Teams JWKS"
+    )
+    teams_issuer: str = Field("https://api.botframework.com", description="Teams JWT issuer")
+    teams_audience: str | None = Field(None, description="Teams JWT audience (the bot's app id)")
+    channel_api_base_urls: dict[str, str] = Field(
+        default_factory=dict, description="Platform API base URLs, e.g. {telegram: ...}"
+    )
+
+    # --- scheduler (SPEC part 8) ---------------------------------------------------------
+    max_scheduled_jobs: int = Field(1000, ge=1, description="Maximum active jobs")
+    max_consecutive_errors: int = Field(10, ge=1, description="Auto-pause threshold")
+    max_catchup_runs: int = Field(5, ge=0, description="Missed jobs dispatched on startup")
+    catchup_stagger_ms: int = Field(5000, ge=0, description="Delay between catch-up dispatches")
+    timer_clamp_ms: int = Field(60000, ge=1, description="Longest scheduler sleep")
+    max_dispatch_per_tick: int = Field(5, ge=1, description="Jobs dispatched per tick")
+    schedules_per_page: int = Field(50, ge=1, description="GET /schedules per_page default")
+
+    # --- marketplace and events (SPEC part 8) --------------------------------------------
+    marketplace_publish_per_hour: int = Field(10, ge=0, description="Publishes per user per hour")
+    skill_body_max: int = Field(4096, ge=1, description="Longest skill body")
+    marketplace_browse_limit: int = Field(50, ge=1, description="Browse page default")
+    events_limit: int = Field(100, ge=1, description="GET /events page default")
+
+    # --- SLO -----------------------------------------------------------------------------
+    slo_latency_p99_s: float = Field(0.5, gt=0, description="Target p99 latency (seconds)")
+    slo_uptime_7d_pct: float = Field(99.9, gt=0, le=100, description="Target 7-day uptime (%)")
+    slo_error_rate: float = Field(0.01, ge=0, le=1, description="Target 5xx ratio")
+    slo_window_s: float = Field(300.0, gt=0, description="Window of latency and error rate")
+
+    @field_validator("data_dir", "models_dir", "workspace_root", mode="after")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return v.expanduser().resolve() if v is not None else None
+
+    @field_validator("providers", mode="after")
+    @classmethod
+    def _known_providers(cls, v: dict[str, ProviderSettings]) -> dict[str, ProviderSettings]:
+        unknown = set(v) - set(PROVIDER_KINDS)
+        if unknown:
+            raise ValueError(f"unknown provider kind(s): {sorted(unknown)}; known: {PROVIDER_KINDS}")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file is merged into the init kwargs by `load`, below the env.
+        return init_settings, env_settings
+
+    # --- derived paths -------------------------------------------------------------------
+    @property
+    def resolved_models_dir(self) -> Path:
+        return self.models_dir or self.data_dir / "models"
+
+    @property
+    def resolved_workspace_root(self) -> Path:
+        return self.workspace_root or self.data_dir / "workspace"
+
+    @classmethod
+    def load(
+        cls,
+        config_file: str | Path | None = None,
+        environ: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> "Settings":
+        """Read the settings once: overrides > ORCH_* env > YAML file > defaults."""
+        env = dict(os.environ if environ is None else environ)
+        path = config_file or env.get("ORCH_CONFIG")
+        from_file = _read_yaml(Path(path)) if path else {}
+        from_env = _env_values(cls, env)
+        merged = {**from_file, **from_env, **{k: v for k, v in overrides.items() if v is not None}}
+        providers = _provider_env_keys(merged.get("providers") or {}, env)
+        if providers:
+            merged["providers"] = providers
+        try:
+            return cls.model_validate(merged)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return data
+
+
+def _env_values(cls: type[Settings], env: dict[str, str]) -> dict[str, Any]:
+    """ORCH_<KEY> variables; complex values (lists, dicts) are JSON or YAML text."""
+    out: dict[str, Any] = {}
+    for name, field in cls.model_fields.items():
+        raw = env.get(f"ORCH_{name.upper()}")
+        if raw is None or raw == "":
+            continue
+        annotation = str(field.annotation)
+        if any(t in annotation for t in ("list", "dict")):
+            out[name] = yaml.safe_load(raw)
+        else:
+            out[name] = raw
+    return out
+
+
+def _provider_env_keys(providers: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Fill provider credentials from <PROVIDER>_API_KEY (and AWS_* for Bedrock)."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in providers.items()}
+    for kind, var in PROVIDER_KEY_ENV.items():
+        if env.get(var):
+            entry = out.setdefault(kind, {})
+            if isinstance(entry, dict) and not entry.get("api_key"):
+                entry["api_key"] = env[var]
+    aws = {
+        "access_key_id": env.get("AWS_ACCESS_KEY_ID"),
+        "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY"),
+        "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+    }
+    if aws["access_key_id"] and aws["secret_access_key"]:
+        entry = out.setdefault("bedrock", {})
+        if isinstance(entry, dict):
+            for key, value in aws.items():
+                if value and not entry.get(key):
+                    entry[key] = value
+    return out

@@ -1,0 +1,6 @@
+"""Postgres: the connection pool and the numbered migrations."""
+
+from orchestrator.db._database import Database, connect
+from orchestrator.db._migrations import MIGRATIONS_DIR, apply_migrations
+
+__all__ = ["Database", "connect", "apply_migrations", "MIGRATIONS_DIR"]

@@ -1,0 +1,74 @@
+"""The asyncpg pool every process uses, and what the service knows about its database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+
+from orchestrator.db._migrations import apply_migrations
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Database:
+    """A pool plus facts learnt at connect time (pgvector availability)."""
+
+    pool: asyncpg.Pool
+    pgvector: bool
+
+    async def ping(self, timeout_s: float = 2.0) -> int:
+        """Probe the server; return the number of tables in the public schema."""
+        async with asyncio.timeout(timeout_s):
+            async with self.pool.acquire() as conn:
+                return int(
+                    await conn.fetchval(
+                        "SELECT count(*) FROM information_schema.tables"
+                        " WHERE table_schema = 'public' AND table_type = 'BASE TABLE'"
+                    )
+                )
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+async def _enable_pgvector(conn: asyncpg.Connection) -> bool:
+    available = await conn.fetchval(
+        "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'"
+    )
+    if not available:
+        log.warning("pgvector is not available on this server: vector search is off")
+        return False
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except asyncpg.PostgresError as exc:
+        log.warning("cannot enable pgvector (%s): vector search is off", exc)
+        return False
+    return True
+
+
+async def connect(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, migrate: bool = True
+) -> Database:
+    """Open the pool; enable pgvector where available; apply pending migrations."""
+    async with asyncio.timeout(30):
+        conn = await asyncpg.connect(dsn)
+    try:
+        pgvector = await _enable_pgvector(conn)
+        if migrate:
+            await apply_migrations(conn)
+            await conn.execute(
+                """INSERT INTO service_facts (key, value) VALUES ('pgvector', $1)
+                   ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value""",
+                "on" if pgvector else "off",
+            )
+    finally:
+        await conn.close()
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, max_inactive_connection_lifetime=60
+    )
+    assert pool is not None
+    return Database(pool=pool, pgvector=pgvector)

@@ -1,0 +1,178 @@
+"""One error hierarchy for the whole service.
+
+Domain code raises these; `deployments/errors.py` is the one place that turns them into the
+HTTP error body `{ok: false, error, code, request_id, ...extra}`. They pickle cleanly, so an
+error raised inside a Ray actor arrives at the HTTP layer as the same class.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "ErrorCode",
+    "OrchestratorError",
+    "BadRequest",
+    "ValidationFailed",
+    "MethodNotAllowed",
+    "ERROR_BY_STATUS",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "Conflict",
+    "Gone",
+    "PayloadTooLarge",
+    "Unprocessable",
+    "RateLimited",
+    "ServiceUnavailable",
+    "InternalError",
+]
+
+
+class ErrorCode(StrEnum):
+    BAD_REQUEST = "bad_request"
+    VALIDATION_ERROR = "validation_error"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    CONFLICT = "conflict"
+    GONE = "gone"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNPROCESSABLE = "unprocessable"
+    RATE_LIMITED = "rate_limited"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    INTERNAL_ERROR = "internal_error"
+
+
+class OrchestratorError(Exception):
+    """Base of every error the service reports to a caller."""
+
+    status_code: int = 500
+    default_code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | str | None = None,
+        extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = str(code or self.default_code)
+        self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only arguments do not survive the default Exception pickling.
+        return (_rebuild, (type(self), self.message, self.code, self.extra, self.headers))
+
+    def body(self, request_id: str | None) -> dict[str, Any]:
+        return {"ok": False, "error": self.message, "code": self.code, "request_id": request_id,
+                **self.extra}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, code={self.code!r})"
+
+
+def _rebuild(
+    cls: type[OrchestratorError],
+    message: str,
+    code: str,
+    extra: dict[str, Any],
+    headers: dict[str, str],
+) -> OrchestratorError:
+    return cls(message, code=code, extra=extra, headers=headers)
+
+
+class BadRequest(OrchestratorError):
+    status_code = 400
+    default_code = ErrorCode.BAD_REQUEST
+
+
+class ValidationFailed(BadRequest):
+    """The request does not match its schema; `extra.fields` names each bad field."""
+
+    default_code = ErrorCode.VALIDATION_ERROR
+
+
+class Unauthorized(OrchestratorError):
+    status_code = 401
+    default_code = ErrorCode.UNAUTHORIZED
+
+    def __init__(self, message: str = "missing or invalid bearer token", **kw: Any) -> None:
+        kw.setdefault("headers", {"WWW-Authenticate": "Bearer"})
+        super().__init__(message, **kw)
+
+
+class Forbidden(OrchestratorError):
+    status_code = 403
+    default_code = ErrorCode.FORBIDDEN
+
+
+class NotFound(OrchestratorError):
+    status_code = 404
+    default_code = ErrorCode.NOT_FOUND
+
+
+class MethodNotAllowed(OrchestratorError):
+    status_code = 405
+    default_code = ErrorCode.METHOD_NOT_ALLOWED
+
+
+class Conflict(OrchestratorError):
+    status_code = 409
+    default_code = ErrorCode.CONFLICT
+
+
+class Gone(OrchestratorError):
+    status_code = 410
+    default_code = ErrorCode.GONE
+
+
+class PayloadTooLarge(OrchestratorError):
+    status_code = 413
+    default_code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class Unprocessable(OrchestratorError):
+    status_code = 422
+    default_code = ErrorCode.UNPROCESSABLE
+
+
+class RateLimited(OrchestratorError):
+    status_code = 429
+    default_code = ErrorCode.RATE_LIMITED
+
+    def __init__(self, message: str = "rate limit exceeded", *, retry_after: int = 1,
+                 **kw: Any) -> None:
+        headers = {"Retry-After": str(max(1, int(retry_after))), **kw.pop("headers", {})}
+        extra = {"retry_after": max(1, int(retry_after)), **kw.pop("extra", {})}
+        super().__init__(message, headers=headers, extra=extra, **kw)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_rate_limited, (self.message, self.extra.get("retry_after", 1)))
+
+
+def _rebuild_rate_limited(message: str, retry_after: int) -> RateLimited:
+    return RateLimited(message, retry_after=retry_after)
+
+
+class ServiceUnavailable(OrchestratorError):
+    status_code = 503
+    default_code = ErrorCode.SERVICE_UNAVAILABLE
+
+
+class InternalError(OrchestratorError):
+    status_code = 500
+    default_code = ErrorCode.INTERNAL_ERROR
+
+
+ERROR_BY_STATUS: dict[int, type[OrchestratorError]] = {
+    cls.status_code: cls
+    for cls in (BadRequest, Unauthorized, Forbidden, NotFound, MethodNotAllowed, Conflict, Gone,
+                PayloadTooLarge, Unprocessable, RateLimited, ServiceUnavailable, InternalError)
+}

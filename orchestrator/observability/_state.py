@@ -1,0 +1,243 @@
+"""Cluster-wide aggregation of recorder snapshots: Prometheus exposition and SLO status."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from ._recorder import LATENCY_BUCKETS, MetricsSnapshot
+
+_SLOTS = len(LATENCY_BUCKETS) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """Targets reported by /slo; window_s is the look-back for latency and error rate."""
+
+    latency_p99_s: float = 0.5
+    uptime_7d_pct: float = 99.9
+    error_rate: float = 0.01
+    window_s: float = 300.0
+
+
+@dataclass(slots=True)
+class _SourceGauges:
+    last_seen: float
+    rss_bytes: int
+    in_memory_bytes: int
+    active_workers: int
+    stream_sockets: int
+    circuit_breakers: dict[str, tuple[int, float]]
+
+
+@dataclass(slots=True)
+class _Histogram:
+    buckets: list[int] = field(default_factory=lambda: [0] * _SLOTS)
+    total: float = 0.0
+    count: int = 0
+
+
+class MetricsState:
+    """Cumulative metrics of the whole cluster, fed by MetricsRecorder snapshots.
+
+    Holds only plain containers, so the owning actor can pickle it as a checkpoint.
+    `window_s` bounds the per-second SLO data kept in memory; SLO windows longer
+    than it see only the retained part.
+    """
+
+    def __init__(self, window_s: float = 300.0) -> None:
+        self._window_s = window_s
+        self._requests: dict[tuple[str, str, int], int] = {}
+        self._provider: dict[str, _Histogram] = {}
+        self._events: dict[str, int] = {}
+        self._gauges: dict[str, _SourceGauges] = {}
+        # Unix second -> (duration bucket counts, 5xx count), summed over sources.
+        self._seconds: dict[int, tuple[list[int], list[int]]] = {}
+        self._latest = 0.0
+
+    def apply(self, snapshot: MetricsSnapshot) -> None:
+        for key, n in snapshot.http_requests.items():
+            self._requests[key] = self._requests.get(key, 0) + n
+        for type_, n in snapshot.events.items():
+            self._events[type_] = self._events.get(type_, 0) + n
+        for provider, (buckets, total, count) in snapshot.provider_latency.items():
+            hist = self._provider.setdefault(provider, _Histogram())
+            for i, n in enumerate(buckets):
+                hist.buckets[i] += n
+            hist.total += total
+            hist.count += count
+        for second, (buckets, errors) in snapshot.http_seconds.items():
+            slot = self._seconds.setdefault(second, ([0] * _SLOTS, [0]))
+            for i, n in enumerate(buckets):
+                slot[0][i] += n
+            slot[1][0] += errors
+        previous = self._gauges.get(snapshot.source)
+        # Deltas above are order-independent; gauges are not, so a snapshot delivered
+        # late (a retried actor call) must not overwrite a newer reading.
+        if previous is None or snapshot.timestamp >= previous.last_seen:
+            self._set_gauges(snapshot)
+        # Prune against the newest report rather than the local clock, so a replayed
+        # checkpoint is not emptied just because it is read later.
+        self._latest = max(self._latest, snapshot.timestamp)
+        self._prune(self._latest - self._window_s)
+
+    def _set_gauges(self, snapshot: MetricsSnapshot) -> None:
+        self._gauges[snapshot.source] = _SourceGauges(
+            last_seen=snapshot.timestamp,
+            rss_bytes=snapshot.rss_bytes,
+            in_memory_bytes=snapshot.in_memory_bytes,
+            active_workers=snapshot.active_workers,
+            stream_sockets=snapshot.stream_sockets,
+            circuit_breakers=dict(snapshot.circuit_breakers),
+        )
+
+    def forget_stale_sources(self, max_age_s: float, now: float | None = None) -> None:
+        """Drop gauges of sources silent for max_age_s; their counters stay cumulative."""
+        cutoff = (time.time() if now is None else now) - max_age_s
+        for source in [s for s, g in self._gauges.items() if g.last_seen < cutoff]:
+            del self._gauges[source]
+
+    def active_workers(self) -> int:
+        return sum(g.active_workers for g in self._gauges.values())
+
+    def stream_sockets(self) -> int:
+        return sum(g.stream_sockets for g in self._gauges.values())
+
+    def memory_bytes(self) -> int:
+        return sum(g.rss_bytes + g.in_memory_bytes for g in self._gauges.values())
+
+    def circuit_breakers(self) -> dict[str, int]:
+        """Latest reported state per provider, across all live sources."""
+        latest: dict[str, tuple[int, float]] = {}
+        for gauges in self._gauges.values():
+            for provider, (state, at) in gauges.circuit_breakers.items():
+                if provider not in latest or at >= latest[provider][1]:
+                    latest[provider] = (state, at)
+        return {provider: state for provider, (state, _) in latest.items()}
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of every family, with HELP/TYPE even when empty."""
+        # A private registry per call: the default one would mix in process metrics of
+        # the actor, and a stored registry (it holds a lock) would not pickle.
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+        return generate_latest(registry)
+
+    def slo(
+        self, targets: SloTargets, uptime_ratio: float | None, now: float | None = None
+    ) -> dict[str, dict[str, Any]]:
+        now = time.time() if now is None else now
+        self._prune(now - max(self._window_s, targets.window_s))
+        first = int(now - targets.window_s)
+        buckets = [0] * _SLOTS
+        errors = 0
+        for second, (counts, five_xx) in self._seconds.items():
+            if first <= second <= now:
+                for i, n in enumerate(counts):
+                    buckets[i] += n
+                errors += five_xx[0]
+        total = sum(buckets)
+        p99 = _quantile(0.99, buckets)
+        error_rate = errors / total if total else 0.0
+        uptime = 100.0 if uptime_ratio is None else uptime_ratio * 100.0
+        return {
+            "latency_p99": _objective(targets.latency_p99_s, p99, p99 <= targets.latency_p99_s),
+            "uptime_7d": _objective(targets.uptime_7d_pct, uptime, uptime >= targets.uptime_7d_pct),
+            "error_rate": _objective(
+                targets.error_rate, error_rate, error_rate <= targets.error_rate
+            ),
+        }
+
+    def _prune(self, cutoff: float) -> None:
+        for second in [s for s in self._seconds if s < int(cutoff)]:
+            del self._seconds[second]
+
+
+def _objective(target: float, current: float, compliant: bool) -> dict[str, Any]:
+    return {"target": float(target), "current": float(current), "compliant": compliant}
+
+
+def _quantile(q: float, buckets: list[int]) -> float:
+    """Quantile from non-cumulative bucket counts, interpolating linearly in a bucket.
+
+    Same convention as Prometheus histogram_quantile: rank q*count, and a rank in the
+    +Inf bucket reports the largest finite bound because nothing better is known.
+    """
+    total = sum(buckets)
+    if total == 0:
+        return 0.0
+    rank = q * total
+    below = 0
+    for i, n in enumerate(buckets):
+        if below + n >= rank:
+            if i == len(LATENCY_BUCKETS):
+                return LATENCY_BUCKETS[-1]
+            lower = LATENCY_BUCKETS[i - 1] if i else 0.0
+            upper = LATENCY_BUCKETS[i]
+            return lower + (upper - lower) * (rank - below) / n
+        below += n
+    return LATENCY_BUCKETS[-1]
+
+
+class _Collector(Collector):
+    """Adapts a MetricsState to prometheus_client's collector protocol."""
+
+    def __init__(self, state: MetricsState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state
+        requests = CounterMetricFamily(
+            "svc_http_requests_total", "HTTP requests", labels=("method", "path", "status")
+        )
+        for (method, path, status), n in sorted(state._requests.items()):
+            requests.add_metric((method, path, str(status)), n)
+        yield requests
+
+        latency = HistogramMetricFamily(
+            "svc_provider_latency_seconds", "Provider call latency", labels=("provider",)
+        )
+        for provider, hist in sorted(state._provider.items()):
+            cumulative: list[tuple[str, float]] = []
+            running = 0
+            for bound, n in zip((*LATENCY_BUCKETS, float("inf")), hist.buckets):
+                running += n
+                cumulative.append((floatToGoString(bound), running))
+            latency.add_metric((provider,), cumulative, hist.total)
+        yield latency
+
+        breakers = GaugeMetricFamily(
+            "svc_circuit_breaker_state",
+            "Circuit breaker state: 0 closed, 1 half-open, 2 open",
+            labels=("provider",),
+        )
+        for provider, value in sorted(state.circuit_breakers().items()):
+            breakers.add_metric((provider,), value)
+        yield breakers
+
+        yield GaugeMetricFamily(
+            "svc_active_workers", "Active workers", value=state.active_workers()
+        )
+        yield GaugeMetricFamily(
+            "svc_memory_bytes", "In-memory storage plus process memory", value=state.memory_bytes()
+        )
+        yield GaugeMetricFamily(
+            "svc_stream_sockets", "Open SSE streams", value=state.stream_sockets()
+        )
+
+        events = CounterMetricFamily("svc_event_total", "Events on the bus", labels=("type",))
+        for type_, n in sorted(state._events.items()):
+            events.add_metric((type_,), n)
+        yield events
