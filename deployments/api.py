@@ -21,6 +21,7 @@ from deployments.routers import ROUTERS
 from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import connect
+from orchestrator.state import ADMIN_USER
 from orchestrator.observability import (
     MetricsRecorder,
     RouteTemplates,
@@ -86,8 +87,10 @@ def create_app(
     *,
     metrics: MetricsHub | None = None,
     started_at: float | None = None,
+    echo_request_id: bool = True,
 ) -> FastAPI:
-    """Build the HTTP API. `metrics` is the cluster-wide hub (the Metrics actor under Ray)."""
+    """Build the HTTP API. `metrics` is the cluster-wide hub (the Metrics actor under Ray);
+    `echo_request_id` is False under Serve, whose proxy sets X-Request-ID on responses."""
     hub = metrics or LocalMetricsHub()
     holder: dict[str, AppContext] = {}
 
@@ -101,6 +104,9 @@ def create_app(
             await heartbeat(ctx.db.pool)
             await prune_heartbeats(ctx.db.pool)
 
+        if settings.admin_token is not None:
+            await ctx.tokens.register(settings.admin_token.get_secret_value(), ADMIN_USER, True,
+                                      "admin token")
         with contextlib.suppress(Exception):
             await heartbeat(ctx.db.pool)
         tasks = [
@@ -133,5 +139,5 @@ def create_app(
         + [app.openapi_url or "", app.docs_url or ""]
     )
     app.add_middleware(RequestContextMiddleware, ctx_getter=lambda: holder["ctx"],
-                       templates=templates)
+                       templates=templates, echo_request_id=echo_request_id)
     return app

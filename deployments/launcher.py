@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,20 +50,54 @@ def haproxy_usable() -> tuple[bool, str]:
     return True, binary
 
 
-def _configure_serve_env(settings: Settings, progress: Callable[[str], None]) -> None:
+class HAProxyFailed(RuntimeError):
+    """The deployment failed with HAProxy on: the caller restarts with the standard proxy."""
+
+
+def _configure_serve_env(settings: Settings, progress: Callable[[str], None]) -> bool:
+    """Set Serve's environment; return whether HAProxy is on."""
     # Serve reads these when ray.serve is imported and in the processes Ray starts, so they
     # are set here, before either happens. This is configuration of a child, not a read.
     if not settings.haproxy:
         progress("HAProxy disabled by configuration: using the standard Serve proxy")
-        return
+        return False
     ok, detail = haproxy_usable()
     if not ok:
         progress(f"WARNING: HAProxy cannot start ({detail}); falling back to the standard proxy")
-        return
-    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
-    os.environ.setdefault("RAY_SERVE_HAPROXY_BINARY_PATH", detail)
+        return False
+    for key, value in haproxy_env(settings, detail).items():
+        os.environ.setdefault(key, value)
     progress("throughput-optimized Serve with HAProxy")
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def haproxy_env(settings: Settings, binary: str) -> dict[str, str]:
+    """Serve's HAProxy defaults put its config, sockets and stats ports in fixed places
+    (/tmp/haproxy-serve, 8404, 9101): give each service its own, so two can share a host."""
+    # HAProxy refuses socket paths over 97 bytes and Serve adds a 56-character directory, so
+    # the run directory is short and derived from the data directory (stable, per service).
+    digest = hashlib.sha1(str(settings.data_dir).encode()).hexdigest()[:8]
+    run_dir = Path(tempfile.gettempdir()) / f"oh-{digest}"
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    return {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_BINARY_PATH": binary,
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(run_dir / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(run_dir / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(run_dir),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(run_dir / "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(run_dir / "metrics.sock"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
+    }
 
 
 def _wait_ready(url: str, timeout_s: float) -> None:
@@ -99,7 +136,7 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         if stop.is_set():
             return 0
 
-        _configure_serve_env(settings, progress)
+        with_haproxy = _configure_serve_env(settings, progress)
         import ray
         from ray import serve
 
@@ -121,15 +158,22 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         signal.signal(signal.SIGINT, on_signal)
         progress(f"Ray ready in {time.monotonic() - t0:.1f}s; deploying the API")
         t0 = time.monotonic()
-        serve.start(http_options={"host": settings.host, "port": settings.port})
-        serve.run(
-            build_app({"settings": settings, "started_at": time.time()}),
-            name=APP_NAME,
-            route_prefix="/",
-            blocking=False,
-        )
         url = f"http://{settings.host}:{settings.port}"
-        _wait_ready(url, timeout_s=120)
+        try:
+            serve.start(http_options={"host": settings.host, "port": settings.port})
+            serve.run(
+                build_app({"settings": settings, "started_at": time.time()}),
+                name=APP_NAME,
+                route_prefix="/",
+                blocking=False,
+            )
+            _wait_ready(url, timeout_s=120)
+        except Exception as exc:
+            if not with_haproxy:
+                raise
+            progress(f"WARNING: deploying with HAProxy failed ({str(exc)[-300:]}); "
+                     "falling back to the standard proxy")
+            raise HAProxyFailed(str(exc)) from exc
         write_runtime(settings, url)
         progress(f"API deployed in {time.monotonic() - t0:.1f}s")
         progress(f"Orchestrator ready at {url}/api/v1")

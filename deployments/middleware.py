@@ -27,10 +27,14 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, ctx_getter: Any, templates: RouteTemplates) -> None:
+    def __init__(
+        self, app: ASGIApp, ctx_getter: Any, templates: RouteTemplates, echo_request_id: bool
+    ) -> None:
         self.app = app
         self._ctx = ctx_getter
         self._templates = templates
+        # Serve's proxy already answers with X-Request-ID (the id it put in the request headers).
+        self._echo = echo_request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,11 +52,8 @@ class RequestContextMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = list(message.get("headers", []))
-                # Serve's own ingress may already have set it (to the same id).
-                if not any(k.lower() == b"x-request-id" for k, _ in headers):
-                    headers.append(rid_header)
-                message["headers"] = headers
+                if self._echo:
+                    message["headers"] = [*message.get("headers", []), rid_header]
             await send(message)
 
         ctx = self._ctx()

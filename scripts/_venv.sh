@@ -26,5 +26,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   spec="$ROOT"; [ -n "$EXTRAS" ] && spec="$ROOT[$EXTRAS]"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec"
   echo "$WANT" > "$STAMP"
+  # The test extras include everything the base install has.
+  if [ "$EXTRAS" = "test" ]; then echo "$WANT" > "$VENV/.installed-base"; fi
 fi
 export PATH="$VENV/bin:$PATH"

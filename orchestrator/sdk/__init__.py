@@ -1,0 +1,46 @@
+"""Python client of the orchestration service's HTTP API.
+
+    from orchestrator.sdk import Client
+
+    with Client("http://127.0.0.1:8000", token=TOKEN) as api:
+        print(api.whoami().user_uuid)
+
+`AsyncClient` has the same methods, as coroutines. Errors answered by the service raise
+`ApiError`; a degraded `/health` (503) is returned as a `Health` whose `.status` says so.
+"""
+
+from orchestrator.sdk._client import API_PREFIX, ApiError, AsyncClient, Client, normalise_base_url
+from orchestrator.sdk._models import (
+    ComponentHealth,
+    Health,
+    HealthComponents,
+    MessagingHealth,
+    ProvidersHealth,
+    Slo,
+    SloEntry,
+    StoreHealth,
+    TokenCreated,
+    TokenRevoked,
+    WhoAmI,
+    WorkersHealth,
+)
+
+__all__ = [
+    "API_PREFIX",
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "ComponentHealth",
+    "Health",
+    "HealthComponents",
+    "MessagingHealth",
+    "ProvidersHealth",
+    "Slo",
+    "SloEntry",
+    "StoreHealth",
+    "TokenCreated",
+    "TokenRevoked",
+    "WhoAmI",
+    "WorkersHealth",
+    "normalise_base_url",
+]

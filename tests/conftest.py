@@ -1,0 +1,127 @@
+"""Shared fixtures: a real embedded Postgres (pgvector) and Redis for the whole session, a
+fresh database per test that asks for one, and the real app served over loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import uvicorn
+
+from orchestrator.config import Settings
+from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def pg_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
+    uri = server.start()
+    yield uri
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    return redis_server.uri()
+
+
+def with_database(uri: str, name: str) -> str:
+    parts = urlsplit(uri)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@pytest.fixture
+async def database_url(pg_uri: str) -> AsyncIterator[str]:
+    """A new, empty database on the session's server."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(pg_uri)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    yield with_database(pg_uri, name)
+    conn = await asyncpg.connect(pg_uri)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+class ServedApp:
+    """`deployments.api.create_app` under uvicorn on a loopback port, in a thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        from deployments.api import create_app
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port,
+                                log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    async def __aenter__(self) -> "ServedApp":
+        self.thread.start()
+        for _ in range(300):
+            if self.server.started:
+                return self
+            if not self.thread.is_alive():
+                raise RuntimeError("the app failed to start")
+            await asyncio.sleep(0.02)
+        raise RuntimeError("the app did not start in time")
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        await asyncio.to_thread(self.thread.join, 10)
+
+
+ADMIN_TOKEN = "orch_test-admin-token-0123456789abcdef"
+
+
+@pytest.fixture
+async def clean_redis(redis_url: str) -> str:
+    """The session's Redis, emptied: rate-limit windows do not leak between tests."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(redis_url)
+    await client.flushdb()
+    await client.aclose()
+    return redis_url
+
+
+@pytest.fixture
+def make_settings(database_url: str, clean_redis: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    redis_url = clean_redis
+
+    def make(**overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "database_url": database_url,
+            "redis_url": redis_url,
+            "data_dir": tmp_path / "data",
+            "admin_token": ADMIN_TOKEN,
+        }
+        values.update(overrides)
+        return Settings.load(environ={}, **values)
+
+    return make

@@ -1,0 +1,176 @@
+"""The service started the way the README starts it (`scripts/serve`), driven over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.runtime import EmbeddedPostgres
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 240
+
+
+@dataclass
+class Service:
+    proc: subprocess.Popen[bytes]
+    url: str
+    data_dir: Path
+    log: Path
+    admin: dict[str, str]
+
+    def get(self, path: str, **kw: object) -> httpx.Response:
+        return httpx.get(f"{self.url}/api/v1{path}", timeout=10, **kw)  # type: ignore[arg-type]
+
+    def post(self, path: str, **kw: object) -> httpx.Response:
+        return httpx.post(f"{self.url}/api/v1{path}", timeout=10, **kw)  # type: ignore[arg-type]
+
+
+def _wait_for_ready_line(proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if "Orchestrator ready at" in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"orchestrator serve exited early:\n{log.read_text()[-4000:]}")
+        time.sleep(0.25)
+    proc.kill()
+    pytest.fail(f"orchestrator serve did not become ready:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    data_dir = tmp_path_factory.mktemp("e2e") / "data"
+    log = data_dir.parent / "serve.log"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_"))}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(ROOT / "scripts" / "serve"), "--data-dir", str(data_dir), "--port", str(port)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        )
+    try:
+        _wait_for_ready_line(proc, log)
+        token = (data_dir / "admin_token").read_text().strip()
+        yield Service(proc, f"http://127.0.0.1:{port}", data_dir, log,
+                      {"Authorization": f"Bearer {token}"})
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        sys.stdout.write(log.read_text(errors="replace")[-3000:])
+
+
+def test_auth_required_and_admin_token_works(service: Service) -> None:
+    r = service.get("/whoami")
+    assert r.status_code == 401 and r.json()["code"] == "unauthorized"
+    assert r.json()["request_id"] == r.headers["x-request-id"]
+    r = service.get("/whoami", headers=service.admin)
+    assert r.status_code == 200 and r.json() == {"ok": True, "user_uuid": "admin", "admin": True}
+
+
+def test_token_creation_through_the_api_and_the_cli(service: Service) -> None:
+    r = service.post("/tokens", headers=service.admin, json={"user_uuid": "alice"})
+    assert r.status_code == 200
+    alice = {"Authorization": f"Bearer {r.json()['token']}"}
+    assert service.get("/whoami", headers=alice).json()["user_uuid"] == "alice"
+    assert service.post("/tokens", headers=alice, json={"user_uuid": "x"}).status_code == 403
+    # The CLI works against the same data directory while the service runs.
+    out = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "orchestrator"), "token", "create", "--user", "carol",
+         "--data-dir", str(service.data_dir)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    carol = {"Authorization": f"Bearer {out.stdout.strip()}"}
+    assert service.get("/whoami", headers=carol).json() == {
+        "ok": True, "user_uuid": "carol", "admin": False}
+
+
+def test_health_ready_slo(service: Service) -> None:
+    r = service.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok" and isinstance(body["uptime_seconds"], (int, float))
+    components = body["components"]
+    assert components["store"]["status"] == "ok" and components["store"]["tables"] >= 4
+    assert components["messaging"] == {"status": "ok", "sockets": 0}
+    assert set(components["providers"]) == {"total", "healthy"}
+    assert set(components["workers"]) == {"active", "idle"}
+    r = service.get("/ready")
+    assert r.status_code == 200 and r.text == "OK"
+    slo = service.get("/slo").json()
+    assert set(slo) == {"latency_p99", "uptime_7d", "error_rate"}
+    for entry in slo.values():
+        assert isinstance(entry["target"], float) and isinstance(entry["compliant"], bool)
+
+
+def test_metrics_count_the_traffic_just_sent(service: Service) -> None:
+    def whoami_count() -> float:
+        text = service.get("/metrics").text
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "svc_http_requests_total"
+                   and s.labels == {"method": "GET", "path": "/api/v1/whoami", "status": "200"})
+
+    before = whoami_count()
+    for _ in range(7):
+        assert service.get("/whoami", headers=service.admin).status_code == 200
+    assert whoami_count() == before + 7
+    text = service.get("/metrics").text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"svc_http_requests", "svc_provider_latency_seconds", "svc_circuit_breaker_state",
+            "svc_active_workers", "svc_memory_bytes", "svc_event"} <= names
+
+
+def test_health_503_while_postgres_is_down(service: Service) -> None:
+    pg = EmbeddedPostgres(service.data_dir)
+    pg.start()  # adopts the service's running server
+    pg.stop()
+    try:
+        r = service.get("/health")
+        assert r.status_code == 503
+        assert r.json()["components"]["store"]["status"] == "degraded"
+        assert service.get("/ready").status_code == 200
+    finally:
+        pg.restart()
+    deadline = time.monotonic() + 30
+    while service.get("/health").status_code != 200:
+        assert time.monotonic() < deadline, "health did not recover after Postgres restarted"
+        time.sleep(0.5)
+    assert service.get("/whoami", headers=service.admin).status_code == 200
+
+
+def test_sigterm_stops_everything_it_started(service: Service) -> None:
+    """Runs last in this module: it stops the service."""
+    proc = psutil.Process(service.proc.pid)
+    started = [p for p in proc.children(recursive=True)]
+    postmaster = int((service.data_dir / "pg" / "postmaster.pid").read_text().split()[0])
+    assert any("redis-server" in " ".join(p.cmdline()) for p in started)
+    assert any("raylet" in " ".join(p.cmdline()) for p in started)
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.proc.wait(90) == 0
+    time.sleep(2)
+    alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"still running: {[(p.pid, p.name()) for p in alive]}"
+    assert not psutil.pid_exists(postmaster) or \
+        psutil.Process(postmaster).status() == psutil.STATUS_ZOMBIE
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if str(service.data_dir) in " ".join(p.info["cmdline"] or [])
+                 and p.status() != psutil.STATUS_ZOMBIE]
+    assert leftovers == [], f"processes still using the data dir: {leftovers}"
+    assert not (service.data_dir / "runtime.json").exists()

@@ -1,0 +1,52 @@
+import asyncpg
+
+from orchestrator.db import MIGRATIONS_DIR, apply_migrations, connect
+
+
+async def test_migrations_apply_once_and_are_recorded(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        first = await apply_migrations(conn)
+        files = sorted(p.name for p in MIGRATIONS_DIR.glob("*.sql"))
+        assert first == files
+        second = await apply_migrations(conn)
+        assert second == []
+        rows = await conn.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+        assert [r["name"] for r in rows] == files
+        tables = {r["table_name"] for r in await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
+        assert {"api_tokens", "service_heartbeats", "service_facts", "schema_migrations"} <= tables
+    finally:
+        await conn.close()
+
+
+async def test_connect_enables_pgvector_and_records_it(database_url: str) -> None:
+    db = await connect(database_url)
+    try:
+        assert db.pgvector is True
+        assert await db.pool.fetchval("SELECT value FROM service_facts WHERE key='pgvector'") == "on"
+        assert await db.pool.fetchval("SELECT '[1,2,3]'::vector <=> '[1,2,3]'::vector") == 0
+        assert await db.ping() >= 4
+    finally:
+        await db.close()
+    # A second start against the same database is a no-op for migrations.
+    db = await connect(database_url)
+    await db.close()
+
+
+async def test_a_failing_migration_leaves_nothing_behind(database_url: str, tmp_path) -> None:
+    (tmp_path / "0001_ok.sql").write_text("CREATE TABLE good (id int);")
+    (tmp_path / "0002_bad.sql").write_text("CREATE TABLE half (id int); SELECT no_such_fn();")
+    conn = await asyncpg.connect(database_url)
+    try:
+        try:
+            await apply_migrations(conn, tmp_path)
+        except asyncpg.PostgresError:
+            pass
+        else:
+            raise AssertionError("the bad migration should have failed")
+        names = [r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")]
+        assert names == ["0001_ok.sql"]
+        assert await conn.fetchval("SELECT to_regclass('half')") is None
+    finally:
+        await conn.close()
