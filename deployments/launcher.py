@@ -136,7 +136,12 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         if stop.is_set():
             return 0
 
-        with_haproxy = _configure_serve_env(settings, progress)
+        if settings.ray_address:
+            # A cluster's proxy mode is set where its nodes start (see cluster.yaml).
+            progress("joining a cluster: Serve's proxy mode is the cluster's own")
+            with_haproxy = False
+        else:
+            with_haproxy = _configure_serve_env(settings, progress)
         import ray
         from ray import serve
 
@@ -150,7 +155,8 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         else:
             progress("starting a local Ray cluster" +
                      (" with the dashboard" if settings.dashboard else ""))
-            ray.init(namespace=NAMESPACE, include_dashboard=settings.dashboard,
+            # address="local": never attach to a cluster that `ray start` left on this machine.
+            ray.init(address="local", namespace=NAMESPACE, include_dashboard=settings.dashboard,
                      logging_level=logging.WARNING)
             ray_started = True
         # ray.init may install its own handlers; ours decide how the service stops.
