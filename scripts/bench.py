@@ -71,7 +71,9 @@ BENCHMARKS: dict[str, Benchmark] = {}
 def benchmark(
     name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _: None
 ) -> Callable[[Callable[[argparse.Namespace], Result]], Callable[[argparse.Namespace], Result]]:
-    def register(fn: Callable[[argparse.Namespace], Result]) -> Callable[[argparse.Namespace], Result]:
+    def register(
+        fn: Callable[[argparse.Namespace], Result],
+    ) -> Callable[[argparse.Namespace], Result]:
         BENCHMARKS[name] = Benchmark(name, help, fn, add_arguments)
         return fn
 
@@ -102,9 +104,14 @@ class Child:
         with open(self.log_path, "wb") as log:
             # Own session: a Ctrl-C in the terminal reaches only us, and we stop the children
             # in order; the process group is also what a last-resort kill takes down.
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
 
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -139,8 +146,10 @@ def wait_for_line(child: Child, needle: str, timeout_s: float) -> str:
                 if needle in line:
                     return line
         if child.exited() is not None:
-            raise RuntimeError(f"{child.name} exited with {child.exited()} before it was ready:\n"
-                               f"{child.log_tail()}")
+            raise RuntimeError(
+                f"{child.name} exited with {child.exited()} before it was ready:\n"
+                f"{child.log_tail()}"
+            )
         time.sleep(0.25)
     raise RuntimeError(f"{child.name} not ready after {timeout_s:.0f}s:\n{child.log_tail()}")
 
@@ -179,8 +188,9 @@ def wait_for_http(child: Child, url: str, timeout_s: float) -> None:
         except httpx.HTTPError as exc:
             last = exc
         time.sleep(0.2)
-    raise RuntimeError(f"{child.name} not ready at {url} after {timeout_s:.0f}s ({last!r}):\n"
-                       f"{child.log_tail()}")
+    raise RuntimeError(
+        f"{child.name} not ready at {url} after {timeout_s:.0f}s ({last!r}):\n{child.log_tail()}"
+    )
 
 
 def uvicorn_app() -> Any:
@@ -210,16 +220,17 @@ class Load:
         return (self.requests - self.errors) / self.duration_s if self.duration_s else 0.0
 
 
+# The token reaches wrk through its environment, not the script file (no secret on disk).
 WRK_SCRIPT = """\
 wrk.method = "GET"
-wrk.headers["Authorization"] = "Bearer %(token)s"
+wrk.headers["Authorization"] = os.getenv("BENCH_AUTHORIZATION")
 
 -- One JSON line for the bench to read (microseconds), after wrk's own --latency report.
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    'BENCH_JSON {"requests": %%d, "duration_us": %%d, "errors": %%d, "non2xx": %%d, '
-    .. '"p50_us": %%.1f, "p99_us": %%.1f}\\n',
+    'BENCH_JSON {"requests": %d, "duration_us": %d, "errors": %d, "non2xx": %d, '
+    .. '"p50_us": %.1f, "p99_us": %.1f}\\n',
     summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout,
     e.status, latency:percentile(50), latency:percentile(99)))
 end
@@ -229,21 +240,37 @@ end
 def run_wrk(url: str, token: str, concurrency: int, duration_s: float, workdir: Path) -> Load:
     script = workdir / "bench.lua"
     if not script.exists():
-        script.write_text(WRK_SCRIPT % {"token": token})
-        script.chmod(0o600)
+        script.write_text(WRK_SCRIPT)
     threads = max(1, min(concurrency, os.cpu_count() or 1))
-    argv = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s",
-            "--latency", "--timeout", "10s", "-s", str(script), url]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
+    argv = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{concurrency}",
+        f"-d{max(1, round(duration_s))}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        url,
+    ]
+    env = {**os.environ, "BENCH_AUTHORIZATION": f"Bearer {token}"}
+    out = subprocess.run(
+        argv, check=False, capture_output=True, text=True, env=env, timeout=duration_s + 60
+    )
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)
     if out.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
     with open(workdir / "wrk.log", "a") as log:
         log.write(f"$ {' '.join(argv)}\n{out.stdout}\n")
     data = json.loads(line.removeprefix("BENCH_JSON "))
-    return Load(requests=data["requests"], errors=data["errors"] + data["non2xx"],
-                duration_s=data["duration_us"] / 1e6, p50_ms=data["p50_us"] / 1000,
-                p99_ms=data["p99_us"] / 1000)
+    return Load(
+        requests=data["requests"],
+        errors=data["errors"] + data["non2xx"],
+        duration_s=data["duration_us"] / 1e6,
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+    )
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -281,8 +308,13 @@ async def _httpx_load(url: str, token: str, concurrency: int, duration_s: float)
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
     latencies.sort()
-    return Load(requests=len(latencies), errors=errors, duration_s=elapsed,
-                p50_ms=percentile(latencies, 50) * 1000, p99_ms=percentile(latencies, 99) * 1000)
+    return Load(
+        requests=len(latencies),
+        errors=errors,
+        duration_s=elapsed,
+        p50_ms=percentile(latencies, 50) * 1000,
+        p99_ms=percentile(latencies, 99) * 1000,
+    )
 
 
 def run_httpx(url: str, token: str, concurrency: int, duration_s: float, workdir: Path) -> Load:
@@ -303,7 +335,9 @@ def pick_generator(wanted: str) -> str:
     if wanted == "auto":
         return "wrk" if shutil.which("wrk") else "httpx"
     if wanted == "wrk" and not shutil.which("wrk"):
-        raise SystemExit("bench: wrk is not on PATH (apt-get install wrk), or use --generator httpx")
+        raise SystemExit(
+            "bench: wrk is not on PATH (apt-get install wrk), or use --generator httpx"
+        )
     return wanted
 
 
@@ -311,14 +345,20 @@ def pick_generator(wanted: str) -> str:
 
 
 def _ingress_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="Serve replicas of the API (uvicorn always runs one process)")
-    parser.add_argument("--no-haproxy", action="store_true",
-                        help="use the standard Serve proxy instead of HAProxy")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="Serve replicas of the API (uvicorn always runs one process)",
+    )
+    parser.add_argument(
+        "--no-haproxy", action="store_true", help="use the standard Serve proxy instead of HAProxy"
+    )
 
 
-@benchmark("ingress", "Ray Serve ingress vs plain uvicorn on GET /api/v1/whoami",
-           _ingress_arguments)
+@benchmark(
+    "ingress", "Ray Serve ingress vs plain uvicorn on GET /api/v1/whoami", _ingress_arguments
+)
 def ingress(args: argparse.Namespace) -> Result:
     generator = pick_generator(args.generator)
     load = GENERATORS[generator]
@@ -334,8 +374,18 @@ def ingress(args: argparse.Namespace) -> Result:
 
         serve_port = free_port()
         # `orchestrator serve`, run by this interpreter so the venv need not be on PATH.
-        serve_argv = [sys.executable, "-m", "orchestrator.cli", "serve", "--data-dir",
-                      str(data_dir), "--port", str(serve_port), "--replicas", str(args.replicas)]
+        serve_argv = [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(serve_port),
+            "--replicas",
+            str(args.replicas),
+        ]
         if args.no_haproxy:
             serve_argv.append("--no-haproxy")
         serve = Child("orchestrator serve", serve_argv, workdir / "serve.log", env)
@@ -350,19 +400,43 @@ def ingress(args: argparse.Namespace) -> Result:
         serve_url = runtime["url"].rstrip("/") + ROUTE
 
         uvicorn_port = free_port()
-        uvicorn_env = {**env, "ORCH_DATABASE_URL": runtime["database_url"],
-                       "ORCH_REDIS_URL": runtime["redis_url"], "ORCH_DATA_DIR": str(data_dir),
-                       "ORCH_PORT": str(uvicorn_port)}
-        uvicorn = Child("uvicorn", [
-            sys.executable, "-m", "uvicorn", "--factory", "bench:uvicorn_app",
-            "--app-dir", str(Path(__file__).resolve().parent),
-            "--host", "127.0.0.1", "--port", str(uvicorn_port),
-            "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
-        ], workdir / "uvicorn.log", uvicorn_env)
+        uvicorn_env = {
+            **env,
+            "ORCH_DATABASE_URL": runtime["database_url"],
+            "ORCH_REDIS_URL": runtime["redis_url"],
+            "ORCH_DATA_DIR": str(data_dir),
+            "ORCH_PORT": str(uvicorn_port),
+        }
+        uvicorn = Child(
+            "uvicorn",
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "bench:uvicorn_app",
+                "--app-dir",
+                str(Path(__file__).resolve().parent),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(uvicorn_port),
+                "--loop",
+                "uvloop",
+                "--http",
+                "httptools",
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            workdir / "uvicorn.log",
+            uvicorn_env,
+        )
         stack.callback(uvicorn.stop)
         uvicorn.start()
-        wait_for_http(uvicorn, f"http://127.0.0.1:{uvicorn_port}/api/v1/ready",
-                      UVICORN_START_TIMEOUT_S)
+        wait_for_http(
+            uvicorn, f"http://127.0.0.1:{uvicorn_port}/api/v1/ready", UVICORN_START_TIMEOUT_S
+        )
         uvicorn_url = f"http://127.0.0.1:{uvicorn_port}{ROUTE}"
 
         targets = {"serve": serve_url, "uvicorn": uvicorn_url}
@@ -372,8 +446,10 @@ def ingress(args: argparse.Namespace) -> Result:
             load(url, token, args.concurrency, WARMUP_S, workdir)
         results: dict[str, Load] = {}
         for name, url in targets.items():
-            say(f"loading {name} with {generator}: {args.concurrency} connections, "
-                f"{args.duration:g}s")
+            say(
+                f"loading {name} with {generator}: {args.concurrency} connections, "
+                f"{args.duration:g}s"
+            )
             results[name] = load(url, token, args.concurrency, args.duration, workdir)
     return _ingress_result(results, generator, proxy, args)
 
@@ -390,12 +466,12 @@ def _ingress_result(
     results: dict[str, Load], generator: str, proxy: str, args: argparse.Namespace
 ) -> Result:
     serve, plain = results["serve"], results["uvicorn"]
-    ratio = serve.rps / plain.rps if plain.rps else math.nan
+    ratio = serve.rps / plain.rps if plain.rps else None
     note = "per-token rate limit disabled in both targets (ORCH_RATE_LIMIT_PER_MINUTE=0)"
     data = {
         "serve_rps": round(serve.rps, 1),
         "uvicorn_rps": round(plain.rps, 1),
-        "ratio": round(ratio, 3),
+        "ratio": round(ratio, 3) if ratio is not None else None,
         "p50_ms": round(serve.p50_ms, 3),
         "p99_ms": round(serve.p99_ms, 3),
         "uvicorn_p50_ms": round(plain.p50_ms, 3),
@@ -417,14 +493,19 @@ def _ingress_result(
         for name, r in results.items()
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w)
-                                for i, (cell, w) in enumerate(zip(row, widths)))
-                      for row in rows)
+    table = "\n".join(
+        "  ".join(
+            cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        )
+        for row in rows
+    )
     proxy_name = {"haproxy": "HAProxy", "standard": "standard Serve"}.get(proxy, proxy)
-    text = (f"ingress: GET {ROUTE} with the admin token; {generator}, {args.concurrency} "
-            f"connections, {args.duration:g}s per target; Serve: {args.replicas} replica(s), "
-            f"{proxy_name} proxy; {os.cpu_count()} CPUs\n{note}\n\n{table}\n\n"
-            f"ratio serve/uvicorn: {ratio:.3f}")
+    text = (
+        f"ingress: GET {ROUTE} with the admin token; {generator}, {args.concurrency} "
+        f"connections, {args.duration:g}s per target; Serve: {args.replicas} replica(s), "
+        f"{proxy_name} proxy; {os.cpu_count()} CPUs\n{note}\n\n{table}\n\n"
+        f"ratio serve/uvicorn: {'n/a' if ratio is None else f'{ratio:.3f}'}"
+    )
     if proxy == "standard" and not args.no_haproxy:
         text += "\nNOTE: HAProxy was asked for but the service fell back to the standard proxy"
     if serve.errors or plain.errors:
@@ -440,8 +521,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     common.add_argument("--duration", type=float, default=10.0, help="seconds per target")
     common.add_argument("--concurrency", type=int, default=16, help="concurrent connections")
-    common.add_argument("--generator", choices=["auto", *GENERATORS], default="auto",
-                        help="load generator (auto: wrk when on PATH, else httpx)")
+    common.add_argument(
+        "--generator",
+        choices=["auto", *GENERATORS],
+        default="auto",
+        help="load generator (auto: wrk when on PATH, else httpx)",
+    )
     common.add_argument("--keep", action="store_true", help="keep the temp dir and logs")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="benchmark", required=True)

@@ -60,8 +60,10 @@ class ApiError(Exception):
         return f"{self.status} {self.code}: {self.message}{rid}"
 
     def __repr__(self) -> str:
-        return (f"ApiError(status={self.status}, code={self.code!r}, message={self.message!r}, "
-                f"request_id={self.request_id!r})")
+        return (
+            f"ApiError(status={self.status}, code={self.code!r}, message={self.message!r}, "
+            f"request_id={self.request_id!r})"
+        )
 
 
 def normalise_base_url(base_url: str) -> str:
@@ -96,13 +98,17 @@ def _error_of(response: httpx.Response) -> ApiError:
         )
     text = response.text.strip()
     message = text[:200] if text else (response.reason_phrase or "error")
-    return ApiError(response.status_code, f"http_{response.status_code}", message,
-                    header_id, body)
+    return ApiError(response.status_code, f"http_{response.status_code}", message, header_id, body)
 
 
 def _invalid(response: httpx.Response, why: str) -> ApiError:
-    return ApiError(response.status_code, "invalid_response", why,
-                    response.headers.get(REQUEST_ID_HEADER), _json_object(response))
+    return ApiError(
+        response.status_code,
+        "invalid_response",
+        why,
+        response.headers.get(REQUEST_ID_HEADER),
+        _json_object(response),
+    )
 
 
 def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
@@ -225,8 +231,9 @@ class Client:
     def whoami(self) -> WhoAmI:
         return self._send(_whoami())
 
-    def create_token(self, user_uuid: str, admin: bool = False,
-                     description: str = "") -> TokenCreated:
+    def create_token(
+        self, user_uuid: str, admin: bool = False, description: str = ""
+    ) -> TokenCreated:
         """Issue a token for `user_uuid` (admin only)."""
         return self._send(_create_token(user_uuid, admin, description))
 
@@ -239,8 +246,12 @@ class Client:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -277,8 +288,9 @@ class AsyncClient:
     async def whoami(self) -> WhoAmI:
         return await self._send(_whoami())
 
-    async def create_token(self, user_uuid: str, admin: bool = False,
-                           description: str = "") -> TokenCreated:
+    async def create_token(
+        self, user_uuid: str, admin: bool = False, description: str = ""
+    ) -> TokenCreated:
         """Issue a token for `user_uuid` (admin only)."""
         return await self._send(_create_token(user_uuid, admin, description))
 
@@ -291,8 +303,12 @@ class AsyncClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     def __repr__(self) -> str:

@@ -12,17 +12,17 @@ from pydantic import BaseModel, ConfigDict
 __all__ = [
     "ApiModel",
     "ComponentHealth",
-    "StoreHealth",
+    "Health",
+    "HealthComponents",
     "MessagingHealth",
     "ProvidersHealth",
-    "WorkersHealth",
-    "HealthComponents",
-    "Health",
-    "SloEntry",
     "Slo",
-    "WhoAmI",
+    "SloEntry",
+    "StoreHealth",
     "TokenCreated",
     "TokenRevoked",
+    "WhoAmI",
+    "WorkersHealth",
 ]
 
 

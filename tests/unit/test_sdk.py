@@ -92,14 +92,22 @@ def build_peer_app(peer: Peer) -> FastAPI:
 
     @app.middleware("http")
     async def record(request: Request, call_next: Any) -> Response:
-        peer.seen.append(Seen(request.method, request.url.path, request.scope["raw_path"],
-                              {k.lower(): v for k, v in request.headers.items()},
-                              await request.body()))
-        return await call_next(request)
+        peer.seen.append(
+            Seen(
+                request.method,
+                request.url.path,
+                request.scope["raw_path"],
+                {k.lower(): v for k, v in request.headers.items()},
+                await request.body(),
+            )
+        )
+        response: Response = await call_next(request)
+        return response
 
     def caller(request: Request) -> tuple[str, bool] | None:
         return {f"Bearer {ADMIN}": ("admin", True), f"Bearer {USER}": ("alice", False)}.get(
-            request.headers.get("authorization", ""))
+            request.headers.get("authorization", "")
+        )
 
     @app.get("/api/v1/health")
     async def health() -> Response:
@@ -118,8 +126,10 @@ def build_peer_app(peer: Peer) -> FastAPI:
 
     @app.get("/api/v1/slo")
     async def slo() -> Response:
-        return JSONResponse({"latency_p99": 1} if peer.slo_malformed else SLO_BODY,
-                            headers={"X-Request-ID": "req-slo"})
+        return JSONResponse(
+            {"latency_p99": 1} if peer.slo_malformed else SLO_BODY,
+            headers={"X-Request-ID": "req-slo"},
+        )
 
     @app.get("/api/v1/whoami")
     async def whoami(request: Request) -> Response:
@@ -134,14 +144,26 @@ def build_peer_app(peer: Peer) -> FastAPI:
         if who is None or not who[1]:
             return error(403, "forbidden", "admin only", "req-403")
         body = await request.json()
-        return JSONResponse({"ok": True, "token": "orch_new_token", "prefix": "orch_new",
-                             "user_uuid": body["user_uuid"], "admin": body["admin"]})
+        return JSONResponse(
+            {
+                "ok": True,
+                "token": "orch_new_token",
+                "prefix": "orch_new",
+                "user_uuid": body["user_uuid"],
+                "admin": body["admin"],
+            }
+        )
 
     @app.delete("/api/v1/tokens/{prefix}")
     async def revoke_token(prefix: str) -> Response:
         if prefix == "orch_gone":
-            return error(404, "not_found", f"no live token with prefix {prefix!r}", "req-404",
-                         detail_hint="x")
+            return error(
+                404,
+                "not_found",
+                f"no live token with prefix {prefix!r}",
+                "req-404",
+                detail_hint="x",
+            )
         return JSONResponse({"ok": True, "revoked": 1})
 
     return app
@@ -154,8 +176,9 @@ def running_peer() -> Iterator[Peer]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     peer.base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(build_peer_app(peer), log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(build_peer_app(peer), log_level="warning", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -267,8 +290,12 @@ def test_error_body_becomes_api_error(peer: Peer) -> None:
     err = caught.value
     assert (err.status, err.code, err.request_id) == (401, "unauthorized", "req-401")
     assert err.message == "missing or invalid bearer token"
-    assert err.body == {"ok": False, "error": "missing or invalid bearer token",
-                        "code": "unauthorized", "request_id": "req-401"}
+    assert err.body == {
+        "ok": False,
+        "error": "missing or invalid bearer token",
+        "code": "unauthorized",
+        "request_id": "req-401",
+    }
     assert str(err) == "401 unauthorized: missing or invalid bearer token, request_id=req-401"
     assert "authorization" not in peer.seen[0].headers
 
@@ -277,7 +304,12 @@ def test_api_error_pickles() -> None:
     err = ApiError(404, "not_found", "gone", "req-1", {"ok": False, "error": "gone"})
     copy = pickle.loads(pickle.dumps(err))
     assert (copy.status, copy.code, copy.message, copy.request_id, copy.body) == (
-        404, "not_found", "gone", "req-1", {"ok": False, "error": "gone"})
+        404,
+        "not_found",
+        "gone",
+        "req-1",
+        {"ok": False, "error": "gone"},
+    )
 
 
 def test_create_token_sends_the_documented_body(peer: Peer) -> None:
@@ -285,7 +317,11 @@ def test_create_token_sends_the_documented_body(peer: Peer) -> None:
         created = api.create_token("bob", admin=True, description="ci")
     assert isinstance(created, TokenCreated)
     assert (created.token, created.prefix, created.user_uuid, created.admin) == (
-        "orch_new_token", "orch_new", "bob", True)
+        "orch_new_token",
+        "orch_new",
+        "bob",
+        True,
+    )
     seen = peer.seen[0]
     assert (seen.method, seen.path) == ("POST", "/api/v1/tokens")
     assert seen.headers["content-type"] == "application/json"
@@ -304,7 +340,9 @@ def test_revoke_token(peer: Peer) -> None:
         with pytest.raises(ApiError) as caught:
             api.revoke_token("orch_gone")
     assert [(s.method, s.path) for s in peer.seen] == [
-        ("DELETE", "/api/v1/tokens/orch_abc1"), ("DELETE", "/api/v1/tokens/orch_gone")]
+        ("DELETE", "/api/v1/tokens/orch_abc1"),
+        ("DELETE", "/api/v1/tokens/orch_gone"),
+    ]
     err = caught.value
     assert (err.status, err.code, err.request_id) == (404, "not_found", "req-404")
     # Fields beyond the standard four stay available on the body.
@@ -346,4 +384,7 @@ async def test_async_client_errors_and_degraded_health(peer: Peer) -> None:
         with pytest.raises(ApiError) as caught:
             await api.whoami()
     assert (caught.value.status, caught.value.code, caught.value.request_id) == (
-        401, "unauthorized", "req-401")
+        401,
+        "unauthorized",
+        "req-401",
+    )
