@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
+from ray.serve.schema import LoggingConfig
 
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
 from deployments.api import create_app
@@ -56,5 +57,8 @@ def build_app(args: dict[str, Any]) -> Application:
     deployment = Api.options(
         num_replicas=settings.api_replicas,
         ray_actor_options={"num_cpus": settings.api_replica_cpus},
+        logging_config=LoggingConfig(
+            enable_access_log=settings.access_log, log_level=settings.log_level
+        ),
     )
     return deployment.bind(settings, started_at)

@@ -87,8 +87,13 @@ class Settings(BaseSettings):
     ray_address: str | None = Field(None, description="Join this Ray cluster; unset = local")
     dashboard: bool = Field(False, description="Start the Ray dashboard with a local cluster")
     haproxy: bool = Field(True, description="Serve through HAProxy in throughput-optimized mode")
-    api_replicas: int = Field(1, ge=1, description="Replicas of the HTTP ingress deployment")
+    api_replicas: int = Field(
+        2, ge=1, description="Replicas of the HTTP ingress deployment (2: throughput, failover)"
+    )
     api_replica_cpus: float = Field(0.25, gt=0, description="Ray CPUs reserved per replica")
+    access_log: bool = Field(
+        False, description="Serve's per-request access log lines (costly; metrics count requests)"
+    )
     db_pool_min: int = Field(1, ge=0, description="Minimum Postgres connections per process")
     db_pool_max: int = Field(10, ge=1, description="Maximum Postgres connections per process")
     log_level: str = Field("INFO", description="Python log level")

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import Settings
+
+DEFAULT_REPLICAS = Settings.model_fields["api_replicas"].default
+
 READY_LINE = "Orchestrator ready at "
 SERVE_START_TIMEOUT_S = 180.0
 UVICORN_START_TIMEOUT_S = 60.0
@@ -348,8 +352,9 @@ def _ingress_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replicas",
         type=int,
-        default=1,
-        help="Serve replicas of the API (uvicorn always runs one process)",
+        default=None,
+        help="Serve replicas of the API (default: the service's api_replicas; uvicorn always "
+        "runs one process)",
     )
     parser.add_argument(
         "--no-haproxy", action="store_true", help="use the standard Serve proxy instead of HAProxy"
@@ -383,9 +388,9 @@ def ingress(args: argparse.Namespace) -> Result:
             str(data_dir),
             "--port",
             str(serve_port),
-            "--replicas",
-            str(args.replicas),
         ]
+        if args.replicas is not None:
+            serve_argv += ["--replicas", str(args.replicas)]
         if args.no_haproxy:
             serve_argv.append("--no-haproxy")
         serve = Child("orchestrator serve", serve_argv, workdir / "serve.log", env)
@@ -482,7 +487,7 @@ def _ingress_result(
         "concurrency": args.concurrency,
         "duration_s": args.duration,
         "route": f"GET {ROUTE}",
-        "replicas": args.replicas,
+        "replicas": args.replicas or DEFAULT_REPLICAS,
         "serve_proxy": proxy,
         "cpus": os.cpu_count(),
         "rate_limit_per_minute": 0,
@@ -502,7 +507,7 @@ def _ingress_result(
     proxy_name = {"haproxy": "HAProxy", "standard": "standard Serve"}.get(proxy, proxy)
     text = (
         f"ingress: GET {ROUTE} with the admin token; {generator}, {args.concurrency} "
-        f"connections, {args.duration:g}s per target; Serve: {args.replicas} replica(s), "
+        f"connections, {args.duration:g}s per target; Serve: {args.replicas or DEFAULT_REPLICAS} replica(s), "
         f"{proxy_name} proxy; {os.cpu_count()} CPUs\n{note}\n\n{table}\n\n"
         f"ratio serve/uvicorn: {'n/a' if ratio is None else f'{ratio:.3f}'}"
     )
