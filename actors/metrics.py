@@ -22,7 +22,9 @@ class Metrics:
         self._pushes = 0
 
     def __repr__(self) -> str:
-        return f"Metrics(pushes={self._pushes}, workers={self._state.active_workers()}, sockets={self._state.stream_sockets()})"
+        state = self._state
+        return (f"Metrics(pushes={self._pushes}, workers={state.active_workers()}, "
+                f"sockets={state.stream_sockets()})")
 
     def push(self, snapshot: MetricsSnapshot) -> None:
         self._pushes += 1

@@ -21,13 +21,13 @@ from deployments.routers import ROUTERS
 from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import connect
-from orchestrator.state import ADMIN_USER
 from orchestrator.observability import (
     MetricsRecorder,
     RouteTemplates,
     heartbeat,
     prune_heartbeats,
 )
+from orchestrator.state import ADMIN_USER
 
 log = logging.getLogger("orchestrator.api")
 

@@ -54,11 +54,12 @@ def build_app(args: dict[str, Any]) -> Application:
     optional `config` file path (from serve_config.yaml)."""
     settings = _settings_from_args(args)
     started_at = float(args.get("started_at") or time.time())
-    deployment = Api.options(
+    deployment = Api.options(  # type: ignore[attr-defined]
         num_replicas=settings.api_replicas,
         ray_actor_options={"num_cpus": settings.api_replica_cpus},
         logging_config=LoggingConfig(
             enable_access_log=settings.access_log, log_level=settings.log_level
         ),
     )
-    return deployment.bind(settings, started_at)
+    app: Application = deployment.bind(settings, started_at)
+    return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
@@ -25,7 +25,7 @@ class MetricsHub(Protocol):
 
     async def push(self, snapshot: MetricsSnapshot) -> None: ...
     async def render(self) -> bytes: ...
-    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict: ...
+    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict[str, Any]: ...
     async def gauges(self) -> dict[str, int]: ...
 
 
@@ -41,7 +41,7 @@ class LocalMetricsHub:
     async def render(self) -> bytes:
         return self.state.render()
 
-    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict:
+    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict[str, Any]:
         return self.state.slo(targets, uptime_ratio)
 
     async def gauges(self) -> dict[str, int]:

@@ -10,7 +10,6 @@ from deployments.context import AppContext
 from orchestrator.auth import Principal
 from orchestrator.errors import Forbidden, Unauthorized
 
-
 # Dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a thread
 # pool, a thread hand-off per request that profiling showed to dominate a trivial route.
 

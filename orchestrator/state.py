@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from orchestrator.auth import TokenStore
 from orchestrator.auth._tokens import TOKEN_PREFIX

@@ -500,14 +500,16 @@ def _ingress_result(
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join(
         "  ".join(
-            cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            cell.rjust(w) if i else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in rows
     )
     proxy_name = {"haproxy": "HAProxy", "standard": "standard Serve"}.get(proxy, proxy)
     text = (
         f"ingress: GET {ROUTE} with the admin token; {generator}, {args.concurrency} "
-        f"connections, {args.duration:g}s per target; Serve: {args.replicas or DEFAULT_REPLICAS} replica(s), "
+        f"connections, {args.duration:g}s per target; "
+        f"Serve: {args.replicas or DEFAULT_REPLICAS} replica(s), "
         f"{proxy_name} proxy; {os.cpu_count()} CPUs\n{note}\n\n{table}\n\n"
         f"ratio serve/uvicorn: {'n/a' if ratio is None else f'{ratio:.3f}'}"
     )

@@ -81,7 +81,7 @@ class ServedApp:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    async def __aenter__(self) -> "ServedApp":
+    async def __aenter__(self) -> ServedApp:
         self.thread.start()
         for _ in range(300):
             if self.server.started:

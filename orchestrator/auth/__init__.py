@@ -4,7 +4,13 @@ from orchestrator.auth._authenticator import Authenticator
 from orchestrator.auth._jwt import JwtVerifier
 from orchestrator.auth._principal import Principal
 from orchestrator.auth._ratelimit import RateLimiter
-from orchestrator.auth._tokens import IssuedToken, TokenStore, generate_token, hash_token, token_prefix
+from orchestrator.auth._tokens import (
+    IssuedToken,
+    TokenStore,
+    generate_token,
+    hash_token,
+    token_prefix,
+)
 
 __all__ = [
     "Authenticator",

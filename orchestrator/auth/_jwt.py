@@ -41,7 +41,7 @@ class JwtVerifier:
         return token.count(".") == 2 and token.startswith("ey")
 
     async def verify(self, token: str) -> Principal:
-        options: dict[str, Any] = {"require": ["exp"], "verify_aud": self._audience is not None}
+        options: Any = {"require": ["exp"], "verify_aud": self._audience is not None}
         try:
             header = jwt.get_unverified_header(token)
             if header.get("alg") == "HS256" and self._secret:

@@ -3,4 +3,4 @@
 from orchestrator.db._database import Database, connect
 from orchestrator.db._migrations import MIGRATIONS_DIR, apply_migrations
 
-__all__ = ["Database", "connect", "apply_migrations", "MIGRATIONS_DIR"]
+__all__ = ["MIGRATIONS_DIR", "Database", "apply_migrations", "connect"]

@@ -1,18 +1,18 @@
 """Metrics recording per process and cluster-wide aggregation for /metrics and /slo."""
 
-from ._recorder import LATENCY_BUCKETS, MetricsRecorder, MetricsSnapshot, process_rss_bytes
 from ._paths import UNMATCHED, RouteTemplates
+from ._recorder import LATENCY_BUCKETS, MetricsRecorder, MetricsSnapshot, process_rss_bytes
 from ._state import MetricsState, SloTargets
 from ._uptime import heartbeat, prune_heartbeats, uptime_ratio
 
 __all__ = [
     "LATENCY_BUCKETS",
+    "UNMATCHED",
     "MetricsRecorder",
     "MetricsSnapshot",
     "MetricsState",
     "RouteTemplates",
     "SloTargets",
-    "UNMATCHED",
     "heartbeat",
     "process_rss_bytes",
     "prune_heartbeats",

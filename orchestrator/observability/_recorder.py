@@ -126,7 +126,7 @@ class MetricsRecorder:
     def in_memory_bytes(self, n: int) -> None:
         self._in_memory = n
 
-    def event(self, type: str, n: int = 1) -> None:  # noqa: A002 - name fixed by the API
+    def event(self, type: str, n: int = 1) -> None:
         self._events[type] = self._events.get(type, 0) + n
 
     def drain(self) -> MetricsSnapshot:

@@ -212,9 +212,9 @@ class _Collector(Collector):
         for provider, hist in sorted(state._provider.items()):
             cumulative: list[tuple[str, float]] = []
             running = 0
-            for bound, n in zip((*LATENCY_BUCKETS, float("inf")), hist.buckets):
+            for bound, n in zip((*LATENCY_BUCKETS, float("inf")), hist.buckets, strict=True):
                 running += n
-                cumulative.append((floatToGoString(bound), running))
+                cumulative.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
             latency.add_metric((provider,), cumulative, hist.total)
         yield latency
 

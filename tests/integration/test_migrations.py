@@ -24,7 +24,8 @@ async def test_connect_enables_pgvector_and_records_it(database_url: str) -> Non
     db = await connect(database_url)
     try:
         assert db.pgvector is True
-        assert await db.pool.fetchval("SELECT value FROM service_facts WHERE key='pgvector'") == "on"
+        fact = "SELECT value FROM service_facts WHERE key = 'pgvector'"
+        assert await db.pool.fetchval(fact) == "on"
         assert await db.pool.fetchval("SELECT '[1,2,3]'::vector <=> '[1,2,3]'::vector") == 0
         assert await db.ping() >= 4
     finally:
