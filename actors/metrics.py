@@ -8,7 +8,7 @@ from typing import Any
 import ray
 
 from actors import NAMESPACE
-from orchestrator.observability import MetricsSnapshot, MetricsState, SloTargets
+from orchestrator.observability import MetricsSnapshot, MetricsState, SloQuery
 
 ACTOR_NAME = "metrics"
 # A source silent this long no longer contributes gauges (a replica that went away).
@@ -23,8 +23,10 @@ class Metrics:
 
     def __repr__(self) -> str:
         state = self._state
-        return (f"Metrics(pushes={self._pushes}, workers={state.active_workers()}, "
-                f"sockets={state.stream_sockets()})")
+        return (
+            f"Metrics(pushes={self._pushes}, workers={state.active_workers()}, "
+            f"sockets={state.stream_sockets()})"
+        )
 
     def push(self, snapshot: MetricsSnapshot) -> None:
         self._pushes += 1
@@ -34,13 +36,15 @@ class Metrics:
         self._state.forget_stale_sources(STALE_SOURCE_S)
         return self._state.render()
 
-    def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict[str, Any]:
-        return self._state.slo(targets, uptime_ratio)
+    def slo(self, query: SloQuery) -> dict[str, Any]:
+        return self._state.slo(query.targets, query.uptime_ratio)
 
     def gauges(self) -> dict[str, int]:
         self._state.forget_stale_sources(STALE_SOURCE_S)
-        return {"stream_sockets": self._state.stream_sockets(),
-                "active_workers": self._state.active_workers()}
+        return {
+            "stream_sockets": self._state.stream_sockets(),
+            "active_workers": self._state.active_workers(),
+        }
 
 
 def get_or_create_metrics(window_s: float) -> Any:
@@ -61,8 +65,8 @@ class ActorMetricsHub:
     async def render(self) -> bytes:
         return await self._actor.render.remote()  # type: ignore[no-any-return]
 
-    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict[str, Any]:
-        return await self._actor.slo.remote(targets, uptime_ratio)  # type: ignore[no-any-return]
+    async def slo(self, query: SloQuery) -> dict[str, Any]:
+        return await self._actor.slo.remote(query)  # type: ignore[no-any-return]
 
     async def gauges(self) -> dict[str, int]:
         return await self._actor.gauges.remote()  # type: ignore[no-any-return]

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
@@ -27,7 +27,6 @@ from orchestrator.observability import (
     heartbeat,
     prune_heartbeats,
 )
-from orchestrator.state import ADMIN_USER
 
 log = logging.getLogger("orchestrator.api")
 
@@ -45,10 +44,12 @@ async def build_context(
 ) -> AppContext:
     if not settings.database_url or not settings.redis_url:
         raise RuntimeError("database_url and redis_url must be set before the app starts")
-    db = await connect(settings.database_url, min_size=settings.db_pool_min,
-                       max_size=settings.db_pool_max)
-    redis = aioredis.from_url(settings.redis_url, socket_timeout=2.0,
-                              socket_connect_timeout=2.0, health_check_interval=15)
+    db = await connect(
+        settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max
+    )
+    redis = aioredis.from_url(
+        settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, health_check_interval=15
+    )
     tokens = TokenStore(db.pool)
     jwt_verifier = JwtVerifier(
         secret=_secret(settings.jwt_secret),
@@ -73,11 +74,11 @@ async def build_context(
     return ctx
 
 
-async def _every(seconds: float, what: str, fn: Callable[[], object]) -> None:
+async def _every(seconds: float, what: str, fn: Callable[[], Awaitable[None]]) -> None:
     while True:
         await asyncio.sleep(seconds)
         try:
-            await fn()  # type: ignore[misc]
+            await fn()
         except Exception as exc:  # noqa: BLE001 - a background duty must outlive a bad tick
             log.warning("%s failed: %r", what, exc)
 
@@ -105,8 +106,7 @@ def create_app(
             await prune_heartbeats(ctx.db.pool)
 
         if settings.admin_token is not None:
-            await ctx.tokens.register(settings.admin_token.get_secret_value(), ADMIN_USER, True,
-                                      "admin token")
+            await ctx.tokens.register_configured_admin(settings.admin_token.get_secret_value())
         with contextlib.suppress(Exception):
             await heartbeat(ctx.db.pool)
         tasks = [
@@ -138,6 +138,10 @@ def create_app(
         [API_PREFIX + route.path for router in ROUTERS for route in router.routes]  # type: ignore[attr-defined]
         + [app.openapi_url or "", app.docs_url or ""]
     )
-    app.add_middleware(RequestContextMiddleware, ctx_getter=lambda: holder["ctx"],
-                       templates=templates, echo_request_id=echo_request_id)
+    app.add_middleware(
+        RequestContextMiddleware,
+        ctx_getter=lambda: holder["ctx"],
+        templates=templates,
+        echo_request_id=echo_request_id,
+    )
     return app

@@ -28,8 +28,9 @@ class Api:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
-        return create_app(self._settings, metrics=hub, started_at=self._started_at,
-                          echo_request_id=False)
+        return create_app(
+            self._settings, metrics=hub, started_at=self._started_at, echo_request_id=False
+        )
 
     def __repr__(self) -> str:
         return f"Api(port={self._settings.port})"

@@ -12,7 +12,13 @@ import redis.asyncio as aioredis
 from orchestrator.auth import Authenticator, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import Database
-from orchestrator.observability import MetricsRecorder, MetricsSnapshot, MetricsState, SloTargets
+from orchestrator.observability import (
+    MetricsRecorder,
+    MetricsSnapshot,
+    MetricsState,
+    SloQuery,
+    SloTargets,
+)
 
 try:
     SERVICE_VERSION = version("orchestrator")
@@ -20,12 +26,15 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     SERVICE_VERSION = "0.0.0+source"
 
 
+MAX_UNSENT_SNAPSHOTS = 300  # five minutes of one-second flushes
+
+
 class MetricsHub(Protocol):
     """Where a replica's metric deltas go and the cluster-wide view comes from."""
 
     async def push(self, snapshot: MetricsSnapshot) -> None: ...
     async def render(self) -> bytes: ...
-    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict[str, Any]: ...
+    async def slo(self, query: SloQuery) -> dict[str, Any]: ...
     async def gauges(self) -> dict[str, int]: ...
 
 
@@ -41,12 +50,14 @@ class LocalMetricsHub:
     async def render(self) -> bytes:
         return self.state.render()
 
-    async def slo(self, targets: SloTargets, uptime_ratio: float | None) -> dict[str, Any]:
-        return self.state.slo(targets, uptime_ratio)
+    async def slo(self, query: SloQuery) -> dict[str, Any]:
+        return self.state.slo(query.targets, query.uptime_ratio)
 
     async def gauges(self) -> dict[str, int]:
-        return {"stream_sockets": self.state.stream_sockets(),
-                "active_workers": self.state.active_workers()}
+        return {
+            "stream_sockets": self.state.stream_sockets(),
+            "active_workers": self.state.active_workers(),
+        }
 
 
 @dataclass
@@ -60,12 +71,22 @@ class AppContext:
     recorder: MetricsRecorder
     metrics: MetricsHub
     started_at: float = field(default_factory=time.time)
+    # Snapshots not yet accepted by the hub (it may be restarting): sent first next time.
+    _unsent: list[MetricsSnapshot] = field(default_factory=list)
 
     @property
     def slo_targets(self) -> SloTargets:
         s = self.settings
-        return SloTargets(latency_p99_s=s.slo_latency_p99_s, uptime_7d_pct=s.slo_uptime_7d_pct,
-                          error_rate=s.slo_error_rate, window_s=s.slo_window_s)
+        return SloTargets(
+            latency_p99_s=s.slo_latency_p99_s,
+            uptime_7d_pct=s.slo_uptime_7d_pct,
+            error_rate=s.slo_error_rate,
+            window_s=s.slo_window_s,
+        )
 
     async def flush_metrics(self) -> None:
-        await self.metrics.push(self.recorder.drain())
+        self._unsent.append(self.recorder.drain())
+        del self._unsent[:-MAX_UNSENT_SNAPSHOTS]
+        while self._unsent:
+            await self.metrics.push(self._unsent[0])
+            self._unsent.pop(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -20,6 +21,7 @@ import httpx
 
 from orchestrator.config import Settings
 from orchestrator.state import (
+    DataDirLock,
     StateLayer,
     admin_token,
     clear_runtime,
@@ -124,16 +126,26 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    lock = DataDirLock(settings.data_dir)
+    lock.acquire()
     state = StateLayer(settings)
     ray_started = False
     dashboard_url: str | None = None
     try:
+        if settings.ray_address and not (settings.database_url and settings.redis_url):
+            progress(
+                "WARNING: joining a cluster with embedded Postgres/Redis: they listen on "
+                "Unix sockets of this machine only, so replicas on other nodes cannot reach "
+                "them; set ORCH_DATABASE_URL and ORCH_REDIS_URL for a multi-node cluster"
+            )
         t0 = time.monotonic()
         settings = state.start(progress)
         token, token_source = admin_token(settings)
         pgvector = asyncio.run(prepare_database(settings, token))
-        progress(f"state layer ready in {time.monotonic() - t0:.1f}s "
-                 f"(pgvector {'on' if pgvector else 'off'})")
+        progress(
+            f"state layer ready in {time.monotonic() - t0:.1f}s "
+            f"(pgvector {'on' if pgvector else 'off'})"
+        )
         if stop.is_set():
             return 0
 
@@ -154,12 +166,17 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
             progress(f"joining Ray cluster at {settings.ray_address}")
             ray.init(address=settings.ray_address, namespace=NAMESPACE)
         else:
-            progress("starting a local Ray cluster" +
-                     (" with the dashboard" if settings.dashboard else ""))
+            progress(
+                "starting a local Ray cluster"
+                + (" with the dashboard" if settings.dashboard else "")
+            )
             # address="local": never attach to a cluster that `ray start` left on this machine.
-            ray_context = ray.init(address="local", namespace=NAMESPACE,
-                                   include_dashboard=settings.dashboard,
-                                   logging_level=logging.WARNING)
+            ray_context = ray.init(
+                address="local",
+                namespace=NAMESPACE,
+                include_dashboard=settings.dashboard,
+                logging_level=logging.WARNING,
+            )
             dashboard_url = ray_context.dashboard_url
             ray_started = True
         # ray.init may install its own handlers; ours decide how the service stops.
@@ -178,10 +195,13 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
             )
             _wait_ready(url, timeout_s=120)
         except Exception as exc:
-            if not with_haproxy:
+            # Only an HAProxy failure is worth a restart without it; a stop request wins.
+            if not with_haproxy or stop.is_set() or "haproxy" not in str(exc).lower():
                 raise
-            progress(f"WARNING: deploying with HAProxy failed ({str(exc)[-300:]}); "
-                     "falling back to the standard proxy")
+            progress(
+                f"WARNING: deploying with HAProxy failed ({str(exc)[-300:]}); "
+                "falling back to the standard proxy"
+            )
             raise HAProxyFailed(str(exc)) from exc
         write_runtime(settings, url)
         progress(f"API deployed in {time.monotonic() - t0:.1f}s")
@@ -194,6 +214,7 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         return 0
     finally:
         _shutdown(settings, state, ray_started, progress)
+        lock.release()
 
 
 def _shutdown(
@@ -206,11 +227,15 @@ def _shutdown(
         if ray.is_initialized():
             from ray import serve
 
+            from actors import NAMESPACE
+            from actors.metrics import ACTOR_NAME as METRICS_ACTOR
             from deployments.app import APP_NAME
 
             if not ray_started:
-                # A shared cluster: remove only our application.
+                # A shared cluster: remove only what is ours (the app and the Metrics actor).
                 serve.delete(APP_NAME)
+                with contextlib.suppress(ValueError):
+                    ray.kill(ray.get_actor(METRICS_ACTOR, namespace=NAMESPACE))
             # Our own local cluster goes whole with ray.shutdown (proxy and HAProxy included):
             # measured 1.4 s, where serve.shutdown first waits ~30 s on the controller.
             ray.shutdown()

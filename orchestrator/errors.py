@@ -71,8 +71,13 @@ class OrchestratorError(Exception):
         return (_rebuild, (type(self), self.message, self.code, self.extra, self.headers))
 
     def body(self, request_id: str | None) -> dict[str, Any]:
-        return {"ok": False, "error": self.message, "code": self.code, "request_id": request_id,
-                **self.extra}
+        return {
+            "ok": False,
+            "error": self.message,
+            "code": self.code,
+            "request_id": request_id,
+            **self.extra,
+        }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, code={self.code!r})"
@@ -147,18 +152,12 @@ class RateLimited(OrchestratorError):
     status_code = 429
     default_code = ErrorCode.RATE_LIMITED
 
-    def __init__(self, message: str = "rate limit exceeded", *, retry_after: int = 1,
-                 **kw: Any) -> None:
+    def __init__(
+        self, message: str = "rate limit exceeded", *, retry_after: int = 1, **kw: Any
+    ) -> None:
         headers = {"Retry-After": str(max(1, int(retry_after))), **kw.pop("headers", {})}
         extra = {"retry_after": max(1, int(retry_after)), **kw.pop("extra", {})}
         super().__init__(message, headers=headers, extra=extra, **kw)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_rate_limited, (self.message, self.extra.get("retry_after", 1)))
-
-
-def _rebuild_rate_limited(message: str, retry_after: int) -> RateLimited:
-    return RateLimited(message, retry_after=retry_after)
 
 
 class ServiceUnavailable(OrchestratorError):
@@ -173,6 +172,18 @@ class InternalError(OrchestratorError):
 
 ERROR_BY_STATUS: dict[int, type[OrchestratorError]] = {
     cls.status_code: cls
-    for cls in (BadRequest, Unauthorized, Forbidden, NotFound, MethodNotAllowed, Conflict, Gone,
-                PayloadTooLarge, Unprocessable, RateLimited, ServiceUnavailable, InternalError)
+    for cls in (
+        BadRequest,
+        Unauthorized,
+        Forbidden,
+        NotFound,
+        MethodNotAllowed,
+        Conflict,
+        Gone,
+        PayloadTooLarge,
+        Unprocessable,
+        RateLimited,
+        ServiceUnavailable,
+        InternalError,
+    )
 }

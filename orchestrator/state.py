@@ -3,20 +3,19 @@ and the admin token. Used by `orchestrator serve` and `orchestrator token`."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-from orchestrator.auth import TokenStore
-from orchestrator.auth._tokens import TOKEN_PREFIX
+from orchestrator.auth import TokenStore, generate_token
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
 
-ADMIN_USER = "admin"
 RUNTIME_FILE = "runtime.json"
 ADMIN_TOKEN_FILE = "admin_token"
 
@@ -66,7 +65,7 @@ def admin_token(settings: Settings) -> tuple[str, str]:
     path = settings.data_dir / ADMIN_TOKEN_FILE
     if path.exists():
         return path.read_text().strip(), f"{path} (generated earlier)"
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = generate_token()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")
@@ -79,7 +78,7 @@ async def prepare_database(settings: Settings, token: str | None) -> bool:
     db = await connect(settings.database_url, min_size=1, max_size=2)
     try:
         if token:
-            await TokenStore(db.pool).register(token, ADMIN_USER, True, "admin token")
+            await TokenStore(db.pool).register_configured_admin(token)
         return db.pgvector
     finally:
         await db.close()
@@ -87,10 +86,18 @@ async def prepare_database(settings: Settings, token: str | None) -> bool:
 
 def write_runtime(settings: Settings, url: str) -> Path:
     path = settings.data_dir / RUNTIME_FILE
-    data = {"pid": os.getpid(), "url": url, "database_url": settings.database_url,
-            "redis_url": settings.redis_url}
+    data = {
+        "pid": os.getpid(),
+        "url": url,
+        "database_url": settings.database_url,
+        "redis_url": settings.redis_url,
+    }
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.unlink(missing_ok=True)
+    # The URLs may carry credentials: owner-only, like the admin token file.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(data, indent=2))
     tmp.replace(path)
     return path
 
@@ -105,3 +112,39 @@ def read_runtime(data_dir: Path) -> dict[str, object] | None:
 
 def clear_runtime(settings: Settings) -> None:
     (settings.data_dir / RUNTIME_FILE).unlink(missing_ok=True)
+
+
+class DataDirInUse(RuntimeError):
+    """Another service already runs on this data directory."""
+
+
+class DataDirLock:
+    """An exclusive lock on `<data_dir>/service.lock`, held while a service runs: two
+    services on one data directory would fight over its embedded Postgres and Redis."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._path = data_dir / "service.lock"
+        self._fh: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fh = self._path.open("a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise DataDirInUse(
+                f"another service (pid {holder}) is running on {self._path.parent}"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

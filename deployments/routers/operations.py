@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from deployments.context import SERVICE_VERSION, AppContext
 from deployments.deps import Ctx
-from orchestrator.observability import uptime_ratio
+from orchestrator.observability import SloQuery, uptime_ratio
 
 router = APIRouter(tags=["operations"])
 log = logging.getLogger(__name__)
@@ -76,25 +76,33 @@ async def _probe_store(ctx: AppContext) -> StoreHealth:
         return StoreHealth(status="degraded", tables=0)
 
 
-async def _probe_messaging(ctx: AppContext) -> MessagingHealth:
+async def _probe_messaging(ctx: AppContext) -> bool:
     try:
         async with asyncio.timeout(2.0):
             await ctx.redis.ping()
-            gauges = await ctx.metrics.gauges()
-        return MessagingHealth(status="ok", sockets=gauges.get("stream_sockets", 0))
+        return True
     except Exception as exc:  # noqa: BLE001 - any failure means messaging is degraded
         log.warning("messaging probe failed: %r", exc)
-        return MessagingHealth(status="degraded", sockets=0)
+        return False
+
+
+async def _gauges(ctx: AppContext) -> dict[str, int]:
+    try:
+        async with asyncio.timeout(2.0):
+            return await ctx.metrics.gauges()
+    except Exception as exc:  # noqa: BLE001 - the metrics hub is not a critical component
+        log.warning("metrics hub unreachable: %r", exc)
+        return {}
 
 
 @router.get("/health", response_model=Health)
 async def health(ctx: Ctx) -> JSONResponse:
-    store, messaging = await asyncio.gather(_probe_store(ctx), _probe_messaging(ctx))
-    gauges: dict[str, int] = {}
-    try:
-        gauges = await ctx.metrics.gauges()
-    except Exception as exc:  # noqa: BLE001 - metrics are not a critical component
-        log.warning("metrics hub unreachable: %r", exc)
+    store, redis_ok, gauges = await asyncio.gather(
+        _probe_store(ctx), _probe_messaging(ctx), _gauges(ctx)
+    )
+    messaging = MessagingHealth(
+        status="ok" if redis_ok else "degraded", sockets=gauges.get("stream_sockets", 0)
+    )
     # Provider adapters and the worker pool register here as their parts land; until then
     # there is honestly nothing configured to count.
     providers = ProvidersHealth(total=0, healthy=0)
@@ -104,8 +112,9 @@ async def health(ctx: Ctx) -> JSONResponse:
         status="ok" if critical_ok else "degraded",
         version=SERVICE_VERSION,
         uptime_seconds=round(time.time() - ctx.started_at, 3),
-        components=Components(store=store, messaging=messaging, providers=providers,
-                              workers=workers),
+        components=Components(
+            store=store, messaging=messaging, providers=providers, workers=workers
+        ),
     )
     return JSONResponse(body.model_dump(), status_code=200 if critical_ok else 503)
 
@@ -130,7 +139,7 @@ async def slo(ctx: Ctx) -> dict[str, Any]:
         ratio = await uptime_ratio(ctx.db.pool, now=time.time())
     except Exception as exc:  # noqa: BLE001 - without the store, uptime is unknown, not fatal
         log.warning("uptime unavailable: %r", exc)
-    return await ctx.metrics.slo(ctx.slo_targets, ratio)
+    return await ctx.metrics.slo(SloQuery(ctx.slo_targets, ratio))
 
 
 __all__ = ["router"]

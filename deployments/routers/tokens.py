@@ -45,8 +45,9 @@ class WhoAmI(BaseModel):
 @router.post("/tokens", response_model=TokenCreated)
 async def create_token(body: TokenCreate, ctx: Ctx, _: AdminUser) -> TokenCreated:
     issued = await ctx.tokens.create(body.user_uuid, body.admin, body.description)
-    return TokenCreated(token=issued.token, prefix=issued.prefix, user_uuid=issued.user_uuid,
-                        admin=issued.admin)
+    return TokenCreated(
+        token=issued.token, prefix=issued.prefix, user_uuid=issued.user_uuid, admin=issued.admin
+    )
 
 
 @router.delete("/tokens/{prefix}", response_model=TokenRevoked)

@@ -5,6 +5,7 @@ from orchestrator.auth._jwt import JwtVerifier
 from orchestrator.auth._principal import Principal
 from orchestrator.auth._ratelimit import RateLimiter
 from orchestrator.auth._tokens import (
+    ADMIN_USER,
     IssuedToken,
     TokenStore,
     generate_token,
@@ -13,6 +14,7 @@ from orchestrator.auth._tokens import (
 )
 
 __all__ = [
+    "ADMIN_USER",
     "Authenticator",
     "IssuedToken",
     "JwtVerifier",

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
+
+import asyncpg
 
 from orchestrator.auth._jwt import JwtVerifier
 from orchestrator.auth._principal import Principal
 from orchestrator.auth._tokens import TokenStore, hash_token
-from orchestrator.errors import Unauthorized
+from orchestrator.errors import ServiceUnavailable, Unauthorized
+
+LOOKUP_TIMEOUT_S = 5.0
+NEGATIVE_TTL_S = 2.0
+CACHE_MAX = 10_000
+
+
+def _bounded_put(cache: dict[str, Any], key: str, value: Any) -> None:
+    if len(cache) >= CACHE_MAX:
+        cache.clear()  # crude, but bounded; a hot client re-enters on its next request
+    cache[key] = value
 
 
 class Authenticator:
@@ -23,6 +37,7 @@ class Authenticator:
         self._jwt = jwt_verifier
         self._ttl = cache_ttl_s
         self._cache: dict[str, tuple[float, Principal]] = {}
+        self._unknown: dict[str, float] = {}
 
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -38,16 +53,26 @@ class Authenticator:
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
             return cached[1]
-        principal = await self._store.lookup(digest)
+        if self._unknown.get(digest, 0.0) > now:
+            raise Unauthorized("invalid or revoked token")
+        try:
+            async with asyncio.timeout(LOOKUP_TIMEOUT_S):
+                principal = await self._store.lookup(digest)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise ServiceUnavailable(
+                "cannot verify the token: the token store is unavailable",
+                headers={"Retry-After": "5"},
+            ) from exc
         if principal is None:
             self._cache.pop(digest, None)
+            # Remember misses briefly, so garbage tokens cannot each cost a database query.
+            _bounded_put(self._unknown, digest, now + NEGATIVE_TTL_S)
             raise Unauthorized("invalid or revoked token")
         if self._ttl > 0:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[digest] = (now + self._ttl, principal)
+            _bounded_put(self._cache, digest, (now + self._ttl, principal))
         return principal
 
     def forget(self, token_hashes: list[str]) -> None:
         for digest in token_hashes:
             self._cache.pop(digest, None)
+            self._unknown.pop(digest, None)

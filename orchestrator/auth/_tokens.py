@@ -15,6 +15,13 @@ TOKEN_PREFIX = "orch_"
 PREFIX_LEN = 12  # characters of the token kept in clear to name it (e.g. for revocation)
 
 
+ADMIN_USER = "admin"  # the user_uuid of the configured admin token
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def generate_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
@@ -43,27 +50,43 @@ class TokenStore:
 
     async def create(self, user_uuid: str, admin: bool, description: str = "") -> IssuedToken:
         token = generate_token()
-        await self.register(token, user_uuid, admin, description)
-        return IssuedToken(token, token_prefix(token), user_uuid, admin)
-
-    async def register(
-        self, token: str, user_uuid: str, admin: bool, description: str = ""
-    ) -> None:
-        """Store a token chosen elsewhere (the configured admin token); idempotent."""
         await self._pool.execute(
             """INSERT INTO api_tokens (token_hash, prefix, user_uuid, is_admin, description,
                                        created_at)
-               VALUES ($1, $2, $3, $4, $5, $6)
-               ON CONFLICT (token_hash) DO UPDATE
-                 SET user_uuid = EXCLUDED.user_uuid, is_admin = EXCLUDED.is_admin,
-                     revoked_at = NULL""",
+               VALUES ($1, $2, $3, $4, $5, $6)""",
             hash_token(token),
             token_prefix(token),
             user_uuid,
             admin,
             description,
-            int(time.time() * 1000),
+            _now_ms(),
         )
+        return IssuedToken(token, token_prefix(token), user_uuid, admin)
+
+    async def register_configured_admin(self, token: str) -> None:
+        """Make the configured admin token (`admin_token`) the one configured admin token.
+
+        Idempotent, and it never brings back a token that was revoked: an operator who revokes
+        it must configure a new one. A token configured earlier and since replaced is revoked.
+        """
+        digest = hash_token(token)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """UPDATE api_tokens SET revoked_at = $2
+                   WHERE kind = 'configured' AND token_hash <> $1 AND revoked_at IS NULL""",
+                digest,
+                _now_ms(),
+            )
+            await conn.execute(
+                """INSERT INTO api_tokens (token_hash, prefix, user_uuid, is_admin, description,
+                                           created_at, kind)
+                   VALUES ($1, $2, $3, true, 'configured admin token', $4, 'configured')
+                   ON CONFLICT (token_hash) DO NOTHING""",
+                digest,
+                token_prefix(token),
+                ADMIN_USER,
+                _now_ms(),
+            )
 
     async def lookup(self, token_hash: str) -> Principal | None:
         row = await self._pool.fetchrow(
@@ -83,6 +106,6 @@ class TokenStore:
                RETURNING token_hash""",
             prefix,
             owner,
-            int(time.time() * 1000),
+            _now_ms(),
         )
         return [r["token_hash"] for r in rows]

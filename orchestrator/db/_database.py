@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from orchestrator.db._migrations import apply_migrations
+from orchestrator.db._migrations import apply_migrations, migration_lock
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,12 @@ async def connect(
     async with asyncio.timeout(30):
         conn = await asyncpg.connect(dsn)
     try:
-        pgvector = await _enable_pgvector(conn)
-        if migrate:
-            await apply_migrations(conn)
+        # Under the migration lock: replicas starting together must not race on CREATE
+        # EXTENSION (a unique violation would read as "pgvector off").
+        async with migration_lock(conn):
+            pgvector = await _enable_pgvector(conn)
+            if migrate:
+                await apply_migrations(conn)
             await conn.execute(
                 """INSERT INTO service_facts (key, value) VALUES ('pgvector', $1)
                    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value""",
@@ -68,7 +71,12 @@ async def connect(
     finally:
         await conn.close()
     pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, max_inactive_connection_lifetime=60
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        max_inactive_connection_lifetime=60,
+        timeout=10,  # connecting
+        command_timeout=30,  # any one statement: a hung server must not hang requests forever
     )
     assert pool is not None
     return Database(pool=pool, pgvector=pgvector)

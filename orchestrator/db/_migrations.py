@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -29,10 +31,19 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, str, str]]:
     return found
 
 
-async def apply_migrations(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply the migrations not yet recorded; return the names applied now."""
+@asynccontextmanager
+async def migration_lock(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """A session-level advisory lock (re-entrant: a session may hold it more than once)."""
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
     try:
+        yield
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def apply_migrations(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Apply the migrations not yet recorded; return the names applied now."""
+    async with migration_lock(conn):
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (
                    version integer PRIMARY KEY,
@@ -53,5 +64,3 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path = MIGRATION
             log.info("applied migration %s", name)
             applied.append(name)
         return applied
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)

@@ -2,7 +2,7 @@
 
 from ._paths import UNMATCHED, RouteTemplates
 from ._recorder import LATENCY_BUCKETS, MetricsRecorder, MetricsSnapshot, process_rss_bytes
-from ._state import MetricsState, SloTargets
+from ._state import MetricsState, SloQuery, SloTargets
 from ._uptime import heartbeat, prune_heartbeats, uptime_ratio
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "MetricsSnapshot",
     "MetricsState",
     "RouteTemplates",
+    "SloQuery",
     "SloTargets",
     "heartbeat",
     "process_rss_bytes",

@@ -13,7 +13,7 @@ _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(:path)?\}")
 def _compile(template: str) -> re.Pattern[str]:
     out, last = [], 0
     for match in _PARAM.finditer(template):
-        out.append(re.escape(template[last:match.start()]))
+        out.append(re.escape(template[last : match.start()]))
         out.append(".+" if match.group(2) else "[^/]+")
         last = match.end()
     out.append(re.escape(template[last:]))

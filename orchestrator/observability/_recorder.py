@@ -14,8 +14,30 @@ from dataclasses import dataclass, field
 # latency SLO target lives: the p99 is interpolated inside one bucket, so the bucket
 # width around the target bounds the SLO error.
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4,
-    0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 
 # Non-cumulative counts, one per LATENCY_BUCKETS bound plus a final +Inf slot.
@@ -40,9 +62,7 @@ class MetricsSnapshot:
     # stay accurate however late a snapshot arrives.
     http_seconds: dict[int, tuple[BucketCounts, int]] = field(default_factory=dict)
     # provider -> (bucket counts, sum of seconds, count).
-    provider_latency: dict[str, tuple[BucketCounts, float, int]] = field(
-        default_factory=dict
-    )
+    provider_latency: dict[str, tuple[BucketCounts, float, int]] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     # provider -> (state, wall-clock time it was reported); the time lets the
     # aggregator pick the most recent report across sources.

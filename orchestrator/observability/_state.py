@@ -32,6 +32,14 @@ class SloTargets:
     window_s: float = 300.0
 
 
+@dataclass(frozen=True, slots=True)
+class SloQuery:
+    """One /slo question: the targets, and the uptime measured elsewhere (None: unknown)."""
+
+    targets: SloTargets
+    uptime_ratio: float | None
+
+
 @dataclass(slots=True)
 class _SourceGauges:
     last_seen: float

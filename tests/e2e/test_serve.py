@@ -60,13 +60,18 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(ROOT / "scripts" / "serve"), "--data-dir", str(data_dir), "--port", str(port)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
         )
     try:
         _wait_for_ready_line(proc, log)
         token = (data_dir / "admin_token").read_text().strip()
-        yield Service(proc, f"http://127.0.0.1:{port}", data_dir, log,
-                      {"Authorization": f"Bearer {token}"})
+        yield Service(
+            proc, f"http://127.0.0.1:{port}", data_dir, log, {"Authorization": f"Bearer {token}"}
+        )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -83,6 +88,10 @@ def test_auth_required_and_admin_token_works(service: Service) -> None:
     assert r.json()["request_id"] == r.headers["x-request-id"]
     r = service.get("/whoami", headers=service.admin)
     assert r.status_code == 200 and r.json() == {"ok": True, "user_uuid": "admin", "admin": True}
+    # A client's own request id travels through Serve into the error body and back.
+    r = service.get("/whoami", headers={"X-Request-ID": "trace-e2e-42"})
+    assert r.headers["x-request-id"] == "trace-e2e-42"
+    assert r.json()["request_id"] == "trace-e2e-42"
 
 
 def test_token_creation_through_the_api_and_the_cli(service: Service) -> None:
@@ -93,13 +102,26 @@ def test_token_creation_through_the_api_and_the_cli(service: Service) -> None:
     assert service.post("/tokens", headers=alice, json={"user_uuid": "x"}).status_code == 403
     # The CLI works against the same data directory while the service runs.
     out = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "orchestrator"), "token", "create", "--user", "carol",
-         "--data-dir", str(service.data_dir)],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            str(ROOT / ".venv" / "bin" / "orchestrator"),
+            "token",
+            "create",
+            "--user",
+            "carol",
+            "--data-dir",
+            str(service.data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     carol = {"Authorization": f"Bearer {out.stdout.strip()}"}
     assert service.get("/whoami", headers=carol).json() == {
-        "ok": True, "user_uuid": "carol", "admin": False}
+        "ok": True,
+        "user_uuid": "carol",
+        "admin": False,
+    }
 
 
 def test_health_ready_slo(service: Service) -> None:
@@ -114,18 +136,33 @@ def test_health_ready_slo(service: Service) -> None:
     assert set(components["workers"]) == {"active", "idle"}
     r = service.get("/ready")
     assert r.status_code == 200 and r.text == "OK"
+    for _ in range(5):
+        service.get("/whoami", headers=service.admin)
     slo = service.get("/slo").json()
     assert set(slo) == {"latency_p99", "uptime_7d", "error_rate"}
     for entry in slo.values():
         assert isinstance(entry["target"], float) and isinstance(entry["compliant"], bool)
+    assert (
+        slo["latency_p99"]["target"],
+        slo["uptime_7d"]["target"],
+        slo["error_rate"]["target"],
+    ) == (0.5, 99.9, 0.01)
+    # Requests were just served: a real p99, no server errors, uptime measured or full.
+    assert 0 < slo["latency_p99"]["current"] < 60
+    assert slo["error_rate"]["current"] == 0.0 and slo["error_rate"]["compliant"] is True
+    assert 0 < slo["uptime_7d"]["current"] <= 100
 
 
 def test_metrics_count_the_traffic_just_sent(service: Service) -> None:
     def whoami_count() -> float:
         text = service.get("/metrics").text
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == "svc_http_requests_total"
-                   and s.labels == {"method": "GET", "path": "/api/v1/whoami", "status": "200"})
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "svc_http_requests_total"
+            and s.labels == {"method": "GET", "path": "/api/v1/whoami", "status": "200"}
+        )
 
     before = whoami_count()
     for _ in range(7):
@@ -138,8 +175,14 @@ def test_metrics_count_the_traffic_just_sent(service: Service) -> None:
     assert seen == before + 7
     text = service.get("/metrics").text
     names = {f.name for f in text_string_to_metric_families(text)}
-    assert {"svc_http_requests", "svc_provider_latency_seconds", "svc_circuit_breaker_state",
-            "svc_active_workers", "svc_memory_bytes", "svc_event"} <= names
+    assert {
+        "svc_http_requests",
+        "svc_provider_latency_seconds",
+        "svc_circuit_breaker_state",
+        "svc_active_workers",
+        "svc_memory_bytes",
+        "svc_event",
+    } <= names
 
 
 def test_health_503_while_postgres_is_down(service: Service) -> None:
@@ -172,10 +215,15 @@ def test_sigterm_stops_everything_it_started(service: Service) -> None:
     time.sleep(2)
     alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"still running: {[(p.pid, p.name()) for p in alive]}"
-    assert not psutil.pid_exists(postmaster) or \
-        psutil.Process(postmaster).status() == psutil.STATUS_ZOMBIE
-    leftovers = [p for p in psutil.process_iter(["cmdline"])
-                 if str(service.data_dir) in " ".join(p.info["cmdline"] or [])
-                 and p.status() != psutil.STATUS_ZOMBIE]
+    assert (
+        not psutil.pid_exists(postmaster)
+        or psutil.Process(postmaster).status() == psutil.STATUS_ZOMBIE
+    )
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(service.data_dir) in " ".join(p.info["cmdline"] or [])
+        and p.status() != psutil.STATUS_ZOMBIE
+    ]
     assert leftovers == [], f"processes still using the data dir: {leftovers}"
     assert not (service.data_dir / "runtime.json").exists()

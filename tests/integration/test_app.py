@@ -6,15 +6,16 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.runtime import EmbeddedRedis
+from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
 from tests.conftest import ADMIN_TOKEN, ServedApp
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def samples(text: str, name: str) -> list:
-    return [s for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name == name]
+    return [
+        s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name
+    ]
 
 
 async def test_auth_tokens_and_errors(make_settings) -> None:
@@ -43,8 +44,11 @@ async def test_auth_tokens_and_errors(make_settings) -> None:
         r = await c.post("/api/v1/tokens", headers=ADMIN, json={"user_uuid": "", "admin": "x"})
         assert r.status_code == 400
         assert {f["field"] for f in r.json()["fields"]} == {"user_uuid", "admin"}
-        r = await c.post("/api/v1/tokens", headers={**ADMIN, "Content-Type": "application/json"},
-                         content=b"{not json")
+        r = await c.post(
+            "/api/v1/tokens",
+            headers={**ADMIN, "Content-Type": "application/json"},
+            content=b"{not json",
+        )
         assert r.status_code == 400 and r.json()["ok"] is False
         # Unknown routes answer with the same error body.
         r = await c.get("/api/v1/nowhere", headers=ADMIN)
@@ -62,8 +66,10 @@ async def test_auth_tokens_and_errors(make_settings) -> None:
 
 
 async def test_rate_limit_answers_429_with_retry_after(make_settings) -> None:
-    async with ServedApp(make_settings(rate_limit_per_minute=5)) as app, \
-            httpx.AsyncClient(base_url=app.url) as c:
+    async with (
+        ServedApp(make_settings(rate_limit_per_minute=5)) as app,
+        httpx.AsyncClient(base_url=app.url) as c,
+    ):
         # A fresh credential: the budget is per token (the shared Redis has seen the admin's).
         token = (await c.post("/api/v1/tokens", headers=ADMIN, json={"user_uuid": "eve"})).json()
         eve = {"Authorization": f"Bearer {token['token']}"}
@@ -71,8 +77,10 @@ async def test_rate_limit_answers_429_with_retry_after(make_settings) -> None:
         assert codes[:5] == [200] * 5 and codes[5:] == [429, 429]
         r = await c.get("/api/v1/whoami", headers=eve)
         assert 1 <= int(r.headers["retry-after"]) <= 61 and r.json()["code"] == "rate_limited"
-        # Exempt paths are neither authenticated nor counted.
+        # Exempt paths need no credential at all.
         assert (await c.get("/api/v1/ready")).text == "OK"
+        # Other credentials are unaffected.
+        assert (await c.get("/api/v1/whoami", headers=ADMIN)).status_code == 200
 
 
 async def test_operations_endpoints(make_settings) -> None:
@@ -84,8 +92,11 @@ async def test_operations_endpoints(make_settings) -> None:
         assert r.status_code == 200
         h = r.json()
         assert h["status"] == "ok" and h["version"] and h["uptime_seconds"] >= 0
-        assert h["components"]["store"] == {"status": "ok", "tables": h["components"]["store"]
-                                            ["tables"]} and h["components"]["store"]["tables"] >= 4
+        assert (
+            h["components"]["store"]
+            == {"status": "ok", "tables": h["components"]["store"]["tables"]}
+            and h["components"]["store"]["tables"] >= 4
+        )
         assert h["components"]["messaging"]["status"] == "ok"
         assert set(h["components"]["providers"]) == {"total", "healthy"}
         assert set(h["components"]["workers"]) == {"active", "idle"}
@@ -95,10 +106,18 @@ async def test_operations_endpoints(make_settings) -> None:
 
         text = (await c.get("/api/v1/metrics")).text
         families = {f.name for f in text_string_to_metric_families(text)}
-        assert {"svc_http_requests", "svc_provider_latency_seconds", "svc_circuit_breaker_state",
-                "svc_active_workers", "svc_memory_bytes", "svc_event"} <= families
-        counts = {(s.labels["method"], s.labels["path"], s.labels["status"]): s.value
-                  for s in samples(text, "svc_http_requests_total")}
+        assert {
+            "svc_http_requests",
+            "svc_provider_latency_seconds",
+            "svc_circuit_breaker_state",
+            "svc_active_workers",
+            "svc_memory_bytes",
+            "svc_event",
+        } <= families
+        counts = {
+            (s.labels["method"], s.labels["path"], s.labels["status"]): s.value
+            for s in samples(text, "svc_http_requests_total")
+        }
         assert counts[("GET", "/api/v1/whoami", "200")] == 3
         # Route templates, never raw paths.
         assert counts[("GET", "/api/v1/tokens/{prefix}", "405")] == 1
@@ -117,8 +136,10 @@ async def test_health_is_503_when_redis_is_down(make_settings, tmp_path) -> None
     redis = EmbeddedRedis(tmp_path / "own-redis")
     url = redis.start()
     try:
-        async with ServedApp(make_settings(redis_url=url)) as app, \
-                httpx.AsyncClient(base_url=app.url) as c:
+        async with (
+            ServedApp(make_settings(redis_url=url)) as app,
+            httpx.AsyncClient(base_url=app.url) as c,
+        ):
             assert (await c.get("/api/v1/health")).status_code == 200
             redis.stop()
             r = await c.get("/api/v1/health")
@@ -140,3 +161,54 @@ async def test_health_is_503_when_redis_is_down(make_settings, tmp_path) -> None
                 pytest.fail("health did not recover after Redis came back")
     finally:
         redis.stop()
+
+
+async def test_jwt_bearer_through_the_middleware(make_settings) -> None:
+    import time
+
+    import jwt
+
+    secret = "jwt-secret-" + "x" * 32
+    async with (
+        ServedApp(make_settings(jwt_secret=secret, jwt_audience="orch")) as app,
+        httpx.AsyncClient(base_url=app.url) as c,
+    ):
+        claims = {"sub": "frank", "aud": "orch", "exp": time.time() + 60}
+        good = jwt.encode(claims, secret, algorithm="HS256")
+        r = await c.get("/api/v1/whoami", headers={"Authorization": f"Bearer {good}"})
+        assert r.json() == {"ok": True, "user_uuid": "frank", "admin": False}
+        bad = jwt.encode({**claims, "aud": "elsewhere"}, secret, algorithm="HS256")
+        r = await c.get("/api/v1/whoami", headers={"Authorization": f"Bearer {bad}"})
+        assert r.status_code == 401 and "JWT" in r.json()["error"]
+        # Opaque tokens keep working beside JWTs.
+        assert (await c.get("/api/v1/whoami", headers=ADMIN)).status_code == 200
+
+
+async def test_store_down_is_503_not_500(make_settings, tmp_path) -> None:
+    pg = EmbeddedPostgres(tmp_path / "own-pg")
+    url = pg.start()
+    try:
+        async with (
+            ServedApp(make_settings(database_url=url)) as app,
+            httpx.AsyncClient(base_url=app.url) as c,
+        ):
+            made = await c.post("/api/v1/tokens", headers=ADMIN, json={"user_uuid": "gail"})
+            gail = {"Authorization": f"Bearer {made.json()['token']}"}  # not yet cached
+            pg.stop()
+            r = await c.get("/api/v1/whoami", headers=gail)
+            assert r.status_code == 503 and r.json()["code"] == "service_unavailable"
+            assert "retry-after" in r.headers
+            r = await c.get("/api/v1/health")
+            assert r.status_code == 503
+            assert r.json()["components"]["store"]["status"] == "degraded"
+            # A token verified before the outage keeps working from the replica's cache.
+            assert (await c.get("/api/v1/whoami", headers=ADMIN)).status_code == 200
+            pg.restart()
+            for _ in range(100):
+                if (await c.get("/api/v1/whoami", headers=gail)).status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("auth did not recover after Postgres came back")
+    finally:
+        pg.stop()

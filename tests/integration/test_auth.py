@@ -11,7 +11,14 @@ import redis.asyncio as aioredis
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
-from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore, hash_token
+from orchestrator.auth import (
+    Authenticator,
+    JwtVerifier,
+    RateLimiter,
+    TokenStore,
+    hash_token,
+    token_prefix,
+)
 from orchestrator.db import connect
 from orchestrator.errors import RateLimited, Unauthorized
 
@@ -24,8 +31,9 @@ async def test_token_lifecycle(database_url: str) -> None:
     try:
         store = TokenStore(db.pool)
         issued = await store.create("alice", admin=False)
-        stored = await db.pool.fetchval("SELECT token_hash FROM api_tokens WHERE prefix = $1",
-                                        issued.prefix)
+        stored = await db.pool.fetchval(
+            "SELECT token_hash FROM api_tokens WHERE prefix = $1", issued.prefix
+        )
         assert stored == hash_token(issued.token) and issued.token not in stored
         auth = Authenticator(store, NO_JWT, cache_ttl_s=60)
         principal = await auth.authenticate(f"Bearer {issued.token}")
@@ -54,23 +62,40 @@ async def test_bad_headers(database_url: str, header: str | None) -> None:
         await db.close()
 
 
-async def test_admin_token_registration_is_idempotent(database_url: str) -> None:
+async def test_configured_admin_token(database_url: str) -> None:
+    first, second = "orch_" + "a" * 40, "orch_" + "b" * 40
     db = await connect(database_url)
     try:
         store = TokenStore(db.pool)
-        await store.register("orch_fixed", "admin", True)
-        await store.register("orch_fixed", "admin", True)
-        principal = await store.lookup(hash_token("orch_fixed"))
-        assert principal is not None and principal.is_admin
+        await store.register_configured_admin(first)
+        await store.register_configured_admin(first)
+        principal = await store.lookup(hash_token(first))
+        assert principal is not None and principal.is_admin and principal.user_uuid == "admin"
         assert await db.pool.fetchval("SELECT count(*) FROM api_tokens") == 1
+        # A revoked admin token stays revoked across restarts (re-registration).
+        assert await store.revoke(token_prefix(first)) == [hash_token(first)]
+        await store.register_configured_admin(first)
+        assert await store.lookup(hash_token(first)) is None
+        # Configuring a new one revokes any earlier configured token.
+        await db.pool.execute("UPDATE api_tokens SET revoked_at = NULL")
+        await store.register_configured_admin(second)
+        assert await store.lookup(hash_token(first)) is None
+        assert await store.lookup(hash_token(second)) is not None
+        # Tokens issued through the API are untouched by that.
+        issued = await store.create("alice", admin=False)
+        await store.register_configured_admin(second)
+        assert await store.lookup(hash_token(issued.token)) is not None
     finally:
         await db.close()
 
 
 async def test_hs256_jwt(database_url: str) -> None:
     verifier = JwtVerifier(secret=SECRET, audience="orch", user_claim="sub")
-    ok = jwt.encode({"sub": "bob", "admin": True, "aud": "orch", "exp": time.time() + 60},
-                    SECRET, algorithm="HS256")
+    ok = jwt.encode(
+        {"sub": "bob", "admin": True, "aud": "orch", "exp": time.time() + 60},
+        SECRET,
+        algorithm="HS256",
+    )
     principal = await verifier.verify(ok)
     assert principal.user_uuid == "bob" and principal.is_admin
     for bad in (
@@ -106,6 +131,7 @@ class _JwksServer:
 
     def close(self) -> None:
         self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 async def test_rs256_jwt_from_jwks() -> None:
@@ -114,15 +140,21 @@ async def test_rs256_jwt_from_jwks() -> None:
     public.update(kid="k1", use="sig", alg="RS256")
     server = _JwksServer({"keys": [public]})
     try:
-        verifier = JwtVerifier(jwks_url=server.url, issuer="https://idp.test",
-                               user_claim="oid", admin_claim="is_admin")
-        claims = {"oid": "u-42", "is_admin": False, "iss": "https://idp.test",
-                  "exp": time.time() + 60}
+        verifier = JwtVerifier(
+            jwks_url=server.url, issuer="https://idp.test", user_claim="oid", admin_claim="is_admin"
+        )
+        claims = {
+            "oid": "u-42",
+            "is_admin": False,
+            "iss": "https://idp.test",
+            "exp": time.time() + 60,
+        }
         token = jwt.encode(claims, key, algorithm="RS256", headers={"kid": "k1"})
         principal = await verifier.verify(token)
         assert principal.user_uuid == "u-42" and not principal.is_admin
-        wrong_iss = jwt.encode({**claims, "iss": "https://evil"}, key, algorithm="RS256",
-                               headers={"kid": "k1"})
+        wrong_iss = jwt.encode(
+            {**claims, "iss": "https://evil"}, key, algorithm="RS256", headers={"kid": "k1"}
+        )
         with pytest.raises(Unauthorized):
             await verifier.verify(wrong_iss)
         other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -148,3 +180,27 @@ async def test_rate_limit_in_redis(redis_url: str) -> None:
         assert 0 < await client.ttl(f"rl-test:tok:{int(now // 60)}") <= 120
     finally:
         await client.aclose()
+
+
+async def test_hs256_refused_when_only_a_jwks_is_trusted() -> None:
+    verifier = JwtVerifier(jwks_url="http://127.0.0.1:9/keys")
+    forged = jwt.encode(
+        {"sub": "mallory", "admin": True, "exp": time.time() + 60}, SECRET, algorithm="HS256"
+    )
+    with pytest.raises(Unauthorized, match="algorithm"):
+        await verifier.verify(forged)
+
+
+async def test_garbage_tokens_are_remembered_briefly(database_url: str) -> None:
+    db = await connect(database_url)
+    try:
+        store = TokenStore(db.pool)
+        auth = Authenticator(store, NO_JWT, cache_ttl_s=5)
+        with pytest.raises(Unauthorized):
+            await auth.authenticate("Bearer orch_not-a-token")
+        # Closing the pool proves the second miss is answered without the database.
+        await db.pool.close()
+        with pytest.raises(Unauthorized):
+            await auth.authenticate("Bearer orch_not-a-token")
+    finally:
+        await db.close()

@@ -13,8 +13,12 @@ async def test_migrations_apply_once_and_are_recorded(database_url: str) -> None
         assert second == []
         rows = await conn.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
         assert [r["name"] for r in rows] == files
-        tables = {r["table_name"] for r in await conn.fetch(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")}
+        tables = {
+            r["table_name"]
+            for r in await conn.fetch(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            )
+        }
         assert {"api_tokens", "service_heartbeats", "service_facts", "schema_migrations"} <= tables
     finally:
         await conn.close()

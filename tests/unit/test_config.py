@@ -7,13 +7,26 @@ from orchestrator.config import ConfigError, Settings
 
 def test_defaults_match_the_spec() -> None:
     s = Settings.load(environ={})
-    assert (s.inference_bin, s.inference_gpu_layers, s.inference_ctx_size,
-            s.inference_threads) == ("./llama-server", 99, 4096, 4)
-    assert (s.max_scheduled_jobs, s.max_consecutive_errors, s.max_catchup_runs,
-            s.catchup_stagger_ms, s.timer_clamp_ms, s.max_dispatch_per_tick) == (
-        1000, 10, 5, 5000, 60000, 5)
-    assert (s.memory_agent_id_max, s.memory_list_limit, s.memory_search_limit,
-            s.memory_vector_threshold) == (128, 50, 20, 0.75)
+    assert (s.inference_bin, s.inference_gpu_layers, s.inference_ctx_size, s.inference_threads) == (
+        "./llama-server",
+        99,
+        4096,
+        4,
+    )
+    assert (
+        s.max_scheduled_jobs,
+        s.max_consecutive_errors,
+        s.max_catchup_runs,
+        s.catchup_stagger_ms,
+        s.timer_clamp_ms,
+        s.max_dispatch_per_tick,
+    ) == (1000, 10, 5, 5000, 60000, 5)
+    assert (
+        s.memory_agent_id_max,
+        s.memory_list_limit,
+        s.memory_search_limit,
+        s.memory_vector_threshold,
+    ) == (128, 50, 20, 0.75)
     assert (s.host, s.port, s.rate_limit_per_minute) == ("127.0.0.1", 8000, 600)
     assert s.data_dir == Path("./.orchestrator").resolve()
     assert s.database_url is None and s.redis_url is None
@@ -26,8 +39,13 @@ def test_every_setting_has_a_description() -> None:
 
 
 def test_env_prefix_and_types() -> None:
-    s = Settings.load(environ={"ORCH_PORT": "9001", "ORCH_HAPROXY": "false",
-                               "ORCH_EXEMPT_PATHS": '["/api/v1/ready"]'})
+    s = Settings.load(
+        environ={
+            "ORCH_PORT": "9001",
+            "ORCH_HAPROXY": "false",
+            "ORCH_EXEMPT_PATHS": '["/api/v1/ready"]',
+        }
+    )
     assert s.port == 9001 and s.haproxy is False and s.exempt_paths == ["/api/v1/ready"]
 
 
@@ -40,10 +58,16 @@ def test_yaml_file_below_env_below_overrides(tmp_path: Path) -> None:
 
 
 def test_provider_keys_from_environment() -> None:
-    s = Settings.load(environ={
-        "OPENAI_API_KEY": "sk-env", "ANTHROPIC_API_KEY": "ak",
-        "AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_REGION": "eu-west-1",
-    }, providers={"openai": {"base_url": "http://127.0.0.1:9/v1"}})
+    s = Settings.load(
+        environ={
+            "OPENAI_API_KEY": "sk-env",
+            "ANTHROPIC_API_KEY": "ak",
+            "AWS_ACCESS_KEY_ID": "AKIA",
+            "AWS_SECRET_ACCESS_KEY": "secret",
+            "AWS_REGION": "eu-west-1",
+        },
+        providers={"openai": {"base_url": "http://127.0.0.1:9/v1"}},
+    )
     assert s.providers["openai"].api_key.get_secret_value() == "sk-env"
     assert s.providers["openai"].base_url == "http://127.0.0.1:9/v1"
     assert s.providers["anthropic"].api_key.get_secret_value() == "ak"
@@ -52,18 +76,22 @@ def test_provider_keys_from_environment() -> None:
 
 
 def test_configured_key_wins_over_environment() -> None:
-    s = Settings.load(environ={"OPENAI_API_KEY": "sk-env"},
-                      providers={"openai": {"api_key": "sk-file"}})
+    s = Settings.load(
+        environ={"OPENAI_API_KEY": "sk-env"}, providers={"openai": {"api_key": "sk-file"}}
+    )
     assert s.providers["openai"].api_key.get_secret_value() == "sk-file"
 
 
-@pytest.mark.parametrize("bad", [
-    {"port": 0},
-    {"no_such_key": 1},
-    {"providers": {"nosuch": {}}},
-    {"workspace_isolation": "everyone"},
-    {"custom_providers": [{"id": "x", "format": "grpc", "base_url": "http://x"}]},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"port": 0},
+        {"no_such_key": 1},
+        {"providers": {"nosuch": {}}},
+        {"workspace_isolation": "everyone"},
+        {"custom_providers": [{"id": "x", "format": "grpc", "base_url": "http://x"}]},
+    ],
+)
 def test_invalid_settings_are_refused(bad: dict) -> None:
     with pytest.raises(ConfigError):
         Settings.load(environ={}, **bad)
@@ -81,6 +109,37 @@ def test_unreadable_or_invalid_yaml(tmp_path: Path) -> None:
 def test_secrets_are_not_shown_and_survive_pickling() -> None:
     import pickle
 
-    s = Settings.load(environ={"ORCH_ADMIN_TOKEN": "orch_secret"})
-    assert "orch_secret" not in repr(s)
-    assert pickle.loads(pickle.dumps(s)).admin_token.get_secret_value() == "orch_secret"
+    token = "orch_" + "s" * 40
+    s = Settings.load(environ={"ORCH_ADMIN_TOKEN": token})
+    assert token not in repr(s)
+    assert pickle.loads(pickle.dumps(s)).admin_token.get_secret_value() == token
+
+
+def test_yaml_style_values_in_the_environment() -> None:
+    s = Settings.load(
+        environ={
+            "ORCH_EXEMPT_PATHS": "[/api/v1/health, /api/v1/ready]",
+            "ORCH_PROVIDERS": "openai: {base_url: 'http://127.0.0.1:9/v1'}",
+        }
+    )
+    assert s.exempt_paths == ["/api/v1/health", "/api/v1/ready"]
+    assert s.providers["openai"].base_url == "http://127.0.0.1:9/v1"
+
+
+def test_load_reads_only_the_environment_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_PORT", "9999")
+    assert Settings.load(environ={}).port == 8000
+    assert Settings.load().port == 9999
+
+
+@pytest.mark.parametrize("weak", ["changeme", "x" * 31])
+def test_weak_admin_tokens_are_refused(weak: str) -> None:
+    with pytest.raises(ConfigError, match="at least 32"):
+        Settings.load(environ={"ORCH_ADMIN_TOKEN": weak})
+
+
+def test_connection_urls_stay_out_of_the_repr() -> None:
+    s = Settings.load(
+        environ={}, database_url="postgresql://u:hunter2@db/x", redis_url="redis://:hunter3@cache/0"
+    )
+    assert "hunter2" not in repr(s) and "hunter3" not in repr(s)

@@ -2,9 +2,16 @@ from orchestrator.observability import UNMATCHED, RouteTemplates
 
 
 def test_templates_not_raw_paths() -> None:
-    t = RouteTemplates(["/api/v1/tokens", "/api/v1/tokens/{prefix}",
-                        "/api/v1/memory/{agent_id}/{key}", "/api/v1/memory/{agent_id}/search",
-                        "/api/v1/memory/stats", "/api/v1/files/{path:path}"])
+    t = RouteTemplates(
+        [
+            "/api/v1/tokens",
+            "/api/v1/tokens/{prefix}",
+            "/api/v1/memory/{agent_id}/{key}",
+            "/api/v1/memory/{agent_id}/search",
+            "/api/v1/memory/stats",
+            "/api/v1/files/{path:path}",
+        ]
+    )
     assert t.match("/api/v1/tokens") == "/api/v1/tokens"
     assert t.match("/api/v1/tokens/orch_abc") == "/api/v1/tokens/{prefix}"
     # Literal segments win over parameters.

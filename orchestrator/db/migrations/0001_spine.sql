@@ -11,6 +11,8 @@ CREATE TABLE api_tokens (
     user_uuid   text NOT NULL,
     is_admin    boolean NOT NULL DEFAULT false,
     description text NOT NULL DEFAULT '',
+    kind        text NOT NULL DEFAULT 'issued'  -- 'issued' (API/CLI) or 'configured' (admin_token)
+                CHECK (kind IN ('issued', 'configured')),
     created_at  bigint NOT NULL,
     revoked_at  bigint
 );
