@@ -82,6 +82,13 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         sys.stdout.write(log.read_text(errors="replace")[-3000:])
 
 
+def test_served_through_haproxy(service: Service) -> None:
+    log = service.log.read_text(errors="replace")
+    assert "throughput-optimized Serve with HAProxy" in log
+    assert "falling back to the standard proxy" not in log
+    assert "admin token:" in log and "(generated now)" in log
+
+
 def test_auth_required_and_admin_token_works(service: Service) -> None:
     r = service.get("/whoami")
     assert r.status_code == 401 and r.json()["code"] == "unauthorized"
