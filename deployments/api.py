@@ -21,6 +21,8 @@ from deployments.routers import ROUTERS
 from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import connect
+from orchestrator.events import EventServices, EventStore, Fanout
+from orchestrator.events._fanout import Upstream
 from orchestrator.observability import (
     MetricsRecorder,
     RouteTemplates,
@@ -51,6 +53,7 @@ async def build_context(
         settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, health_check_interval=15
     )
     tokens = TokenStore(db.pool)
+    events = EventStore(db.pool)
     jwt_verifier = JwtVerifier(
         secret=_secret(settings.jwt_secret),
         jwks_url=settings.jwt_jwks_url,
@@ -68,6 +71,7 @@ async def build_context(
         rate_limiter=RateLimiter(redis, settings.rate_limit_per_minute),
         recorder=MetricsRecorder(f"api:{socket.gethostname()}:{os.getpid()}"),
         metrics=metrics,
+        events=events,
     )
     if started_at is not None:
         ctx.started_at = started_at
@@ -87,10 +91,12 @@ def create_app(
     settings: Settings,
     *,
     metrics: MetricsHub | None = None,
+    event_upstream: Upstream | None = None,
     started_at: float | None = None,
     echo_request_id: bool = True,
 ) -> FastAPI:
-    """Build the HTTP API. `metrics` is the cluster-wide hub (the Metrics actor under Ray);
+    """Build the HTTP API. `metrics` is the cluster-wide hub and `event_upstream` the live
+    event subscription (the Metrics and EventBus actors under Ray; in-process without);
     `echo_request_id` is False under Serve, whose proxy sets X-Request-ID on responses."""
     hub = metrics or LocalMetricsHub()
     holder: dict[str, AppContext] = {}
@@ -100,6 +106,19 @@ def create_app(
         ctx = await build_context(settings, hub, started_at)
         holder["ctx"] = ctx
         app.state.ctx = ctx
+        local_events: EventServices | None = None
+        upstream = event_upstream
+        if upstream is None:
+            # Served without Ray: follow the store in this process (and count its events).
+            local_events = EventServices(ctx.events, settings.database_url or "", ctx.recorder)
+            await local_events.start()
+            upstream = local_events.feed.subscribe
+        ctx.fanout = Fanout(
+            upstream,
+            ctx.events,
+            client_limit=settings.sse_client_buffer,
+            on_clients=ctx.recorder.stream_sockets,
+        )
 
         async def beat() -> None:
             await heartbeat(ctx.db.pool)
@@ -118,6 +137,9 @@ def create_app(
         finally:
             for task in tasks:
                 task.cancel()
+            await ctx.fanout.close()
+            if local_events is not None:
+                await local_events.stop()
             with contextlib.suppress(Exception):
                 await ctx.flush_metrics()
             await ctx.redis.aclose()

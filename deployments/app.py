@@ -10,6 +10,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
+from actors.event_bus import ActorEventSource, get_or_create_event_bus
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
 from deployments.api import create_app
 from orchestrator.config import Settings
@@ -28,8 +29,13 @@ class Api:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
+        bus = ActorEventSource(get_or_create_event_bus(self._settings))
         return create_app(
-            self._settings, metrics=hub, started_at=self._started_at, echo_request_id=False
+            self._settings,
+            metrics=hub,
+            event_upstream=bus.subscribe,
+            started_at=self._started_at,
+            echo_request_id=False,
         )
 
     def __repr__(self) -> str:

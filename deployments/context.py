@@ -12,7 +12,9 @@ import redis.asyncio as aioredis
 from orchestrator.auth import Authenticator, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import Database
+from orchestrator.events import EventStore, Fanout
 from orchestrator.observability import (
+    MetricsPusher,
     MetricsRecorder,
     MetricsSnapshot,
     MetricsState,
@@ -24,9 +26,6 @@ try:
     SERVICE_VERSION = version("orchestrator")
 except PackageNotFoundError:  # running from a source tree that was not installed
     SERVICE_VERSION = "0.0.0+source"
-
-
-MAX_UNSENT_SNAPSHOTS = 300  # five minutes of one-second flushes
 
 
 class MetricsHub(Protocol):
@@ -70,9 +69,10 @@ class AppContext:
     rate_limiter: RateLimiter
     recorder: MetricsRecorder
     metrics: MetricsHub
+    events: EventStore
+    fanout: Fanout = field(init=False)
     started_at: float = field(default_factory=time.time)
-    # Snapshots not yet accepted by the hub (it may be restarting): sent first next time.
-    _unsent: list[MetricsSnapshot] = field(default_factory=list)
+    _pusher: MetricsPusher | None = None
 
     @property
     def slo_targets(self) -> SloTargets:
@@ -85,8 +85,6 @@ class AppContext:
         )
 
     async def flush_metrics(self) -> None:
-        self._unsent.append(self.recorder.drain())
-        del self._unsent[:-MAX_UNSENT_SNAPSHOTS]
-        while self._unsent:
-            await self.metrics.push(self._unsent[0])
-            self._unsent.pop(0)
+        if self._pusher is None:
+            self._pusher = MetricsPusher(self.recorder, self.metrics)
+        await self._pusher.flush()

@@ -194,6 +194,11 @@ class Settings(BaseSettings):
     skill_body_max: int = Field(4096, ge=1, description="Longest skill body")
     marketplace_browse_limit: int = Field(50, ge=1, description="Browse page default")
     events_limit: int = Field(100, ge=1, description="GET /events page default")
+    events_max_limit: int = Field(1000, ge=1, description="GET /events largest page")
+    sse_ping_interval_s: float = Field(15.0, gt=0, description="Keep-alive comment period")
+    sse_client_buffer: int = Field(
+        10_000, ge=1, description="Events buffered per stream client before it is cut off"
+    )
 
     # --- SLO -----------------------------------------------------------------------------
     slo_latency_p99_s: float = Field(0.5, gt=0, description="Target p99 latency (seconds)")

@@ -44,6 +44,8 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     SERVICE_UNAVAILABLE = "service_unavailable"
     INTERNAL_ERROR = "internal_error"
+    SEQ_CONFLICT = "seq_conflict"
+    EVENT_REJECTED = "event_rejected"
 
 
 class OrchestratorError(Exception):

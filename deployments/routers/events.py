@@ -1,5 +1,186 @@
-"""SPEC part 4, events: the endpoints land with their own issue."""
+"""SPEC part 4 "Events": the store read API and the live stream (SSE)."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from deployments.deps import Ctx, CurrentUser
+from orchestrator.auth import Principal
+from orchestrator.errors import BadRequest, Forbidden
+from orchestrator.events import CATALOG, EventQuery, Fanout, StreamFilter, SubscriberTooSlow
+from orchestrator.events import stream_name as to_stream_name
 
 router = APIRouter(tags=["events"])
+
+# Filters accept store names (`workflow.step_started`) and stream names (`workflow:step:started`).
+_TYPE_NAMES = {name: name for name in CATALOG} | {to_stream_name(n): n for n in CATALOG}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+
+
+class EventPage(BaseModel):
+    ok: bool = True
+    data: list[dict[str, Any]]
+    total: int
+    offset: int
+    limit: int
+
+
+def _types(type_: str | None, types: str | None) -> tuple[str, ...]:
+    names = [n.strip() for n in f"{type_ or ''},{types or ''}".split(",") if n.strip()]
+    unknown = [n for n in names if n not in _TYPE_NAMES]
+    if unknown:
+        raise BadRequest(f"unknown event type(s): {', '.join(unknown)}", extra={"field": "types"})
+    return tuple(dict.fromkeys(_TYPE_NAMES[n] for n in names))
+
+
+def _owner(caller: Principal, user_uuid: str | None) -> str | None:
+    """Whose events the caller may read: admins anyone's (or all), others only their own."""
+    if caller.is_admin:
+        return user_uuid
+    if user_uuid is not None and user_uuid != caller.user_uuid:
+        raise Forbidden("the user_uuid filter is admin only")
+    return caller.user_uuid
+
+
+def _wants_stream(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
+def _last_event_id(header: str | None, query: int | None) -> int | None:
+    if header is None or header == "":
+        return query
+    try:
+        value = int(header)
+    except ValueError:
+        raise BadRequest("Last-Event-ID must be an event position (an integer)") from None
+    if value < 0:
+        raise BadRequest("Last-Event-ID must not be negative")
+    return value
+
+
+async def _sse(
+    fanout: Fanout, flt: StreamFilter, after: int | None, ping_s: float
+) -> AsyncIterator[bytes]:
+    # `retry` makes EventSource clients reconnect fast; they resend Last-Event-ID themselves.
+    yield b"retry: 1000\n: connected\n\n"
+    events = fanout.stream(flt, after).__aiter__()
+    pending: asyncio.Task[Any] | None = None
+    try:
+        while True:
+            # Waiting on one task across pings: cancelling the iterator's step on a timeout
+            # would end the stream.
+            pending = pending or asyncio.ensure_future(events.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=ping_s)
+            if not done:
+                yield b": ping\n\n"
+                continue
+            task, pending = pending, None
+            try:
+                event = task.result()
+            except StopAsyncIteration:
+                return
+            except SubscriberTooSlow as exc:
+                body = json.dumps({"error": exc.message, "code": "subscriber_too_slow"})
+                yield f"event: error\ndata: {body}\n\n".encode()
+                return
+            yield fanout.frame(event)
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _stream_response(
+    ctx: Ctx,
+    caller: Principal,
+    aggregate: str,
+    user_uuid: str | None,
+    types: tuple[str, ...],
+    after: int | None,
+    from_seq: int,
+) -> StreamingResponse:
+    if after is None and from_seq > 0:
+        # No Last-Event-ID: start at from_seq (a seq of the aggregate, or a position of all).
+        agg = None if aggregate == "all" else aggregate
+        after = await ctx.events.position_before(agg, from_seq)
+    flt = StreamFilter(
+        user_uuid=_owner(caller, user_uuid),
+        aggregate=None if aggregate == "all" else aggregate,
+        types=frozenset(types),
+    )
+    return StreamingResponse(
+        _sse(ctx.fanout, flt, after, ctx.settings.sse_ping_interval_s),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+AggregateQ = Annotated[str, Query(min_length=1, max_length=256)]
+UserQ = Annotated[str | None, Query(max_length=128)]
+TypeQ = Annotated[str | None, Query(alias="type", max_length=2000)]
+TypesQ = Annotated[str | None, Query(max_length=2000)]
+LastIdHeader = Annotated[str | None, Header(alias="Last-Event-ID")]
+LastIdQ = Annotated[int | None, Query(ge=0)]
+
+
+@router.get("/events", response_model=EventPage)
+async def list_events(
+    request: Request,
+    ctx: Ctx,
+    caller: CurrentUser,
+    aggregate: AggregateQ = "all",
+    user_uuid: UserQ = None,
+    from_seq: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int | None, Query(ge=1)] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    type_: TypeQ = None,
+    types: TypesQ = None,
+    last_event_id: LastIdQ = None,
+    last_event_id_header: LastIdHeader = None,
+) -> Any:
+    wanted = _types(type_, types)
+    if _wants_stream(request):
+        after = _last_event_id(last_event_id_header, last_event_id)
+        return await _stream_response(ctx, caller, aggregate, user_uuid, wanted, after, from_seq)
+    limit = limit or ctx.settings.events_limit
+    if limit > ctx.settings.events_max_limit:
+        raise BadRequest(
+            f"limit must be at most {ctx.settings.events_max_limit}", extra={"field": "limit"}
+        )
+    query = EventQuery(
+        aggregate=None if aggregate == "all" else aggregate,
+        user_uuid=_owner(caller, user_uuid),
+        types=wanted,
+        from_seq=from_seq,
+        limit=limit,
+        offset=offset,
+    )
+    events, total = await ctx.events.query(query)
+    return EventPage(data=[e.wire() for e in events], total=total, offset=offset, limit=limit)
+
+
+@router.get("/sync-events")
+async def sync_events(
+    ctx: Ctx,
+    caller: CurrentUser,
+    aggregate: AggregateQ = "all",
+    user_uuid: UserQ = None,
+    from_seq: Annotated[int, Query(ge=0)] = 0,
+    type_: TypeQ = None,
+    types: TypesQ = None,
+    last_event_id: LastIdQ = None,
+    last_event_id_header: LastIdHeader = None,
+) -> StreamingResponse:
+    wanted = _types(type_, types)
+    after = _last_event_id(last_event_id_header, last_event_id)
+    return await _stream_response(ctx, caller, aggregate, user_uuid, wanted, after, from_seq)

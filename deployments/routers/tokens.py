@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
 from orchestrator.errors import NotFound
+from orchestrator.events import NewEvent
 
 router = APIRouter(tags=["tokens"])
 
@@ -43,8 +44,24 @@ class WhoAmI(BaseModel):
 
 
 @router.post("/tokens", response_model=TokenCreated)
-async def create_token(body: TokenCreate, ctx: Ctx, _: AdminUser) -> TokenCreated:
-    issued = await ctx.tokens.create(body.user_uuid, body.admin, body.description)
+async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> TokenCreated:
+    async with ctx.events.transaction() as tx:
+        issued = await ctx.tokens.create(body.user_uuid, body.admin, body.description, tx.conn)
+        # The grant is an event of the new token's user: it shows on their stream.
+        await tx.append(
+            [
+                NewEvent(
+                    "audit.permission_grant",
+                    {
+                        "user_uuid": body.user_uuid,
+                        "admin": body.admin,
+                        "granted_by": caller.user_uuid,
+                        "token_prefix": issued.prefix,
+                    },
+                    user_uuid=body.user_uuid,
+                )
+            ]
+        )
     return TokenCreated(
         token=issued.token, prefix=issued.prefix, user_uuid=issued.user_uuid, admin=issued.admin
     )

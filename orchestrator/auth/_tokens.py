@@ -48,9 +48,16 @@ class TokenStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def create(self, user_uuid: str, admin: bool, description: str = "") -> IssuedToken:
+    async def create(
+        self,
+        user_uuid: str,
+        admin: bool,
+        description: str = "",
+        conn: asyncpg.Connection | None = None,
+    ) -> IssuedToken:
+        """Issue a token; on `conn` when given (the caller's transaction)."""
         token = generate_token()
-        await self._pool.execute(
+        await (conn or self._pool).execute(
             """INSERT INTO api_tokens (token_hash, prefix, user_uuid, is_admin, description,
                                        created_at)
                VALUES ($1, $2, $3, $4, $5, $6)""",

@@ -1,0 +1,93 @@
+"""The EventBus actor: one LISTEN connection for the cluster, live batches to the HTTP
+replicas (each holds one subscription and fans out to its own SSE clients), and the
+projections that follow the store (event counts for svc_event_total)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+
+from actors import NAMESPACE
+from actors.metrics import ActorMetricsHub, get_or_create_metrics
+from orchestrator.config import Settings
+from orchestrator.db import connect
+from orchestrator.events import Event, EventServices, EventStore
+from orchestrator.observability import MetricsPusher, MetricsRecorder
+
+ACTOR_NAME = "event_bus"
+METRICS_FLUSH_S = 1.0
+
+
+@ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000
+)
+class EventBus:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._services: EventServices | None = None
+        self._lock = asyncio.Lock()
+        self._flusher: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        if self._services is None:
+            return "EventBus(starting)"
+        feed = self._services.feed
+        return f"EventBus(head={feed.head}, subscribers={feed.subscribers})"
+
+    async def _ready(self) -> EventServices:
+        async with self._lock:  # one start, however many first calls arrive together
+            if self._services is None:
+                assert self._settings.database_url
+                db = await connect(self._settings.database_url, min_size=1, max_size=4)
+                recorder = MetricsRecorder(f"event_bus:{socket.gethostname()}:{os.getpid()}")
+                services = EventServices(EventStore(db.pool), self._settings.database_url, recorder)
+                await services.start()
+                hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
+                self._flusher = asyncio.create_task(
+                    self._flush_metrics(MetricsPusher(recorder, hub))
+                )
+                self._services = services
+            return self._services
+
+    @staticmethod
+    async def _flush_metrics(pusher: MetricsPusher) -> None:
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_S)
+            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
+                await pusher.flush()
+
+    async def head(self) -> int:
+        return (await self._ready()).feed.head
+
+    async def poke(self) -> None:
+        (await self._ready()).feed.poke()
+
+    async def subscribe(self, after: int) -> AsyncIterator[list[Event]]:
+        """Every committed event after `after`, in batches (a streaming generator)."""
+        services = await self._ready()
+        async for batch in services.feed.subscribe(after):
+            yield batch
+
+
+def get_or_create_event_bus(settings: Settings) -> Any:
+    return EventBus.options(  # type: ignore[attr-defined]
+        name=ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote(settings)
+
+
+class ActorEventSource:
+    """A replica's upstream: the EventBus's `subscribe`, as an async iterator of batches."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+
+    async def subscribe(self, after: int) -> AsyncIterator[list[Event]]:
+        stream = self._actor.subscribe.options(num_returns="streaming").remote(after)
+        async for ref in stream:
+            yield await ref

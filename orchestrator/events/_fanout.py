@@ -1,0 +1,184 @@
+"""Live streams to many clients from one upstream subscription.
+
+An HTTP replica holds one `Fanout`: a single subscription to the EventBus (or to an
+in-process feed) and any number of SSE clients, each with its own filter and bounded queue.
+If the upstream breaks (the EventBus restarted), the fanout resubscribes from the last
+position it saw, so clients lose nothing and notice nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from orchestrator.events._catalog import stream_name
+from orchestrator.events._feed import SubscriberTooSlow
+from orchestrator.events._model import Event
+from orchestrator.events._store import EventStore
+
+log = logging.getLogger(__name__)
+
+Upstream = Callable[[int], AsyncIterator[list[Event]]]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFilter:
+    """Which events a client sees: its tenant (None: every tenant, for admins), one
+    aggregate or all, some types or all."""
+
+    user_uuid: str | None = None
+    aggregate: str | None = None
+    types: frozenset[str] = frozenset()
+
+    def matches(self, event: Event) -> bool:
+        return (
+            (self.user_uuid is None or event.user_uuid == self.user_uuid)
+            and (self.aggregate is None or event.aggregate_id == self.aggregate)
+            and (
+                not self.types or event.type in self.types or stream_name(event.type) in self.types
+            )
+        )
+
+
+@dataclass(eq=False)
+class _Client:
+    filter: StreamFilter
+    limit: int
+    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
+    overflowed: bool = False
+
+    def offer(self, event: Event) -> None:
+        if self.overflowed:
+            return
+        if self.queue.qsize() >= self.limit:
+            self.overflowed = True
+            self.queue.put_nowait(None)
+            return
+        self.queue.put_nowait(event)
+
+
+def sse_frame(event: Event) -> bytes:
+    """`id: <position>`, `event: <stream name>`, `data: {id, type, data, aggregate_id, seq,
+    timestamp}` (plus version and position)."""
+    body = json.dumps(event.wire(), separators=(",", ":"))
+    return f"id: {event.position}\nevent: {stream_name(event.type)}\ndata: {body}\n\n".encode()
+
+
+class Fanout:
+    def __init__(
+        self,
+        upstream: Upstream,
+        store: EventStore,
+        *,
+        client_limit: int = 10_000,
+        on_clients: Callable[[int], None] | None = None,
+    ) -> None:
+        self._upstream = upstream
+        self._store = store
+        self._client_limit = client_limit
+        self._on_clients = on_clients
+        self._clients: set[_Client] = set()
+        self._position = 0
+        self._task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+        self._frames: OrderedDict[int, bytes] = OrderedDict()
+
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def frame(self, event: Event) -> bytes:
+        """The SSE frame of an event, encoded once however many clients receive it."""
+        cached = self._frames.get(event.position)
+        if cached is None:
+            cached = self._frames[event.position] = sse_frame(event)
+            if len(self._frames) > 4096:
+                self._frames.popitem(last=False)
+        return cached
+
+    async def _ensure_started(self) -> None:
+        if self._task is None:
+            self._position = await self._store.head()
+            self._task = asyncio.create_task(self._pump(), name="event-fanout")
+        await self._started.wait()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _pump(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                stream = self._upstream(self._position)
+                self._started.set()
+                async for batch in stream:
+                    for event in batch:
+                        if event.position <= self._position:
+                            continue
+                        for client in list(self._clients):
+                            if client.filter.matches(event):
+                                client.offer(event)
+                        self._position = event.position
+                    backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the upstream restarts; we resubscribe
+                log.warning(
+                    "event upstream broke at position %d (%r); resubscribing", self._position, exc
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+
+    async def stream(self, flt: StreamFilter, after: int | None) -> AsyncIterator[Event]:
+        """The client's events in order: those after `after` (its Last-Event-ID) from the
+        store, then live ones. Raises SubscriberTooSlow if the client falls too far behind."""
+        await self._ensure_started()
+        client = _Client(flt, self._client_limit)
+        # As in EventFeed.subscribe: register and read the position with no await between.
+        self._clients.add(client)
+        live_from = self._position
+        self._changed()
+        try:
+            position = after if after is not None else live_from
+            while position < live_from:
+                batch = [
+                    e
+                    for e in await self._store.read_after(position, 500)
+                    if e.position <= live_from
+                ]
+                if not batch:
+                    break
+                for event in batch:
+                    if flt.matches(event):
+                        yield event
+                position = batch[-1].position
+            position = max(position, live_from)
+            while True:
+                live = await client.queue.get()
+                if live is None:
+                    raise SubscriberTooSlow(
+                        f"this stream fell more than {self._client_limit} events behind; "
+                        f"reconnect with Last-Event-ID {position}"
+                    )
+                if live.position > position:
+                    position = live.position
+                    yield live
+        finally:
+            self._clients.discard(client)
+            self._changed()
+
+    def _changed(self) -> None:
+        if self._on_clients is not None:
+            self._on_clients(len(self._clients))

@@ -1,0 +1,70 @@
+"""What the store holds and hands out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import BadRequest, Conflict, ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append. `aggregate_id` defaults to the type's aggregate key in `data`."""
+
+    type: str
+    data: dict[str, Any]
+    user_uuid: str | None = None
+    aggregate_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A committed event, upcast to its type's current version."""
+
+    position: int
+    id: str
+    type: str
+    version: int
+    aggregate_id: str
+    seq: int
+    timestamp: int
+    data: dict[str, Any] = field(hash=False)
+    user_uuid: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The event as the API shows it (SPEC part 2), plus its global position."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "version": self.version,
+            "aggregate_id": self.aggregate_id,
+            "seq": self.seq,
+            "timestamp": self.timestamp,
+            "data": self.data,
+            "position": self.position,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EventQuery:
+    """A page of the store: GET /events."""
+
+    aggregate: str | None = None  # None: every aggregate
+    user_uuid: str | None = None  # None: every owner (admins only)
+    types: tuple[str, ...] = ()
+    from_seq: int = 0  # seq within an aggregate; the global position across all
+    limit: int = 100
+    offset: int = 0
+
+
+class SeqConflict(Conflict):
+    """`expected_seq` did not match the aggregate's last seq."""
+
+    default_code = ErrorCode.SEQ_CONFLICT
+
+
+class EventRejected(BadRequest):
+    """Unknown type, invalid data, or a pre-commit hook said no."""
+
+    default_code = ErrorCode.EVENT_REJECTED
