@@ -203,7 +203,7 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
                 "falling back to the standard proxy"
             )
             raise HAProxyFailed(str(exc)) from exc
-        write_runtime(settings, url)
+        write_runtime(settings, url, ray.get_runtime_context().gcs_address)
         progress(f"API deployed in {time.monotonic() - t0:.1f}s")
         progress(f"Orchestrator ready at {url}/api/v1")
         progress(f"admin token: {token_source}")

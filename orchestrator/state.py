@@ -84,13 +84,14 @@ async def prepare_database(settings: Settings, token: str | None) -> bool:
         await db.close()
 
 
-def write_runtime(settings: Settings, url: str) -> Path:
+def write_runtime(settings: Settings, url: str, ray_address: str | None = None) -> Path:
     path = settings.data_dir / RUNTIME_FILE
     data = {
         "pid": os.getpid(),
         "url": url,
         "database_url": settings.database_url,
         "redis_url": settings.redis_url,
+        "ray_address": ray_address,
     }
     tmp = path.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)

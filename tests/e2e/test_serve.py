@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,8 +17,11 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.db import connect
+from orchestrator.events import EventStore, NewEvent
 from orchestrator.runtime import EmbeddedPostgres
 from tests.conftest import free_port
+from tests.sse import sse_frames
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,6 +212,101 @@ def test_health_503_while_postgres_is_down(service: Service) -> None:
         assert time.monotonic() < deadline, "health did not recover after Postgres restarted"
         time.sleep(0.5)
     assert service.get("/whoami", headers=service.admin).status_code == 200
+
+
+def _kill_event_bus(service: Service) -> None:
+    """ray.kill the EventBus actor (it restarts: max_restarts=-1), from a separate driver."""
+    runtime = json.loads((service.data_dir / "runtime.json").read_text())
+    address = runtime["ray_address"]
+    code = (
+        f"import ray; ray.init(address={address!r}, namespace='orchestrator', "
+        "logging_level='ERROR'); ray.kill(ray.get_actor('event_bus'), no_restart=False)"
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", code],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+async def test_event_stream_live_resume_bus_restart_and_tenancy(service: Service) -> None:
+    runtime = json.loads((service.data_dir / "runtime.json").read_text())
+    async with httpx.AsyncClient(base_url=f"{service.url}/api/v1", timeout=30) as c:
+        users = {}
+        for user in ("erin", "fred"):
+            made = await c.post("/tokens", headers=service.admin, json={"user_uuid": user})
+            users[user] = {"Authorization": f"Bearer {made.json()['token']}"}
+        db = await connect(runtime["database_url"], migrate=False)
+        store = EventStore(db.pool)
+        appended: list[int] = []
+        received: list[int] = []
+
+        async def append(n: int, user: str = "erin") -> list[int]:
+            events = await store.append(
+                [
+                    NewEvent("task.created", {"task_id": f"{user}-{time.time_ns()}-{i}"}, user)
+                    for i in range(n)
+                ]
+            )
+            return [e.position for e in events]
+
+        try:
+            last: int | None = None
+            async with c.stream("GET", "/sync-events", headers=users["erin"]) as r:
+                frames = sse_frames(r)
+                assert (await anext(frames)) == {"comment": "connected"}
+                sent = time.monotonic()
+                appended += await append(1)
+                await append(1, user="fred")  # never on Erin's stream
+                frame = await anext(f async for f in frames if "id" in f)
+                assert time.monotonic() - sent < 1.0, "not delivered within 1 s"
+                received.append(int(frame["id"]))
+                last = received[-1]
+
+                # Kill the EventBus while Erin is connected; keep appending meanwhile.
+                _kill_event_bus(service)
+                appended += await append(5)
+                deadline = time.monotonic() + 30
+                async for frame in frames:
+                    if "id" in frame:
+                        received.append(int(frame["id"]))
+                        last = received[-1]
+                    if len(received) >= len(appended) or time.monotonic() > deadline:
+                        break
+            # Disconnected; more happens; reconnect with Last-Event-ID.
+            appended += await append(3)
+            headers = {**users["erin"], "Last-Event-ID": str(last), "Accept": "text/event-stream"}
+            async with c.stream("GET", "/events", headers=headers) as r:
+                async for frame in sse_frames(r):
+                    if "id" in frame:
+                        received.append(int(frame["id"]))
+                    if len(received) >= len(appended):
+                        break
+            assert received == appended  # nothing missed, nothing twice, in order
+
+            # Tenancy on the read API too.
+            fred_page = (await c.get("/events", headers=users["fred"])).json()
+            assert fred_page["total"] >= 1
+            assert all(
+                e["aggregate_id"].startswith("fred-") or e["type"] != "task.created"
+                for e in fred_page["data"]
+            )
+            erin_types = {
+                e["aggregate_id"].split("-")[0]
+                for e in (
+                    await c.get(
+                        "/events",
+                        headers=users["erin"],
+                        params={"types": "task.created", "limit": 1000},
+                    )
+                ).json()["data"]
+            }
+            assert erin_types == {"erin"}
+        finally:
+            await db.close()
 
 
 def test_sigterm_stops_everything_it_started(service: Service) -> None:

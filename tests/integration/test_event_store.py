@@ -31,16 +31,21 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     await database.close()
 
 
-def task_event(task_id: str, kind: str = "task.created", user: str | None = "alice",
-               **data: object) -> NewEvent:
+def task_event(
+    task_id: str, kind: str = "task.created", user: str | None = "alice", **data: object
+) -> NewEvent:
     return NewEvent(kind, {"task_id": task_id, **data}, user_uuid=user)
 
 
 async def test_append_and_read_back(db: Database) -> None:
     store = EventStore(db.pool)
     [first] = await store.append([task_event("t1", prompt="hi")])
-    assert (first.type, first.version, first.aggregate_id, first.seq) == ("task.created", 1,
-                                                                           "t1", 1)
+    assert (first.type, first.version, first.aggregate_id, first.seq) == (
+        "task.created",
+        1,
+        "t1",
+        1,
+    )
     assert first.data["prompt"] == "hi" and first.user_uuid == "alice"
     assert uuid.UUID(first.id) and first.timestamp > 1_700_000_000_000
     again = await store.read_after(0)
@@ -83,12 +88,15 @@ async def test_the_database_rejects_update_and_delete(db: Database) -> None:
     assert len(await store.read_after(0)) == 1
 
 
-@pytest.mark.parametrize("bad", [
-    NewEvent("task.teleported", {"task_id": "t"}),
-    NewEvent("task.completed", {"task_id": "t", "worker_id": "w", "status": "ok"}),
-    NewEvent("task.created", {"prompt": "no task id"}),
-    NewEvent("task.created", {"task_id": "t"}, aggregate_id="other"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        NewEvent("task.teleported", {"task_id": "t"}),
+        NewEvent("task.completed", {"task_id": "t", "worker_id": "w", "status": "ok"}),
+        NewEvent("task.created", {"prompt": "no task id"}),
+        NewEvent("task.created", {"task_id": "t"}, aggregate_id="other"),
+    ],
+)
 async def test_invalid_events_are_rejected_and_nothing_is_written(
     db: Database, bad: NewEvent
 ) -> None:
@@ -147,8 +155,8 @@ async def test_upcasting_an_older_version(db: Database) -> None:
     await db.pool.execute(
         """INSERT INTO events (id, type, version, aggregate_id, seq, timestamp, data, user_uuid)
            VALUES ($1, 'task.completed', 1, 'old', 1, 1, $2::jsonb, 'alice')""",
-        uuid.uuid4(), json.dumps({"task_id": "old", "worker_id": "w1", "status": "ok",
-                                  "duration": 1.5}),
+        uuid.uuid4(),
+        json.dumps({"task_id": "old", "worker_id": "w1", "status": "ok", "duration": 1.5}),
     )
     [event] = await EventStore(db.pool).read_after(0)
     assert event.version == 2
@@ -163,7 +171,9 @@ async def test_projection_rebuild_gives_the_same_state(db: Database) -> None:
         await store.append([task_event(f"p{i}"), task_event(f"p{i}", "task.dispatched")])
     await store.append([task_event("p0", "task.failed", error="boom")])
     applied = await runner.catch_up(EventTypeCounts.name)
-    assert len(applied) == 41 and await runner.checkpoint(EventTypeCounts.name) == applied[-1].position
+    assert (
+        len(applied) == 41 and await runner.checkpoint(EventTypeCounts.name) == applied[-1].position
+    )
     counts = await EventTypeCounts.read(db.pool)
     assert counts == {"task.created": 20, "task.dispatched": 20, "task.failed": 1}
     assert await runner.catch_up(EventTypeCounts.name) == []  # nothing counted twice
