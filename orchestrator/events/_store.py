@@ -4,6 +4,7 @@ database rejects both too (a trigger)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -27,12 +28,14 @@ from orchestrator.events._model import Event, EventQuery, EventRejected, NewEven
 
 log = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "orch_events"
-# Appends take this transaction-scoped lock so that global positions commit in order: a
-# reader that has seen position N can never later find a smaller one (no skipped events).
-_APPEND_LOCK = 0x0E7E17
+NOTIFY_CHANNEL = "orch_events"  # also named in append_events (migration 0002)
+# `append_events` (migration 0002) takes a transaction-scoped advisory lock so that global
+# positions commit in order: a reader that has seen position N never later finds a smaller
+# one, so following the store by position skips nothing.
 _COLUMNS = "position, id, type, version, aggregate_id, seq, timestamp, data, user_uuid"
 
+# An event ready to write: validated (and enriched) event, its aggregate, its type's version.
+_Prepared = tuple[NewEvent, str, int]
 PreCommitHook = Callable[[NewEvent], Awaitable[NewEvent]]
 PostCommitHook = Callable[[list[Event]], Awaitable[None]]
 
@@ -82,6 +85,8 @@ class EventStore:
         self._pool = pool
         self._pre: list[PreCommitHook] = []
         self._post: list[PostCommitHook] = []
+        self._queue: list[tuple[list[_Prepared], asyncio.Future[list[Event]]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -109,9 +114,44 @@ class EventStore:
     async def append(
         self, events: Sequence[NewEvent], *, expected_seq: int | None = None
     ) -> list[Event]:
-        """Append in a transaction of its own."""
-        async with self.transaction() as tx:
-            return await tx.append(events, expected_seq=expected_seq)
+        """Append in a transaction of its own.
+
+        Concurrent calls in this process are group-committed: whoever finds no write in
+        flight writes everything queued so far in one transaction, so N writers cost one
+        commit (one WAL flush) instead of N, and a lone writer waits for nobody.
+        """
+        if expected_seq is not None:
+            async with self.transaction() as tx:
+                return await tx.append(events, expected_seq=expected_seq)
+        prepared = [await self._prepare(e) for e in events]
+        if not prepared:
+            return []
+        done: asyncio.Future[list[Event]] = asyncio.get_running_loop().create_future()
+        self._queue.append((prepared, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_queued())
+        committed = await done
+        await self._after_commit(committed)
+        return committed
+
+    async def _write_queued(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            everything = [p for prepared, _ in batch for p in prepared]
+            try:
+                committed = await self._insert(self._pool, everything, None)
+            except BaseException as exc:  # every waiter learns why; nothing was written
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            start = 0
+            for prepared, done in batch:
+                if not done.done():
+                    done.set_result(committed[start : start + len(prepared)])
+                start += len(prepared)
 
     async def append_in(
         self,
@@ -121,70 +161,50 @@ class EventStore:
         expected_seq: int | None = None,
     ) -> list[Event]:
         """Append inside the caller's open transaction (which runs post-commit hooks)."""
-        if not events:
-            return []
         if not conn.is_in_transaction():
             raise RuntimeError("append_in needs an open transaction")
         prepared = [await self._prepare(e) for e in events]
-        aggregates = {agg for _, agg, _, _ in prepared}
-        if expected_seq is not None and len(aggregates) != 1:
-            raise EventRejected("expected_seq needs all events to belong to one aggregate")
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _APPEND_LOCK)
-        last = {
-            r["aggregate_id"]: r["last"]
-            for r in await conn.fetch(
-                "SELECT aggregate_id, max(seq) AS last FROM events"
-                " WHERE aggregate_id = ANY($1::text[]) GROUP BY aggregate_id",
-                list(aggregates),
-            )
-        }
+        if not prepared:
+            return []
+        expected: tuple[str, int] | None = None
         if expected_seq is not None:
-            (aggregate,) = aggregates
-            actual = last.get(aggregate, 0)
-            if actual != expected_seq:
-                raise SeqConflict(
-                    f"aggregate {aggregate!r} is at seq {actual}, not the expected {expected_seq}",
-                    extra={
-                        "aggregate_id": aggregate,
-                        "expected_seq": expected_seq,
-                        "actual_seq": actual,
-                    },
-                )
-        now = int(time.time() * 1000)
-        columns: dict[str, list[Any]] = {
-            k: [] for k in ("id", "type", "version", "agg", "seq", "data", "user")
-        }
-        for new, aggregate, version, data in prepared:
-            last[aggregate] = last.get(aggregate, 0) + 1
-            columns["id"].append(uuid.uuid4())
-            columns["type"].append(new.type)
-            columns["version"].append(version)
-            columns["agg"].append(aggregate)
-            columns["seq"].append(last[aggregate])
-            columns["data"].append(json.dumps(data))
-            columns["user"].append(new.user_uuid)
-        rows = await conn.fetch(
-            f"""INSERT INTO events (id, type, version, aggregate_id, seq, timestamp, data,
-                                    user_uuid)
-                SELECT i, t, v, a, s, $7, d::jsonb, u
-                FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::bigint[],
-                            $6::text[], $8::text[]) AS x(i, t, v, a, s, d, u)
-                RETURNING {_COLUMNS}""",
-            columns["id"],
-            columns["type"],
-            columns["version"],
-            columns["agg"],
-            columns["seq"],
-            columns["data"],
-            now,
-            columns["user"],
-        )
-        committed = sorted((row_to_event(r) for r in rows), key=lambda e: e.position)
-        # Delivered at commit; the payload is only a hint (readers go by position).
-        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(committed[-1].position))
-        return committed
+            aggregates = {aggregate for _, aggregate, _ in prepared}
+            if len(aggregates) != 1:
+                raise EventRejected("expected_seq needs all events to belong to one aggregate")
+            expected = (aggregates.pop(), expected_seq)
+        return await self._insert(conn, prepared, expected)
 
-    async def _prepare(self, new: NewEvent) -> tuple[NewEvent, str, int, dict[str, Any]]:
+    async def _insert(
+        self,
+        conn: asyncpg.Connection | asyncpg.Pool,
+        prepared: list[_Prepared],
+        expected: tuple[str, int] | None,
+    ) -> list[Event]:
+        try:
+            rows = await conn.fetch(
+                "SELECT * FROM append_events($1, $2, $3, $4, $5::jsonb[], $6, $7, $8, $9)",
+                [uuid.uuid4() for _ in prepared],
+                [new.type for new, _, _ in prepared],
+                [version for _, _, version in prepared],
+                [aggregate for _, aggregate, _ in prepared],
+                [json.dumps(new.data) for new, _, _ in prepared],
+                [new.user_uuid for new, _, _ in prepared],
+                int(time.time() * 1000),
+                expected[0] if expected else None,
+                expected[1] if expected else None,
+            )
+        except asyncpg.RaiseError as exc:
+            if expected is None or exc.as_dict().get("message") != "seq_conflict":
+                raise
+            aggregate, wanted = expected
+            actual = int(exc.detail or 0)
+            raise SeqConflict(
+                f"aggregate {aggregate!r} is at seq {actual}, not the expected {wanted}",
+                extra={"aggregate_id": aggregate, "expected_seq": wanted, "actual_seq": actual},
+            ) from None
+        return sorted((row_to_event(r) for r in rows), key=lambda e: e.position)
+
+    async def _prepare(self, new: NewEvent) -> _Prepared:
         for hook in self._pre:
             new = await hook(new)
         try:
@@ -197,7 +217,7 @@ class EventStore:
                 f"{new.type}: aggregate_id {new.aggregate_id!r} does not match "
                 f"{kind.aggregate_key}={aggregate!r}"
             )
-        return replace(new, data=data), aggregate, kind.version, data
+        return replace(new, data=data), aggregate, kind.version
 
     async def _after_commit(self, events: list[Event]) -> None:
         if not events:

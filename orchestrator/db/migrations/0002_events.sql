@@ -37,3 +37,38 @@ CREATE TABLE event_type_counts (
     type  text PRIMARY KEY,
     count bigint NOT NULL
 );
+
+-- One round trip per append: lock (so positions commit in order), check an expected seq,
+-- number each aggregate's events after its last seq, insert, notify.
+CREATE FUNCTION append_events(
+    p_ids uuid[], p_types text[], p_versions integer[], p_aggregates text[], p_data jsonb[],
+    p_users text[], p_timestamp bigint, p_expected_aggregate text, p_expected_seq bigint
+) RETURNS SETOF events LANGUAGE plpgsql AS $$
+DECLARE
+    actual bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(947735);
+    IF p_expected_aggregate IS NOT NULL THEN
+        SELECT coalesce(max(seq), 0) INTO actual FROM events WHERE aggregate_id = p_expected_aggregate;
+        IF actual <> p_expected_seq THEN
+            RAISE EXCEPTION 'seq_conflict' USING DETAIL = actual::text, ERRCODE = 'P0001';
+        END IF;
+    END IF;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_ids, p_types, p_versions, p_aggregates, p_data, p_users)
+            WITH ORDINALITY AS x(i, t, v, a, d, u, ord)
+    ), last AS (
+        SELECT s.a, coalesce((SELECT max(e.seq) FROM events e WHERE e.aggregate_id = s.a), 0) AS n
+        FROM (SELECT DISTINCT input.a FROM input) s
+    )
+    INSERT INTO events (id, type, version, aggregate_id, seq, timestamp, data, user_uuid)
+    SELECT input.i, input.t, input.v, input.a,
+           last.n + row_number() OVER (PARTITION BY input.a ORDER BY input.ord),
+           p_timestamp, input.d, input.u
+    FROM input JOIN last ON last.a = input.a
+    ORDER BY input.ord
+    RETURNING *;
+    PERFORM pg_notify('orch_events', '');
+END
+$$;
