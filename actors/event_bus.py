@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from actors import NAMESPACE
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
@@ -68,6 +69,9 @@ class EventBus:
     async def poke(self) -> None:
         (await self._ready()).feed.poke()
 
+    # Backpressure: a replica that stops consuming pauses this generator, so its feed queue
+    # fills and overflows (SubscriberTooSlow) instead of Ray's object store filling up.
+    @ray.method(num_returns="streaming", _generator_backpressure_num_objects=64)
     async def subscribe(self, after: int) -> AsyncIterator[list[Event]]:
         """Every committed event after `after`, in batches (a streaming generator)."""
         services = await self._ready()
@@ -82,12 +86,25 @@ def get_or_create_event_bus(settings: Settings) -> Any:
 
 
 class ActorEventSource:
-    """A replica's upstream: the EventBus's `subscribe`, as an async iterator of batches."""
+    """A replica's upstream: the EventBus's `subscribe`, as an async iterator of batches.
+    Ray restarts a killed bus under the same handle; one killed for good (`ray.kill` without
+    restart) is created again on the next subscription."""
 
-    def __init__(self, actor: Any) -> None:
-        self._actor = actor
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._actor: Any = None
+
+    def start(self) -> None:
+        """Make sure the bus runs (its projections count events even before any stream)."""
+        self._actor = get_or_create_event_bus(self._settings)
+        self._actor.head.remote()
 
     async def subscribe(self, after: int) -> AsyncIterator[list[Event]]:
-        stream = self._actor.subscribe.options(num_returns="streaming").remote(after)
-        async for ref in stream:
-            yield await ref
+        if self._actor is None:
+            self.start()
+        try:
+            async for ref in self._actor.subscribe.remote(after):
+                yield await ref
+        except RayActorError:
+            self._actor = None  # dead for good, or restarting: look it up again next time
+            raise

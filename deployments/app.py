@@ -10,7 +10,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
-from actors.event_bus import ActorEventSource, get_or_create_event_bus
+from actors.event_bus import ActorEventSource
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
 from deployments.api import create_app
 from orchestrator.config import Settings
@@ -29,7 +29,8 @@ class Api:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
-        bus = ActorEventSource(get_or_create_event_bus(self._settings))
+        bus = ActorEventSource(self._settings)
+        bus.start()
         return create_app(
             self._settings,
             metrics=hub,

@@ -69,15 +69,18 @@ def _last_event_id(header: str | None, query: int | None) -> int | None:
 async def _sse(
     fanout: Fanout, flt: StreamFilter, after: int | None, ping_s: float
 ) -> AsyncIterator[bytes]:
-    # `retry` makes EventSource clients reconnect fast; they resend Last-Event-ID themselves.
-    yield b"retry: 1000\n: connected\n\n"
-    events = fanout.stream(flt, after).__aiter__()
+    # Registered before the first byte: whatever commits after the client sees `connected`
+    # is on this stream.
+    stream = await fanout.open(flt, after)
+    events = aiter(stream)
     pending: asyncio.Task[Any] | None = None
     try:
+        # `retry` makes EventSource clients reconnect fast; they resend Last-Event-ID.
+        yield b"retry: 1000\n: connected\n\n"
         while True:
             # Waiting on one task across pings: cancelling the iterator's step on a timeout
             # would end the stream.
-            pending = pending or asyncio.ensure_future(events.__anext__())
+            pending = pending or asyncio.ensure_future(anext(events))
             done, _ = await asyncio.wait({pending}, timeout=ping_s)
             if not done:
                 yield b": ping\n\n"
@@ -97,7 +100,7 @@ async def _sse(
             pending.cancel()
             with contextlib.suppress(BaseException):
                 await pending
-        await events.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()
 
 
 async def _stream_response(

@@ -62,6 +62,23 @@ class _Client:
         self.queue.put_nowait(event)
 
 
+class FanoutStream:
+    """One client's stream (see `Fanout.open`)."""
+
+    def __init__(self, events: AsyncIterator[Event], drop: Callable[[], None]) -> None:
+        self._events = events
+        self._drop = drop
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._drop()
+
+
 def sse_frame(event: Event) -> bytes:
     """`id: <position>`, `event: <stream name>`, `data: {id, type, data, aggregate_id, seq,
     timestamp}` (plus version and position)."""
@@ -106,8 +123,7 @@ class Fanout:
         return cached
 
     async def _ensure_started(self) -> None:
-        if self._task is None:
-            self._position = await self._store.head()
+        if self._task is None:  # set before any await: concurrent first streams share one pump
             self._task = asyncio.create_task(self._pump(), name="event-fanout")
         await self._started.wait()
 
@@ -118,6 +134,7 @@ class Fanout:
                 await self._task
 
     async def _pump(self) -> None:
+        self._position = await self._store.head()
         backoff = 0.05
         while True:
             try:
@@ -141,15 +158,28 @@ class Fanout:
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
 
-    async def stream(self, flt: StreamFilter, after: int | None) -> AsyncIterator[Event]:
-        """The client's events in order: those after `after` (its Last-Event-ID) from the
-        store, then live ones. Raises SubscriberTooSlow if the client falls too far behind."""
+    async def open(self, flt: StreamFilter, after: int | None) -> FanoutStream:
+        """Register a client now and return its stream: the events after `after` (its
+        Last-Event-ID) from the store, then live ones. Every event committed after this
+        returns is delivered. Iterating raises SubscriberTooSlow if the client falls too far
+        behind; `aclose()` unregisters the client (also when it was never iterated)."""
         await self._ensure_started()
         client = _Client(flt, self._client_limit)
         # As in EventFeed.subscribe: register and read the position with no await between.
         self._clients.add(client)
         live_from = self._position
         self._changed()
+        return FanoutStream(self._deliver(client, after, live_from), lambda: self._drop(client))
+
+    def _drop(self, client: _Client) -> None:
+        if client in self._clients:
+            self._clients.discard(client)
+            self._changed()
+
+    async def _deliver(
+        self, client: _Client, after: int | None, live_from: int
+    ) -> AsyncIterator[Event]:
+        flt = client.filter
         try:
             position = after if after is not None else live_from
             while position < live_from:
@@ -176,8 +206,7 @@ class Fanout:
                     position = live.position
                     yield live
         finally:
-            self._clients.discard(client)
-            self._changed()
+            self._drop(client)
 
     def _changed(self) -> None:
         if self._on_clients is not None:

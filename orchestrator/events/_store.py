@@ -109,7 +109,8 @@ class EventStore:
             tx = EventTransaction(self, conn)
             async with conn.transaction():
                 yield tx
-        await self._after_commit(tx.appended)
+        # Committed: the hooks run even if the caller is cancelled right now.
+        await asyncio.shield(self._after_commit(tx.appended))
 
     async def append(
         self, events: Sequence[NewEvent], *, expected_seq: int | None = None
@@ -130,28 +131,49 @@ class EventStore:
         self._queue.append((prepared, done))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_queued())
-        committed = await done
-        await self._after_commit(committed)
-        return committed
+        # Shielded: a caller that goes away (a client disconnect) does not undo or orphan a
+        # write that may already be committing; the writer runs the post-commit hooks.
+        return await asyncio.shield(done)
 
     async def _write_queued(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            everything = [p for prepared, _ in batch for p in prepared]
-            try:
-                committed = await self._insert(self._pool, everything, None)
-            except BaseException as exc:  # every waiter learns why; nothing was written
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            start = 0
-            for prepared, done in batch:
-                if not done.done():
-                    done.set_result(committed[start : start + len(prepared)])
-                start += len(prepared)
+            results = await self._write_batch(batch)
+            for (_, done), result in zip(batch, results, strict=True):
+                if done.done():
+                    continue
+                if isinstance(result, BaseException):
+                    done.set_exception(result)
+                else:
+                    done.set_result(result)
+            await self._after_commit(
+                [e for result in results if not isinstance(result, BaseException) for e in result]
+            )
+
+    async def _write_batch(
+        self, batch: list[tuple[list[_Prepared], asyncio.Future[list[Event]]]]
+    ) -> list[list[Event] | BaseException]:
+        """One commit for the whole batch; if that fails, each caller's events alone, so one
+        caller's bad write fails only that caller."""
+        everything = [p for prepared, _ in batch for p in prepared]
+        try:
+            committed = await self._insert(self._pool, everything, None)
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting callers
+            if len(batch) == 1:
+                return [exc]
+            results: list[list[Event] | BaseException] = []
+            for prepared, _ in batch:
+                try:
+                    results.append(await self._insert(self._pool, prepared, None))
+                except Exception as alone:  # noqa: BLE001 - handed to its caller
+                    results.append(alone)
+            return results
+        out: list[list[Event] | BaseException] = []
+        start = 0
+        for prepared, _ in batch:
+            out.append(committed[start : start + len(prepared)])
+            start += len(prepared)
+        return out
 
     async def append_in(
         self,
@@ -238,10 +260,10 @@ class EventStore:
         )
         return [row_to_event(r) for r in rows]
 
-    async def position_before(self, aggregate: str | None, from_seq: int) -> int | None:
+    async def position_before(self, aggregate: str | None, from_seq: int) -> int:
         """Where a stream starting at `from_seq` resumes: the position just before the first
-        event of `aggregate` with seq >= from_seq (for all aggregates, from_seq is a position).
-        None when there is no such event yet: the stream starts live."""
+        event of `aggregate` with seq >= from_seq (for all aggregates, from_seq is a
+        position); the current head when the aggregate has no such event yet."""
         if aggregate is None:
             return max(0, from_seq - 1)
         first = await self._pool.fetchval(
@@ -249,7 +271,7 @@ class EventStore:
             aggregate,
             from_seq,
         )
-        return None if first is None else int(first) - 1
+        return await self.head() if first is None else int(first) - 1
 
     async def head(self) -> int:
         """The last committed position (0 for an empty store)."""

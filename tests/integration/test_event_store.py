@@ -67,6 +67,33 @@ async def test_concurrent_appends_give_a_gapless_seq(db: Database) -> None:
     assert positions == sorted(positions)
 
 
+async def test_concurrent_transactions_keep_seq_and_position_order(db: Database) -> None:
+    """Concurrent transactions on their own connections (no group commit): the database
+    lock alone keeps seq gapless and positions in commit order."""
+    store = EventStore(db.pool)
+    order: list[int] = []
+
+    async def writer(n: int) -> None:
+        for i in range(5):
+            async with store.transaction() as tx:
+                [event] = await tx.append([task_event("hot", "task.dispatched", note=f"{n}")])
+                await asyncio.sleep(0.001 * (i % 3))  # hold the transaction open a little
+            order.append(event.position)
+
+    await asyncio.gather(*(writer(n) for n in range(12)))
+    events, _ = await store.query(EventQuery(aggregate="hot", limit=1000))
+    assert [e.seq for e in events] == list(range(1, 61))
+    # Positions are handed out in commit order: seq order and position order agree.
+    assert [e.position for e in events] == sorted(e.position for e in events)
+    assert sorted(order) == [e.position for e in events]
+
+
+async def test_nul_in_data_is_bad_input(db: Database) -> None:
+    store = EventStore(db.pool)
+    with pytest.raises(EventRejected, match="NUL"):
+        await store.append([task_event("nul", prompt="a\x00b")])
+
+
 async def test_expected_seq(db: Database) -> None:
     store = EventStore(db.pool)
     await store.append([task_event("opt")], expected_seq=0)

@@ -105,11 +105,13 @@ async def test_stream_live_resume_and_tenancy(make_settings) -> None:
                 assert (await anext(frames)) == {"comment": "ping"}
             last_seen = mine.position
 
-            # Missed while away, then resumed exactly after Last-Event-ID.
-            missed = await store.append(
-                [NewEvent("task.created", {"task_id": f"m{i}"}, "cara") for i in range(3)]
-            )
-            await store.append([NewEvent("task.created", {"task_id": "dx"}, "dan")])
+            # Missed while away (with Dan's in between), then resumed after Last-Event-ID.
+            missed = []
+            for i in range(3):
+                missed += await store.append(
+                    [NewEvent("task.created", {"task_id": f"m{i}"}, "cara")]
+                )
+                await store.append([NewEvent("task.created", {"task_id": f"dx{i}"}, "dan")])
             headers = {
                 **who["cara"],
                 "Last-Event-ID": str(last_seen),
@@ -127,5 +129,44 @@ async def test_stream_live_resume_and_tenancy(make_settings) -> None:
                 "/api/v1/sync-events", headers={**who["cara"], "Last-Event-ID": "yesterday"}
             )
             assert r.status_code == 400
+        finally:
+            await db.close()
+
+
+async def test_stream_from_seq_and_slow_client(make_settings) -> None:
+    settings = make_settings(sse_client_buffer=3)
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url, timeout=10) as c:
+        db = await connect(settings.database_url)
+        store = EventStore(db.pool)
+        try:
+            for step in ("a", "b", "c"):
+                await store.append(
+                    [
+                        NewEvent(
+                            "workflow.step_started", {"workflow_id": "wf-9", "step": step}, "admin"
+                        )
+                    ]
+                )
+            # from_seq on the stream: starts at seq 2 of the aggregate.
+            params = {"aggregate": "wf-9", "from_seq": 2}
+            async with c.stream("GET", "/api/v1/sync-events", headers=ADMIN, params=params) as r:
+                seqs = []
+                async for frame in sse_frames(r):
+                    if "id" in frame:
+                        seqs.append(json.loads(frame["data"])["seq"])
+                    if len(seqs) == 2:
+                        break
+                assert seqs == [2, 3]
+
+            # A client more than sse_client_buffer events behind is cut off with an error frame.
+            async with c.stream("GET", "/api/v1/sync-events", headers=ADMIN) as r:
+                frames = sse_frames(r)
+                assert (await anext(frames)) == {"comment": "connected"}
+                await store.append(
+                    [NewEvent("task.created", {"task_id": f"burst{i}"}, "admin") for i in range(20)]
+                )
+                errors = [f async for f in frames if f.get("event") == "error"]
+                assert len(errors) == 1
+                assert json.loads(errors[0]["data"])["code"] == "subscriber_too_slow"
         finally:
             await db.close()
