@@ -64,6 +64,7 @@ def build_app(args: dict[str, Any]) -> Application:
     started_at = float(args.get("started_at") or time.time())
     deployment = Api.options(  # type: ignore[attr-defined]
         num_replicas=settings.api_replicas,
+        max_ongoing_requests=settings.api_max_ongoing_requests,
         ray_actor_options={"num_cpus": settings.api_replica_cpus},
         logging_config=LoggingConfig(
             enable_access_log=settings.access_log, log_level=settings.log_level

@@ -96,6 +96,11 @@ class Settings(BaseSettings):
         2, ge=1, description="Replicas of the HTTP ingress deployment (2: throughput, failover)"
     )
     api_replica_cpus: float = Field(0.25, gt=0, description="Ray CPUs reserved per replica")
+    api_max_ongoing_requests: int = Field(
+        4096,
+        ge=1,
+        description="Concurrent requests per ingress replica (open SSE streams count)",
+    )
     access_log: bool = Field(
         False, description="Serve's per-request access log lines (costly; metrics count requests)"
     )
