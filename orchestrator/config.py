@@ -145,6 +145,28 @@ class Settings(BaseSettings):
     fallback_models: dict[str, list[str]] = Field(
         default_factory=dict, description="Model -> ordered fallbacks"
     )
+    provider_timeout_s: float = Field(
+        120.0, gt=0, description="Longest wait for an upstream answer (or the next stream byte)"
+    )
+    provider_connect_timeout_s: float = Field(5.0, gt=0, description="Upstream connect timeout")
+    provider_retries: int = Field(
+        2, ge=0, description="Retries on 429/5xx/timeouts, before the first byte only"
+    )
+    provider_retry_backoff_s: float = Field(
+        0.25, ge=0, description="First retry delay (doubles; an upstream Retry-After wins)"
+    )
+    breaker_failure_threshold: int = Field(
+        5, ge=1, description="Consecutive failures that open a provider's circuit breaker"
+    )
+    breaker_cooldown_s: float = Field(
+        30.0, gt=0, description="Open breaker waits this long before a half-open trial"
+    )
+    provider_health_ttl_s: float = Field(
+        15.0, ge=0, description="How long a provider reachability probe is cached"
+    )
+    stream_heartbeat_s: float = Field(
+        10.0, gt=0, description="SSE comment sent while an upstream is silent this long"
+    )
     models_dir: Path | None = Field(None, description="GGUF directory; default <data_dir>/models")
     inference_bin: str = Field("./llama-server", description="llama-server compatible binary")
     inference_gpu_layers: int = Field(99, ge=0, description="Layers offloaded to the GPU")

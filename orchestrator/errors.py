@@ -12,10 +12,12 @@ from typing import Any
 
 __all__ = [
     "ERROR_BY_STATUS",
+    "BadGateway",
     "BadRequest",
     "Conflict",
     "ErrorCode",
     "Forbidden",
+    "GatewayTimeout",
     "Gone",
     "InternalError",
     "MethodNotAllowed",
@@ -46,6 +48,11 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "internal_error"
     SEQ_CONFLICT = "seq_conflict"
     EVENT_REJECTED = "event_rejected"
+    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    CIRCUIT_OPEN = "circuit_open"
+    MODEL_NOT_FOUND = "model_not_found"
 
 
 class OrchestratorError(Exception):
@@ -172,6 +179,18 @@ class InternalError(OrchestratorError):
     default_code = ErrorCode.INTERNAL_ERROR
 
 
+class BadGateway(OrchestratorError):
+    """An upstream (a model provider) answered with an error we cannot pass through as is."""
+
+    status_code = 502
+    default_code = ErrorCode.UPSTREAM_ERROR
+
+
+class GatewayTimeout(OrchestratorError):
+    status_code = 504
+    default_code = ErrorCode.UPSTREAM_TIMEOUT
+
+
 ERROR_BY_STATUS: dict[int, type[OrchestratorError]] = {
     cls.status_code: cls
     for cls in (
@@ -187,5 +206,7 @@ ERROR_BY_STATUS: dict[int, type[OrchestratorError]] = {
         RateLimited,
         ServiceUnavailable,
         InternalError,
+        BadGateway,
+        GatewayTimeout,
     )
 }

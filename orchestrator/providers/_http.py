@@ -1,0 +1,260 @@
+"""What every adapter needs around httpx: error mapping, SSE/NDJSON framing, stream assembly."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from orchestrator.providers._types import (
+    Block,
+    BlockDelta,
+    BlockStart,
+    BlockStop,
+    ChatResponse,
+    MessageEnd,
+    MessageStart,
+    ProviderError,
+    StopReason,
+    StreamEvent,
+    TextBlock,
+    ThinkingBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+__all__ = [
+    "StreamAssembler",
+    "collect",
+    "error_message",
+    "iter_ndjson",
+    "iter_sse",
+    "open_stream",
+    "post_json",
+    "response_events",
+    "retry_after_of",
+]
+
+
+def retry_after_of(response: httpx.Response) -> float | None:
+    raw = response.headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        return None
+
+
+def error_message(body: bytes) -> str:
+    """The human message inside a provider's error body, whatever its shape
+    (`{error: {message}}`, `{error: "..."}`, `{message}`, `[{error: {...}}]` for Gemini)."""
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")[:500] or "no body"
+    if isinstance(data, list) and data:
+        data = data[0]
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("Message") or err.get("type")
+            if msg:
+                return str(msg)
+        elif isinstance(err, str):
+            return err
+        for key in ("message", "Message", "detail"):
+            if data.get(key):
+                return str(data[key])
+    return json.dumps(data)[:500]
+
+
+def _raise_for(provider: str, response: httpx.Response, body: bytes) -> None:
+    raise ProviderError.from_status(
+        provider, response.status_code, error_message(body), retry_after_of(response)
+    )
+
+
+def _transport_error(provider: str, exc: httpx.HTTPError) -> ProviderError:
+    if isinstance(exc, httpx.TimeoutException):
+        return ProviderError.timeout(provider, f"timed out ({type(exc).__name__})")
+    if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+        return ProviderError.unreachable(provider, f"{type(exc).__name__}: {exc}")
+    return ProviderError.unreachable(provider, f"{type(exc).__name__}: {exc}")
+
+
+async def post_json(
+    http: httpx.AsyncClient,
+    provider: str,
+    url: str,
+    body: dict[str, Any] | bytes,
+    headers: dict[str, str],
+    request_timeout: httpx.Timeout | float | None = None,
+) -> Any:
+    """POST and return the decoded JSON answer; any failure is a `ProviderError`."""
+    kw: dict[str, Any] = {"headers": headers}
+    if isinstance(body, bytes):
+        kw["content"] = body
+    else:
+        kw["json"] = body
+    if request_timeout is not None:
+        kw["timeout"] = request_timeout
+    try:
+        response = await http.post(url, **kw)
+    except httpx.HTTPError as exc:
+        raise _transport_error(provider, exc) from exc
+    if response.status_code >= 400:
+        _raise_for(provider, response, response.content)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ProviderError(
+            f"{provider}: answer is not JSON", provider=provider, upstream_status=200
+        ) from exc
+
+
+@contextlib.asynccontextmanager
+async def open_stream(
+    http: httpx.AsyncClient,
+    provider: str,
+    method: str,
+    url: str,
+    *,
+    json_body: dict[str, Any] | None = None,
+    content: bytes | None = None,
+    headers: dict[str, str],
+    request_timeout: httpx.Timeout | float | None = None,
+) -> AsyncIterator[httpx.Response]:
+    """A streaming request whose status is checked (error bodies read and raised as
+    `ProviderError`) before the caller sees the response; transport errors while the
+    caller reads are turned into `ProviderError` too."""
+    kw: dict[str, Any] = {"headers": headers}
+    if json_body is not None:
+        kw["json"] = json_body
+    if content is not None:
+        kw["content"] = content
+    if request_timeout is not None:
+        kw["timeout"] = request_timeout
+    try:
+        async with http.stream(method, url, **kw) as response:
+            if response.status_code >= 400:
+                _raise_for(provider, response, await response.aread())
+            yield response
+    except httpx.HTTPError as exc:
+        raise _transport_error(provider, exc) from exc
+
+
+async def iter_sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """(event, data) pairs of a text/event-stream body, per the WHATWG framing: `data:`
+    lines join with newlines, a blank line ends an event, comments are skipped."""
+    event, data = "", list[str]()
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                yield event or "message", "\n".join(data)
+            event, data = "", list[str]()
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+    if data:
+        yield event or "message", "\n".join(data)
+
+
+async def iter_ndjson(response: httpx.Response) -> AsyncIterator[Any]:
+    async for line in response.aiter_lines():
+        if line.strip():
+            yield json.loads(line)
+
+
+@dataclass
+class StreamAssembler:
+    """Builds a `ChatResponse` from stream events (for callers that stream internally but
+    answer in one piece, and for tests)."""
+
+    id: str = ""
+    model: str = ""
+    input_tokens: int = 0
+    blocks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    end: MessageEnd | None = None
+
+    def feed(self, event: StreamEvent) -> None:
+        if isinstance(event, MessageStart):
+            self.id, self.model, self.input_tokens = event.id, event.model, event.input_tokens
+        elif isinstance(event, BlockStart):
+            self.blocks[event.index] = {
+                "type": event.block_type,
+                "id": event.id,
+                "name": event.name,
+                "parts": [],
+            }
+        elif isinstance(event, BlockDelta):
+            self.blocks[event.index]["parts"].append(event.text)
+        elif isinstance(event, MessageEnd):
+            self.end = event
+        elif isinstance(event, BlockStop):
+            pass
+
+    def result(self) -> ChatResponse:
+        if self.end is None:
+            raise ProviderError("stream ended without a final message event")
+        content: list[Block] = []
+        for index in sorted(self.blocks):
+            b = self.blocks[index]
+            text = "".join(b["parts"])
+            if b["type"] == "text":
+                content.append(TextBlock(text))
+            elif b["type"] == "thinking":
+                content.append(ThinkingBlock(text))
+            else:
+                content.append(ToolUseBlock(b["id"] or "", b["name"] or "", _args(text)))
+        usage = self.end.usage
+        if not usage.input_tokens and self.input_tokens:
+            usage = Usage(self.input_tokens, usage.output_tokens)
+        return ChatResponse(self.id, self.model, tuple(content), self.end.stop_reason, usage)
+
+
+def _args(text: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"_raw": text}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+async def collect(events: AsyncIterator[StreamEvent]) -> ChatResponse:
+    assembler = StreamAssembler()
+    async for event in events:
+        assembler.feed(event)
+    return assembler.result()
+
+
+def response_events(response: ChatResponse) -> Iterable[StreamEvent]:
+    """A complete response replayed as a stream (for a provider answered non-streaming)."""
+    yield MessageStart(response.id, response.model, response.usage.input_tokens)
+    for index, block in enumerate(response.content):
+        if isinstance(block, TextBlock):
+            yield BlockStart(index, "text")
+            yield BlockDelta(index, block.text)
+        elif isinstance(block, ThinkingBlock):
+            yield BlockStart(index, "thinking")
+            yield BlockDelta(index, block.text)
+        elif isinstance(block, ToolUseBlock):
+            yield BlockStart(index, "tool_use", block.id, block.name)
+            yield BlockDelta(index, json.dumps(block.input))
+        else:
+            continue
+        yield BlockStop(index)
+    stop: StopReason = response.stop_reason
+    yield MessageEnd(stop, response.usage)
