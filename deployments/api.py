@@ -23,12 +23,14 @@ from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventServices, EventStore, Fanout
 from orchestrator.events._fanout import Upstream
+from orchestrator.inference import ready_endpoints
 from orchestrator.observability import (
     MetricsRecorder,
     RouteTemplates,
     heartbeat,
     prune_heartbeats,
 )
+from orchestrator.providers import Gateway, InferenceLog
 
 log = logging.getLogger("orchestrator.api")
 
@@ -75,6 +77,8 @@ async def build_context(
     )
     if started_at is not None:
         ctx.started_at = started_at
+    ctx.gateway = Gateway(settings, ctx.recorder, local=lambda: ready_endpoints(db.pool))
+    ctx.inference_log = InferenceLog(events)
     return ctx
 
 
@@ -142,6 +146,8 @@ def create_app(
                 await local_events.stop()
             with contextlib.suppress(Exception):
                 await ctx.flush_metrics()
+            await ctx.inference_log.drain()
+            await ctx.gateway.aclose()
             await ctx.redis.aclose()
             await ctx.db.close()
 

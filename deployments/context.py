@@ -21,6 +21,7 @@ from orchestrator.observability import (
     SloQuery,
     SloTargets,
 )
+from orchestrator.providers import Gateway, InferenceLog
 
 try:
     SERVICE_VERSION = version("orchestrator")
@@ -71,6 +72,8 @@ class AppContext:
     metrics: MetricsHub
     events: EventStore
     fanout: Fanout = field(init=False)
+    gateway: Gateway = field(init=False)
+    inference_log: InferenceLog = field(init=False)
     started_at: float = field(default_factory=time.time)
     _pusher: MetricsPusher | None = None
 

@@ -70,7 +70,7 @@ class RequestContextMiddleware:
         try:
             path = scope["path"]
             if path not in ctx.settings.exempt_paths:
-                principal = await ctx.authenticator.authenticate(_header(scope, b"authorization"))
+                principal = await ctx.authenticator.authenticate(_credentials(scope))
                 state["principal"] = principal
                 if ctx.rate_limiter.enabled:
                     await ctx.rate_limiter.hit(principal.subject or principal.user_uuid)
@@ -91,3 +91,13 @@ class RequestContextMiddleware:
                 CLIENT_CLOSED if status is None else status,
                 time.perf_counter() - started,
             )
+
+
+def _credentials(scope: Scope) -> str | None:
+    """The bearer credentials: `Authorization`, else `x-api-key` (what the official
+    Anthropic SDK sends its key in), taken as a bearer token."""
+    authorization = _header(scope, b"authorization")
+    if authorization:
+        return authorization
+    api_key = _header(scope, b"x-api-key")
+    return f"Bearer {api_key}" if api_key else None

@@ -175,6 +175,21 @@ class Settings(BaseSettings):
     inference_gpus_per_instance: float | None = Field(
         None, ge=0, description="Ray num_gpus per instance; default 1 when the cluster has GPUs"
     )
+    inference_actor_cpus: float = Field(
+        0.1, ge=0, description="Ray CPUs reserved by an instance's actor (not its server)"
+    )
+    inference_start_timeout_s: float = Field(
+        300.0, gt=0, description="A new instance whose /health has not passed by then fails"
+    )
+    inference_schedule_timeout_s: float = Field(
+        30.0, gt=0, description="Longest wait for Ray to place an instance's actor"
+    )
+    inference_poll_interval_s: float = Field(
+        1.0, gt=0, description="How often an instance's /slots (ready or running) is read"
+    )
+    inference_health_timeout_s: float = Field(
+        30.0, gt=0, description="A serving instance that answers nothing this long fails"
+    )
 
     # --- workspace -----------------------------------------------------------------------
     workspace_root: Path | None = Field(None, description="Default <data_dir>/workspace")

@@ -5,6 +5,7 @@ from fastapi import APIRouter
 from deployments.routers import (
     channels,
     events,
+    gateway,
     inference,
     marketplace,
     memory,
@@ -20,6 +21,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     tokens.router,
     workflows.router,
     inference.router,
+    gateway.router,
     events.router,
     scheduler.router,
     channels.router,

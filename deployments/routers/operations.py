@@ -103,9 +103,11 @@ async def health(ctx: Ctx) -> JSONResponse:
     messaging = MessagingHealth(
         status="ok" if redis_ok else "degraded", sockets=gauges.get("stream_sockets", 0)
     )
-    # Provider adapters and the worker pool register here as their parts land; until then
-    # there is honestly nothing configured to count.
-    providers = ProvidersHealth(total=0, healthy=0)
+    # Providers: configured ones, healthy = breaker not open and last probe (if any) reached
+    # it; not critical (a provider down degrades models, not the service). Workers: the agent
+    # pool registers here when its part lands.
+    total, healthy = ctx.gateway.summary()
+    providers = ProvidersHealth(total=total, healthy=healthy)
     workers = WorkersHealth(active=gauges.get("active_workers", 0), idle=0)
     critical_ok = store.status == "ok" and messaging.status == "ok"
     body = Health(

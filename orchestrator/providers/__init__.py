@@ -1,6 +1,8 @@
 """Model providers: one adapter per wire format over one internal conversation model."""
 
 from orchestrator.providers._blocks import BlockWriter
+from orchestrator.providers._breaker import BreakerState, CircuitBreaker
+from orchestrator.providers._gateway import Gateway, LocalTarget, Route, RoutedStream
 from orchestrator.providers._http import (
     StreamAssembler,
     collect,
@@ -18,6 +20,7 @@ from orchestrator.providers._registry import (
     build_adapter,
     configured_providers,
 )
+from orchestrator.providers._telemetry import InferenceLog
 from orchestrator.providers._types import (
     Block,
     BlockDelta,
@@ -50,15 +53,22 @@ __all__ = [
     "BlockStart",
     "BlockStop",
     "BlockWriter",
+    "BreakerState",
     "ChatRequest",
     "ChatResponse",
+    "CircuitBreaker",
+    "Gateway",
     "ImageBlock",
+    "InferenceLog",
+    "LocalTarget",
     "Message",
     "MessageEnd",
     "MessageStart",
     "ProviderAdapter",
     "ProviderConfig",
     "ProviderError",
+    "Route",
+    "RoutedStream",
     "StopReason",
     "StreamAssembler",
     "StreamEvent",

@@ -1,0 +1,267 @@
+"""SPEC part 4: POST /chat/completions (OpenAI format), POST /messages (Anthropic Messages
+format), GET /providers/health[/<provider>]. Either endpoint reaches any configured model:
+the request is decoded into the internal conversation, routed by the gateway, and the answer
+encoded back into the caller's format."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from deployments.context import AppContext
+from deployments.deps import Ctx, CurrentUser
+from orchestrator.auth import Principal
+from orchestrator.errors import BadRequest, OrchestratorError
+from orchestrator.providers import (
+    ChatRequest,
+    MessageEnd,
+    ProviderError,
+    StreamEvent,
+)
+from orchestrator.providers import _anthropic_format as anthropic_format
+from orchestrator.providers import _openai_format as openai_format
+
+router = APIRouter(tags=["inference"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+HEARTBEAT = object()  # marker yielded by `_with_heartbeats` while the upstream is silent
+
+JsonBody = Annotated[dict[str, Any], Body()]
+
+
+@router.post("/chat/completions")
+async def chat_completions(
+    body: JsonBody, request: Request, ctx: Ctx, principal: CurrentUser
+) -> Any:
+    """OpenAI chat completions; `stream: true` answers SSE `data: <chunk>` ... `data: [DONE]`."""
+    chat = _with_default_model(openai_format.decode_request(body), ctx)
+    include_usage = openai_format.wants_usage(body)
+    call = _Call(ctx, principal, request, chat)
+    if not chat.stream:
+        response = await call.complete()
+        return JSONResponse(openai_format.encode_response(response, chat.model))
+    events = await call.open_stream()
+    encoder = openai_format.ChunkEncoder(chat.model, include_usage)
+
+    def frames(event: StreamEvent) -> Iterable[bytes]:
+        return (openai_format.sse_data(chunk) for chunk in encoder.feed(event))
+
+    def error_frame(exc: OrchestratorError) -> bytes:
+        return openai_format.sse_data(
+            openai_format.encode_error(exc.message, status=exc.status_code, code=exc.code)
+        )
+
+    return StreamingResponse(
+        call.sse(
+            events,
+            frames,
+            heartbeat=b": heartbeat\n\n",
+            error=error_frame,
+            done=openai_format.SSE_DONE,
+        ),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+@router.post("/messages")
+async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: CurrentUser) -> Any:
+    """Anthropic Messages; `stream: true` answers the real event sequence (message_start,
+    content_block_start/delta/stop, message_delta, message_stop)."""
+    chat = _with_default_model(anthropic_format.decode_request(body), ctx)
+    call = _Call(ctx, principal, request, chat)
+    if not chat.stream:
+        response = await call.complete()
+        return JSONResponse(anthropic_format.encode_response(response, chat.model))
+    events = await call.open_stream()
+    encoder = anthropic_format.EventEncoder(chat.model)
+
+    def frames(event: StreamEvent) -> Iterable[bytes]:
+        return (anthropic_format.sse_event(name, data) for name, data in encoder.feed(event))
+
+    return StreamingResponse(
+        call.sse(
+            events,
+            frames,
+            heartbeat=anthropic_format.sse_event("ping", {"type": "ping"}),
+            error=anthropic_format.error_event,
+            done=b"",
+        ),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+@router.get("/providers/health")
+async def providers_health(ctx: Ctx, _: CurrentUser) -> dict[str, Any]:
+    """Every provider kind: configured, reachable (a real probe, cached), breaker, last
+    error. `healthy` counts configured providers that are reachable with a closed breaker."""
+    providers = await ctx.gateway.health()
+    healthy = sum(
+        1
+        for p in providers.values()
+        if p["configured"] and p["reachable"] and p["breaker"] != "open"
+    )
+    configured = sum(1 for p in providers.values() if p["configured"])
+    return {"ok": True, "providers": providers, "configured": configured, "healthy": healthy}
+
+
+@router.get("/providers/health/{provider}")
+async def provider_health(provider: str, ctx: Ctx, _: CurrentUser) -> dict[str, Any]:
+    result = await ctx.gateway.health(provider)
+    return {"ok": True, "provider": provider, **result[provider]}
+
+
+def _with_default_model(chat: ChatRequest, ctx: AppContext) -> ChatRequest:
+    if chat.model:
+        return chat
+    if ctx.settings.default_model:
+        return chat.with_model(ctx.settings.default_model)
+    raise BadRequest("model is required", extra={"fields": {"model": "required"}})
+
+
+class _Call:
+    """One gateway call and its `inference.*` record."""
+
+    def __init__(
+        self, ctx: AppContext, principal: Principal, request: Request, chat: ChatRequest
+    ) -> None:
+        self.ctx = ctx
+        self.principal = principal
+        self.chat = chat
+        self.request_id = str(getattr(request.state, "request_id", "") or "")
+        self.started = time.perf_counter()
+        self.provider = ""
+
+    async def complete(self) -> Any:
+        try:
+            response, route = await self.ctx.gateway.complete(self.chat)
+        except OrchestratorError as exc:
+            self._error(exc)
+            raise
+        self.provider = route.provider
+        self.ctx.inference_log.complete(
+            request_id=self.request_id,
+            user_uuid=self.principal.user_uuid,
+            model=self.chat.model,
+            provider=route.provider,
+            tokens_in=response.usage.input_tokens,
+            tokens_out=response.usage.output_tokens,
+            duration_ms=self._elapsed_ms(),
+            finish_reason=response.stop_reason,
+            stream=False,
+        )
+        return response
+
+    async def open_stream(self) -> AsyncIterator[StreamEvent]:
+        try:
+            routed = await self.ctx.gateway.open_stream(self.chat)
+        except OrchestratorError as exc:
+            self._error(exc)
+            raise
+        self.provider = routed.route.provider
+        return routed.events
+
+    async def sse(
+        self,
+        events: AsyncIterator[StreamEvent],
+        frames: Callable[[StreamEvent], Iterable[bytes]],
+        *,
+        heartbeat: bytes,
+        error: Callable[[OrchestratorError], bytes],
+        done: bytes,
+    ) -> AsyncIterator[bytes]:
+        """The SSE body: frames for each event, a heartbeat while the upstream is silent,
+        an error frame (never a silent end) when the upstream fails mid-stream."""
+        end: MessageEnd | None = None
+        tokens_out = 0
+        finished = False
+        try:
+            async for event in _with_heartbeats(events, self.ctx.settings.stream_heartbeat_s):
+                if event is None:
+                    yield heartbeat
+                    continue
+                if isinstance(event, MessageEnd):
+                    end = event
+                for frame in frames(event):
+                    yield frame
+            if done:
+                yield done
+            finished = True
+        except ProviderError as exc:
+            mapped = exc.to_http()
+            self._error(mapped, interrupted=True, tokens_out=tokens_out)
+            finished = True
+            yield error(mapped)
+        finally:
+            if end is not None and finished:
+                self.ctx.inference_log.complete(
+                    request_id=self.request_id,
+                    user_uuid=self.principal.user_uuid,
+                    model=self.chat.model,
+                    provider=self.provider,
+                    tokens_in=end.usage.input_tokens,
+                    tokens_out=end.usage.output_tokens,
+                    duration_ms=self._elapsed_ms(),
+                    finish_reason=end.stop_reason,
+                    stream=True,
+                )
+            elif not finished:
+                self._error(
+                    OrchestratorError("client disconnected"), interrupted=True, tokens_out=0
+                )
+
+    def _error(
+        self, exc: OrchestratorError, *, interrupted: bool = False, tokens_out: int = 0
+    ) -> None:
+        self.ctx.inference_log.error(
+            request_id=self.request_id,
+            user_uuid=self.principal.user_uuid,
+            model=self.chat.model,
+            error=exc.message,
+            status_code=exc.status_code,
+            interrupted=interrupted,
+            tokens_out=tokens_out,
+        )
+
+    def _elapsed_ms(self) -> int:
+        return int((time.perf_counter() - self.started) * 1000)
+
+
+async def _with_heartbeats(
+    events: AsyncIterator[StreamEvent], interval_s: float
+) -> AsyncIterator[StreamEvent | None]:
+    """The events, with None whenever `interval_s` passes without one. The pending read is
+    never cancelled by a heartbeat: it is the same `anext` awaited again."""
+    pending: asyncio.Future[StreamEvent] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield None
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield event
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, ProviderError):
+                await pending
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+__all__ = ["router"]

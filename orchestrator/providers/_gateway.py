@@ -1,0 +1,469 @@
+"""The model gateway: which upstream serves a model, in what order, and how failures are
+survived (per-provider circuit breakers, retries before the first byte, fallback).
+
+Order for a model (SPEC part 4: "local inference is the default; remote providers are the
+fallback"): a local instance serving it; providers that list it (or `<provider>/<model>`
+naming one); providers that list no models but whose kind serves such names (`claude-*` ->
+anthropic...); then the same for each of `fallback_models[model]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import httpx
+
+from orchestrator.config import PROVIDER_KINDS, Settings
+from orchestrator.errors import BadRequest, ErrorCode, NotFound, ServiceUnavailable
+from orchestrator.observability import MetricsRecorder
+from orchestrator.providers._breaker import BreakerState, CircuitBreaker
+from orchestrator.providers._registry import build_adapter, configured_providers
+from orchestrator.providers._types import (
+    ChatRequest,
+    ChatResponse,
+    ProviderAdapter,
+    ProviderConfig,
+    ProviderError,
+    StreamEvent,
+)
+
+__all__ = ["Gateway", "LocalTarget", "Route", "RoutedStream"]
+
+log = logging.getLogger("orchestrator.gateway")
+
+T = TypeVar("T")
+
+LOCAL_PROVIDER = "local"
+LOCAL_REFRESH_S = 1.0
+MAX_RETRY_SLEEP_S = 10.0
+
+# Model-name prefixes a provider kind serves, for providers configured without a model list.
+KIND_PREFIXES: dict[str, tuple[str, ...]] = {
+    "openai": ("gpt-", "chatgpt-", "o1", "o3", "o4", "text-embedding-"),
+    "anthropic": ("claude-",),
+    "gemini": ("gemini-", "gemma-"),
+    "zhipu": ("glm-",),
+    "deepseek": ("deepseek-",),
+    "qwen": ("qwen", "qwq-"),
+    "bedrock": (
+        "anthropic.",
+        "amazon.",
+        "meta.",
+        "mistral.",
+        "cohere.",
+        "ai21.",
+        "us.",
+        "eu.",
+        "apac.",
+        "arn:aws:bedrock:",
+    ),
+}
+
+
+class LocalTarget(Protocol):
+    """A local inference instance that is ready to serve (see orchestrator.inference)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def base_url(self) -> str: ...
+
+
+LocalSource = Callable[[], Awaitable[Sequence[LocalTarget]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    provider: str  # metric label and health name: the provider's name, or "local"
+    breaker_key: str  # the provider's name, or the instance id
+    adapter: ProviderAdapter
+    model: str  # the model name the upstream knows
+
+
+@dataclass
+class RoutedStream:
+    """A stream whose first event has arrived (so the caller can still answer with an error
+    status before that), with the route that serves it."""
+
+    route: Route
+    events: AsyncIterator[StreamEvent]
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        recorder: MetricsRecorder,
+        local: LocalSource | None = None,
+        *,
+        http: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._settings = settings
+        self._recorder = recorder
+        self._local_source = local
+        self._sleep = sleep
+        self._own_http = http is None
+        self._http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                settings.provider_timeout_s, connect=settings.provider_connect_timeout_s
+            ),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+        )
+        self.configs: dict[str, ProviderConfig] = {
+            c.name: c for c in configured_providers(settings)
+        }
+        self._adapters: dict[str, ProviderAdapter] = {}
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._local: list[LocalTarget] = []
+        self._local_at = 0.0
+        self._local_lock = asyncio.Lock()
+        self._local_adapters: dict[str, ProviderAdapter] = {}
+        self._aliases: dict[str, str] = {}
+        self._probes: dict[str, tuple[float, dict[str, Any]]] = {}
+        for config in self.configs.values():
+            alias = config.extra.get("alias")
+            if alias:
+                self._aliases[str(alias)] = config.name
+        for name in self.configs:
+            self.breaker(name)  # export every configured provider's state from the start
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    # --- adapters and breakers ---------------------------------------------------------------
+    def adapter(self, name: str) -> ProviderAdapter:
+        adapter = self._adapters.get(name)
+        if adapter is None:
+            adapter = self._adapters[name] = build_adapter(self.configs[name], self._http)
+        return adapter
+
+    def breaker(self, key: str, label: str | None = None) -> CircuitBreaker:
+        breaker = self._breakers.get(key)
+        if breaker is None:
+            metric = label or key
+            breaker = self._breakers[key] = CircuitBreaker(
+                self._settings.breaker_failure_threshold,
+                self._settings.breaker_cooldown_s,
+                on_change=lambda s: self._recorder.circuit_breaker(metric, int(s)),
+            )
+            self._recorder.circuit_breaker(metric, int(BreakerState.CLOSED))
+        return breaker
+
+    def _local_adapter(self, target: LocalTarget) -> ProviderAdapter:
+        key = f"{target.id}@{target.base_url}"
+        adapter = self._local_adapters.get(key)
+        if adapter is None:
+            config = ProviderConfig(
+                name=LOCAL_PROVIDER,
+                kind="local",
+                base_url=target.base_url.rstrip("/"),
+                timeout_s=self._settings.provider_timeout_s,
+                connect_timeout_s=self._settings.provider_connect_timeout_s,
+            )
+            adapter = self._local_adapters[key] = build_adapter(config, self._http)
+        return adapter
+
+    async def local_targets(self) -> list[LocalTarget]:
+        """Ready local instances, re-read at most once a second (one indexed query)."""
+        if self._local_source is None:
+            return []
+        now = time.monotonic()
+        if now - self._local_at < LOCAL_REFRESH_S:
+            return self._local
+        async with self._local_lock:
+            if time.monotonic() - self._local_at >= LOCAL_REFRESH_S:
+                try:
+                    self._local = list(await self._local_source())
+                except (OSError, RuntimeError) as exc:
+                    # The database is down: keep serving with what we knew.
+                    log.warning("cannot refresh local instances: %s", exc)
+                self._local_at = time.monotonic()
+        return self._local
+
+    # --- routing -----------------------------------------------------------------------------
+    async def routes(self, model: str) -> list[Route]:
+        if not model:
+            raise BadRequest("model is required", extra={"fields": {"model": "required"}})
+        out: list[Route] = []
+        seen: set[tuple[str, str]] = set()
+        for candidate in (model, *self._settings.fallback_models.get(model, ())):
+            for route in await self._routes_for(candidate):
+                key = (route.breaker_key, route.model)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(route)
+        if not out:
+            raise NotFound(
+                f"model {model!r} is not served by a local instance or a configured provider "
+                "(GET /api/v1/models lists what is)",
+                code=ErrorCode.MODEL_NOT_FOUND,
+            )
+        return out
+
+    async def _routes_for(self, model: str) -> list[Route]:
+        out = [
+            Route(LOCAL_PROVIDER, t.id, self._local_adapter(t), t.model)
+            for t in await self.local_targets()
+            if t.model == model
+        ]
+        prefix, sep, rest = model.partition("/")
+        if sep and rest:
+            name = self._aliases.get(prefix, prefix)
+            if name in self.configs:
+                return [*out, Route(name, name, self.adapter(name), rest)]
+        listed = [c for c in self.configs.values() if model in c.models]
+        by_kind = [
+            c
+            for c in self.configs.values()
+            if not c.models and model.startswith(KIND_PREFIXES.get(c.kind, ()) or ("\0",))
+        ]
+        out.extend(Route(c.name, c.name, self.adapter(c.name), model) for c in listed + by_kind)
+        return out
+
+    # --- calls -------------------------------------------------------------------------------
+    async def complete(self, request: ChatRequest) -> tuple[ChatResponse, Route]:
+        async def call(route: Route) -> ChatResponse:
+            return await route.adapter.complete(request.with_model(route.model))
+
+        return await self._with_failover(request.model, call)
+
+    async def open_stream(self, request: ChatRequest) -> RoutedStream:
+        """Start streaming: retries and fallback happen until the first event arrives;
+        after that, an upstream failure is raised from the returned iterator."""
+
+        async def call(route: Route) -> RoutedStream:
+            started = time.perf_counter()
+            upstream = route.adapter.stream(request.with_model(route.model))
+            try:
+                first = await anext(upstream)
+            except StopAsyncIteration as exc:
+                raise ProviderError(
+                    f"{route.provider}: empty stream", provider=route.provider, retryable=True
+                ) from exc
+            except BaseException:
+                await _aclose(upstream)
+                raise
+            return RoutedStream(route, self._rest(route, first, upstream, started))
+
+        stream, _ = await self._with_failover(request.model, call, settle=False)
+        return stream
+
+    async def _rest(
+        self,
+        route: Route,
+        first: StreamEvent,
+        upstream: AsyncIterator[StreamEvent],
+        started: float,
+    ) -> AsyncIterator[StreamEvent]:
+        breaker = self.breaker(route.breaker_key, route.provider)
+        done = False
+        try:
+            yield first
+            async for event in upstream:
+                yield event
+            done = True
+            breaker.success()
+        except ProviderError as exc:
+            if _provider_fault(exc):
+                breaker.failure(exc.message)
+            else:
+                breaker.release()
+            raise
+        finally:
+            if not done:
+                breaker.release()
+            await _aclose(upstream)
+            self._recorder.provider_latency(route.provider, time.perf_counter() - started)
+
+    async def _with_failover(
+        self,
+        model: str,
+        call: Callable[[Route], Awaitable[T]],
+        *,
+        settle: bool = True,
+    ) -> tuple[T, Route]:
+        """Try each route in order. On a route: skip it while its breaker is open; retry a
+        retryable failure with backoff (the upstream's Retry-After wins); move on after a
+        failure that is the provider's fault or a 404 (it does not serve the model). A
+        failure that is the request's fault (400, 413, 422) is raised at once.
+        `settle=False`: a success is recorded by the caller (a stream, when it ends)."""
+        routes = await self.routes(model)
+        last: ProviderError | None = None
+        skipped_retry_in: list[float] = []
+        for route in routes:
+            breaker = self.breaker(route.breaker_key, route.provider)
+            attempt = 0
+            while True:
+                if not breaker.allow():
+                    skipped_retry_in.append(breaker.retry_in_s)
+                    break
+                started = time.perf_counter()
+                try:
+                    result = await call(route)
+                except ProviderError as exc:
+                    last = exc
+                    if settle:
+                        self._recorder.provider_latency(
+                            route.provider, time.perf_counter() - started
+                        )
+                    if _provider_fault(exc):
+                        breaker.failure(exc.message)
+                    else:
+                        breaker.release()
+                    if exc.upstream_status == 404:
+                        break  # this upstream lacks the model: try the next
+                    if not _provider_fault(exc):
+                        raise exc.to_http() from exc
+                    delay = self._retry_delay(exc, attempt)
+                    if not exc.retryable or delay is None:
+                        break
+                    attempt += 1
+                    log.info(
+                        "retrying %s (%s) in %.2fs: %s", route.provider, model, delay, exc.message
+                    )
+                    await self._sleep(delay)
+                    continue
+                except BaseException:
+                    breaker.release()
+                    raise
+                if settle:
+                    breaker.success()
+                    self._recorder.provider_latency(route.provider, time.perf_counter() - started)
+                return result, route
+        if last is not None:
+            raise last.to_http() from last
+        raise _unavailable(model, min(skipped_retry_in, default=self._settings.breaker_cooldown_s))
+
+    def _retry_delay(self, exc: ProviderError, attempt: int) -> float | None:
+        """Seconds to wait before the next attempt on the same route; None: no more."""
+        if attempt >= self._settings.provider_retries:
+            return None
+        delay = self._settings.provider_retry_backoff_s * (2.0**attempt)
+        if exc.retry_after is not None:
+            if exc.retry_after > MAX_RETRY_SLEEP_S:
+                return None  # not worth holding the caller: fall back instead
+            delay = max(delay, float(exc.retry_after))
+        return delay
+
+    # --- health ------------------------------------------------------------------------------
+    def provider_names(self) -> list[str]:
+        """Every provider kind (configured or not), custom adapters, and `local`."""
+        return [*PROVIDER_KINDS, *(n for n in self.configs if n not in PROVIDER_KINDS), "local"]
+
+    def summary(self) -> tuple[int, int]:
+        """(configured providers, healthy ones) without probing: healthy = breaker not open
+        and the last probe, if any, reached it. Cheap enough for every /health call."""
+        healthy = 0
+        for name in self.configs:
+            probe = self._probes.get(name)
+            if probe is not None and not probe[1]["reachable"]:
+                continue
+            breaker = self._breakers.get(name)
+            if breaker is None or breaker.state is not BreakerState.OPEN:
+                healthy += 1
+        return len(self.configs), healthy
+
+    async def health(self, name: str | None = None) -> dict[str, dict[str, Any]]:
+        """Per provider: configured, reachable (a real probe, cached for
+        `provider_health_ttl_s`; None when not configured), breaker state, last error."""
+        names = self.provider_names()
+        if name is not None:
+            if name not in names:
+                raise NotFound(f"unknown provider {name!r}; known: {', '.join(names)}")
+            names = [name]
+        results = await asyncio.gather(*(self._health_of(n) for n in names))
+        return dict(zip(names, results, strict=True))
+
+    async def _health_of(self, name: str) -> dict[str, Any]:
+        if name == LOCAL_PROVIDER:
+            targets = await self.local_targets()
+            return {
+                "configured": bool(targets),
+                "reachable": bool(targets) or None,
+                "instances": len(targets),
+                "models": sorted({t.model for t in targets}),
+                **self._breaker_view(*(t.id for t in targets)),
+            }
+        config = self.configs.get(name)
+        if config is None:
+            return {
+                "configured": False,
+                "reachable": None,
+                "breaker": "closed",
+                "breaker_state": 0,
+                "last_error": None,
+            }
+        probe = await self._probe(name)
+        return {
+            "configured": True,
+            "kind": config.kind,
+            "base_url": config.base_url,
+            "models": list(config.models),
+            **probe,
+            **self._breaker_view(name),
+        }
+
+    async def _probe(self, name: str) -> dict[str, Any]:
+        ttl = self._settings.provider_health_ttl_s
+        cached = self._probes.get(name)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < ttl:
+            return cached[1]
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._settings.provider_connect_timeout_s + 1.0):
+                await self.adapter(name).probe()
+        except ProviderError as exc:
+            result: dict[str, Any] = {"reachable": False, "probe_error": exc.message}
+        except TimeoutError:
+            result = {"reachable": False, "probe_error": f"{name}: probe timed out"}
+        else:
+            result = {"reachable": True, "probe_error": None}
+        result["latency_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        result["checked_at"] = int(time.time() * 1000)
+        self._probes[name] = (time.monotonic(), result)
+        return result
+
+    def _breaker_view(self, *keys: str) -> dict[str, Any]:
+        """The worst breaker among `keys` (a provider, or each local instance)."""
+        breakers = [self._breakers[k] for k in keys if k in self._breakers]
+        if not breakers:
+            return {"breaker": "closed", "breaker_state": 0, "last_error": None}
+        worst = max(breakers, key=lambda b: int(b.state))
+        errors = [b.last_error for b in breakers if b.last_error]
+        return {
+            "breaker": worst.state.name.lower(),
+            "breaker_state": int(worst.state),
+            "last_error": errors[-1] if errors else None,
+        }
+
+
+def _provider_fault(exc: ProviderError) -> bool:
+    """Does this failure say something about the provider's health (counts for its breaker
+    and justifies trying elsewhere)? A 4xx other than 401/403/408/429 is about the request."""
+    s = exc.upstream_status
+    return s == 0 or s >= 500 or s in (401, 403, 408, 429)
+
+
+async def _aclose(iterator: AsyncIterator[Any]) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def _unavailable(model: str, retry_in: float) -> ServiceUnavailable:
+    return ServiceUnavailable(
+        f"every provider of model {model!r} is failing (circuit breakers open); "
+        f"retry in {max(1, round(retry_in))} s",
+        code=ErrorCode.CIRCUIT_OPEN,
+        headers={"Retry-After": str(max(1, round(retry_in)))},
+    )

@@ -1,0 +1,186 @@
+"""Adapters for upstreams that speak OpenAI chat completions: OpenAI itself, Zhipu GLM,
+DeepSeek, Qwen (DashScope compatible mode), a local llama-server, and declarative custom
+endpoints. One wire format (`_openai_format`), with each provider's documented differences
+in a subclass."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from orchestrator.providers._http import iter_sse, open_stream, post_json
+from orchestrator.providers._openai_format import (
+    ChunkDecoder,
+    ReasoningPolicy,
+    decode_response,
+    encode_request,
+)
+from orchestrator.providers._types import (
+    ChatRequest,
+    ChatResponse,
+    ProviderConfig,
+    ProviderError,
+    StreamEvent,
+)
+
+__all__ = ["DeepSeekAdapter", "LocalAdapter", "OpenAIAdapter", "QwenAdapter", "ZhipuAdapter"]
+
+
+class OpenAIAdapter:
+    """`POST {base_url}/chat/completions` with `Authorization: Bearer <api_key>`; streams ask
+    for `stream_options: {include_usage: true}` so the usage is exact; `probe` lists models
+    (`GET {base_url}/models`). Also the adapter of declarative `custom` endpoints with
+    `format: openai` (the key is optional there)."""
+
+    # Whether a streaming request asks for the final usage chunk.
+    stream_usage: bool = True
+    # Which assistant reasoning goes back upstream in the history.
+    reasoning: ReasoningPolicy = "drop"
+
+    def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
+        self.config = config
+        self._http = http
+        self._timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def _url(self, path: str) -> str:
+        return f"{self.config.base_url.rstrip('/')}{path}"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        return headers
+
+    def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+        """The wire body for `request` (subclasses adjust it to their provider)."""
+        # OpenAI deprecated `max_tokens` (its reasoning models reject it); every other
+        # compatible server documents `max_tokens`.
+        field = "max_completion_tokens" if self.config.kind == "openai" else "max_tokens"
+        return encode_request(
+            request,
+            stream=stream,
+            include_usage=self.stream_usage,
+            reasoning=self.reasoning,
+            max_tokens_field=field,
+        )
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        data = await post_json(
+            self._http,
+            self.name,
+            self._url("/chat/completions"),
+            self.build_body(request, stream=False),
+            self.headers(),
+            self._timeout,
+        )
+        return decode_response(data, self.name)
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        decoder = ChunkDecoder(self.name)
+        async with open_stream(
+            self._http,
+            self.name,
+            "POST",
+            self._url("/chat/completions"),
+            json_body=self.build_body(request, stream=True),
+            headers={**self.headers(), "Accept": "text/event-stream"},
+            request_timeout=self._timeout,
+        ) as response:
+            async for _event, data in iter_sse(response):
+                if data.strip() == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError as exc:
+                    raise ProviderError(
+                        f"{self.name}: stream chunk is not JSON: {data[:200]!r}",
+                        provider=self.name,
+                        retryable=True,
+                    ) from exc
+                for event in decoder.feed(chunk):
+                    yield event
+        for event in decoder.finish():
+            yield event
+
+    def probe_url(self) -> str:
+        return self._url("/models")
+
+    async def probe(self) -> None:
+        async with open_stream(
+            self._http,
+            self.name,
+            "GET",
+            self.probe_url(),
+            headers=self.headers(),
+            request_timeout=httpx.Timeout(self.config.connect_timeout_s),
+        ) as response:
+            await response.aread()
+
+
+class ZhipuAdapter(OpenAIAdapter):
+    """Zhipu GLM (`https://open.bigmodel.cn/api/paas/v4`), per its chat-completion reference:
+    no `stream_options` (not a documented parameter: the usage comes on the final chunk
+    anyway); `tool_choice` only `auto` (so `none` drops the tools, and a forced choice sends
+    `auto` with only the forced tool, `any` `auto` with all of them); at most one `stop`
+    word; `temperature` in [0, 1] (clamped); the end-user id is `user_id` (6-128 chars).
+    Images go as `image_url` parts (GLM-4V); `reasoning_content` (GLM-4.5+) is thinking."""
+
+    stream_usage = False
+
+    def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+        body = super().build_body(request, stream=stream)
+        choice = request.tool_choice
+        if choice == "none":
+            body.pop("tools", None)
+            body.pop("tool_choice", None)
+        elif isinstance(choice, dict):
+            body["tools"] = [
+                t for t in body.get("tools", []) if t["function"]["name"] == choice["name"]
+            ]
+            body["tool_choice"] = "auto"
+        elif choice is not None:
+            body["tool_choice"] = "auto"
+        if len(request.stop) > 1:
+            raise ProviderError.from_status(self.name, 400, "GLM accepts at most one stop sequence")
+        if request.temperature is not None:
+            body["temperature"] = min(request.temperature, 1.0)
+        user = body.pop("user", None)
+        if user is not None and 6 <= len(user) <= 128:
+            body["user_id"] = user
+        return body
+
+
+class DeepSeekAdapter(OpenAIAdapter):
+    """DeepSeek (`https://api.deepseek.com`). Reasoning streams as `reasoning_content` and
+    comes back as a ThinkingBlock. In the history, DeepSeek's thinking-mode guide requires
+    the `reasoning_content` of turns in which the model called tools (a 400 without it) and
+    ignores it elsewhere, while the legacy reasoner rejected it in plain multi-turn chats:
+    so it is sent back only for tool-calling turns."""
+
+    reasoning: ReasoningPolicy = "tool_turns"
+
+
+class QwenAdapter(OpenAIAdapter):
+    """Qwen through DashScope's compatible mode
+    (`https://dashscope.aliyuncs.com/compatible-mode/v1`): the OpenAI wire, including
+    `stream_options.include_usage` (a final usage-only chunk) and `image_url` parts for the
+    VL models; Qwen3's thinking streams as `reasoning_content`."""
+
+
+class LocalAdapter(OpenAIAdapter):
+    """A llama-server instance started by the inference manager. `base_url` is its
+    OpenAI-compatible root, `http://127.0.0.1:<port>/v1` (chat at `/v1/chat/completions`);
+    no key unless the server was started with one; the model name is sent as given (the
+    server has one model and does not check it). `probe` is llama-server's own `GET /health`
+    on the server root (200 when the model is loaded, 503 while it loads)."""
+
+    def probe_url(self) -> str:
+        root = self.config.base_url.rstrip("/").removesuffix("/v1")
+        return f"{root}/health"

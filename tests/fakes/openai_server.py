@@ -1,0 +1,506 @@
+"""A real loopback HTTP server that speaks OpenAI chat completions byte for byte.
+
+It plays OpenAI (and the compatible upstreams: GLM, DeepSeek, Qwen, llama-server) for tests,
+the gateway, e2e runs with the official `openai` SDK, and benchmarks. A raw ASGI app under
+uvicorn in a thread, on a free port:
+
+    async with OpenAIFake(api_key="sk-test") as server:
+        server.script([FakeReply(text="hi"), FakeReply.rate_limited(retry_after=2)])
+        ...  # point a client at server.base_url (".../v1")
+        server.requests[-1].json        # what the client sent
+        server.requests[-1].headers     # lower-cased header names
+
+Routes (`prefix` defaults to "/v1"):
+- `POST {prefix}/chat/completions` (also without the prefix): answers the next scripted
+  `FakeReply`, or, when the script is empty, `default_reply(body)` (an echo of the last user
+  text). `"stream": true` gets SSE: `data: <chunk json>\\n\\n` frames, then
+  `data: [DONE]\\n\\n`. A first chunk `{role: assistant, content: ""}`; reasoning as
+  `delta.reasoning_content` (DeepSeek style); text as `delta.content`, `text_chunk`
+  characters each; each tool call as a first chunk with index, id, type, name and
+  `arguments: ""`, then argument fragments of `args_chunk` characters; a final chunk with an
+  empty delta and the finish_reason; with `stream_options.include_usage` one more chunk with
+  `choices: []` and the usage, and `usage: null` on the others (OpenAI's framing). With
+  `usage_on_last_choice` the usage rides on the finish chunk instead (GLM, llama-server).
+- `GET {prefix}/models`: `{object: list, data: [{id, object: model, created, owned_by}]}`,
+  status `models_status` (an OpenAI error body when >= 400).
+- `GET /health` and `GET {prefix}/health`: llama-server's `{"status": "ok"}`, or with
+  `health_status` 503 its `{"error": {"code": 503, "message": "Loading model", ...}}`.
+
+With `api_key` set, a request without `Authorization: Bearer <api_key>` gets OpenAI's 401
+(`invalid_api_key`). Errors are `{"error": {"message", "type", "param", "code"}}` with the
+reply's status and headers (`FakeReply.rate_limited` sets `Retry-After`). Failing mid-stream:
+`fail_after=N` sends N chunks, then closes the connection without finishing the chunked body
+(`fail_with="close"`) or sends `data: {"error": {...}}` and ends (`fail_with="error_chunk"`).
+Every request is recorded in `requests` (method, path, headers, raw body, parsed JSON);
+`chat_requests` and `last_request` filter it; `reset()` empties the script and the record
+(for a server shared by a module's tests); `completion()` and `chunks()` return the exact
+objects a reply produces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import uvicorn
+
+__all__ = ["FakeReply", "FakeToolCall", "OpenAIFake", "RecordedRequest", "echo_reply"]
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_ERRORS: dict[int, dict[str, Any]] = {
+    400: {"message": "Invalid request.", "type": "invalid_request_error", "code": None},
+    401: {
+        "message": "Incorrect API key provided: sk-wrong. You can find your API key at "
+        "https://platform.openai.com/account/api-keys.",
+        "type": "invalid_request_error",
+        "code": "invalid_api_key",
+    },
+    404: {
+        "message": "The model `nope` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "code": "model_not_found",
+    },
+    429: {
+        "message": "Rate limit reached for requests. Please try again later.",
+        "type": "requests",
+        "code": "rate_limit_exceeded",
+    },
+    500: {
+        "message": "The server had an error while processing your request. Sorry about that!",
+        "type": "server_error",
+        "code": None,
+    },
+    503: {"message": "The engine is currently overloaded.", "type": "server_error", "code": None},
+}
+
+
+def error_object(status: int, message: str | None = None) -> dict[str, Any]:
+    base = _ERRORS.get(status) or _ERRORS[500 if status >= 500 else 400]
+    err = {"message": base["message"], "type": base["type"], "param": None, "code": base["code"]}
+    if message is not None:
+        err["message"] = message
+    return err
+
+
+@dataclass
+class FakeToolCall:
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # a dict is sent as its JSON text
+    id: str | None = None  # default: a fresh call_... id
+
+    @property
+    def arguments_text(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(self.arguments)
+
+
+@dataclass
+class FakeReply:
+    """One scripted answer. Status >= 400 answers an error body (`error` or a default for
+    the status) whatever the request's `stream`."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: Sequence[FakeToolCall] = ()
+    finish_reason: str | None = None  # default: tool_calls when calling tools, else stop
+    prompt_tokens: int = 11
+    completion_tokens: int = 7
+    status: int = 200
+    error: dict[str, Any] | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    model: str | None = None  # default: the request's model
+    id: str | None = None
+    text_chunk: int = 3
+    args_chunk: int = 4
+    usage_on_last_choice: bool = False
+    fail_after: int | None = None
+    fail_with: Literal["close", "error_chunk"] = "close"
+    delay_s: float = 0.0  # before the answer and between stream chunks
+    body: bytes | None = None  # sent verbatim instead of a generated body
+
+    @classmethod
+    def rate_limited(cls, retry_after: float = 1, message: str | None = None) -> FakeReply:
+        return cls(
+            status=429,
+            error=error_object(429, message),
+            headers={"Retry-After": f"{retry_after:g}"},
+        )
+
+    @classmethod
+    def server_error(cls, status: int = 500, message: str | None = None) -> FakeReply:
+        return cls(status=status, error=error_object(status, message))
+
+    @classmethod
+    def unauthorized(cls) -> FakeReply:
+        return cls(status=401, error=error_object(401))
+
+    @property
+    def finish(self) -> str:
+        return self.finish_reason or ("tool_calls" if self.tool_calls else "stop")
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        }
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.raw) if self.raw else None
+
+
+def echo_reply(body: Any) -> FakeReply:
+    """The answer when nothing is scripted: `echo: <last user text>`."""
+    text = ""
+    for m in (body or {}).get("messages") or []:
+        if isinstance(m, dict) and m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(
+                    p.get("text", "") for p in content if isinstance(p, dict) and "text" in p
+                )
+            text = str(content or "")
+    return FakeReply(text=f"echo: {text}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class OpenAIFake:
+    """The server; see the module docstring. Use as `async with OpenAIFake() as server`."""
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        prefix: str = "/v1",
+        models: Iterable[str] = ("gpt-4o-mini", "gpt-4o"),
+        default_reply: Callable[[Any], FakeReply] = echo_reply,
+    ) -> None:
+        self.api_key = api_key
+        self.prefix = prefix.rstrip("/")
+        self.models = list(models)
+        self.default_reply = default_reply
+        self.models_status = 200
+        self.health_status = 200
+        self.requests: list[RecordedRequest] = []
+        self._script: collections.deque[FakeReply] = collections.deque()
+        self._lock = threading.Lock()
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.url}{self.prefix}"
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_config=None,  # uvicorn's records go to pytest's capture, not the terminal
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            interface="asgi3",
+            timeout_graceful_shutdown=1,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    # --- scripting and inspection ---------------------------------------------------------
+    def script(self, replies: Iterable[FakeReply]) -> None:
+        """Queue answers for the next chat-completions requests, in order."""
+        with self._lock:
+            self._script.extend(replies)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._script.clear()
+            self.requests.clear()
+        self.models_status = self.health_status = 200
+
+    @property
+    def pending(self) -> int:
+        return len(self._script)
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    @property
+    def last_request(self) -> RecordedRequest:
+        return self.requests[-1]
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def __aenter__(self) -> OpenAIFake:
+        self.thread.start()
+        for _ in range(500):
+            if self.server.started:
+                return self
+            if not self.thread.is_alive():
+                raise RuntimeError("the fake OpenAI server failed to start")
+            await asyncio.sleep(0.01)
+        raise RuntimeError("the fake OpenAI server did not start in time")
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        await asyncio.to_thread(self.thread.join, 10)
+
+    # --- the ASGI app ---------------------------------------------------------------------
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        method, path = scope["method"], scope["path"]
+        self.requests.append(RecordedRequest(method, path, headers, raw))
+
+        if method == "GET" and path in ("/health", f"{self.prefix}/health"):
+            await self._health(send)
+            return
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            await self._json(send, 401, {"error": error_object(401)})
+            return
+        if method == "GET" and path == f"{self.prefix}/models":
+            await self._list_models(send)
+        elif method == "POST" and path in (
+            f"{self.prefix}/chat/completions",
+            "/chat/completions",
+        ):
+            await self._chat(send, raw)
+        else:
+            await self._json(
+                send, 404, {"error": error_object(404, f"Invalid URL ({method} {path})")}
+            )
+
+    async def _json(
+        self, send: Send, status: int, obj: Any, extra: Mapping[str, str] | None = None
+    ) -> None:
+        await self._bytes(send, status, json.dumps(obj).encode(), extra)
+
+    async def _bytes(
+        self, send: Send, status: int, body: bytes, extra: Mapping[str, str] | None = None
+    ) -> None:
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", f"req_{uuid.uuid4().hex}".encode()),
+        ]
+        headers += [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _health(self, send: Send) -> None:
+        if self.health_status == 200:
+            await self._json(send, 200, {"status": "ok"})
+        else:
+            err = {"code": self.health_status, "message": "Loading model"}
+            await self._json(
+                send, self.health_status, {"error": {**err, "type": "unavailable_error"}}
+            )
+
+    async def _list_models(self, send: Send) -> None:
+        if self.models_status >= 400:
+            await self._json(send, self.models_status, {"error": error_object(self.models_status)})
+            return
+        data = [
+            {"id": m, "object": "model", "created": 1715367049, "owned_by": "system"}
+            for m in self.models
+        ]
+        await self._json(send, 200, {"object": "list", "data": data})
+
+    async def _chat(self, send: Send, raw: bytes) -> None:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            msg = "We could not parse the JSON body of your request."
+            await self._json(send, 400, {"error": error_object(400, msg)})
+            return
+        with self._lock:
+            reply = self._script.popleft() if self._script else None
+        if reply is None:
+            reply = self.default_reply(body)
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        if reply.status >= 400:
+            payload = (
+                reply.body
+                or json.dumps({"error": reply.error or error_object(reply.status)}).encode()
+            )
+            await self._bytes(send, reply.status, payload, reply.headers)
+            return
+        if reply.body is not None:
+            await self._bytes(send, reply.status, reply.body, reply.headers)
+            return
+        model = reply.model or str(body.get("model") or "gpt-4o-mini")
+        completion_id = reply.id or f"chatcmpl-{uuid.uuid4().hex[:29]}"
+        if body.get("stream") is True:
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            await self._stream(send, reply, model, completion_id, include_usage)
+        else:
+            await self._json(send, 200, self.completion(reply, model, completion_id), reply.headers)
+
+    @staticmethod
+    def _call_ids(reply: FakeReply) -> list[str]:
+        return [c.id or f"call_{uuid.uuid4().hex[:24]}" for c in reply.tool_calls]
+
+    def completion(self, reply: FakeReply, model: str, completion_id: str) -> dict[str, Any]:
+        """The non-streaming `chat.completion` object for `reply`."""
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.text if reply.text or not reply.tool_calls else None,
+            "refusal": None,
+            "annotations": [],
+        }
+        if reply.reasoning:
+            message["reasoning_content"] = reply.reasoning
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_text},
+                }
+                for c, call_id in zip(reply.tool_calls, self._call_ids(reply), strict=True)
+            ]
+        return {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": reply.finish,
+                }
+            ],
+            "usage": reply.usage(),
+            "service_tier": "default",
+            "system_fingerprint": "fp_fake",
+        }
+
+    def chunks(
+        self, reply: FakeReply, model: str, completion_id: str, include_usage: bool
+    ) -> list[dict[str, Any]]:
+        """The `chat.completion.chunk` objects streamed for `reply`, in order."""
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            c: dict[str, Any] = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "system_fingerprint": "fp_fake",
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            if include_usage:
+                c["usage"] = None
+            return c
+
+        out = [chunk({"role": "assistant", "content": "", "refusal": None})]
+        out += [
+            chunk({"content": None, "reasoning_content": p})
+            for p in _pieces(reply.reasoning, reply.text_chunk)
+        ]
+        out += [chunk({"content": p}) for p in _pieces(reply.text, reply.text_chunk)]
+        for i, (call, call_id) in enumerate(
+            zip(reply.tool_calls, self._call_ids(reply), strict=True)
+        ):
+            first = {
+                "index": i,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+            out.append(chunk({"tool_calls": [first]}))
+            out += [
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]})
+                for p in _pieces(call.arguments_text, reply.args_chunk)
+            ]
+        last = chunk({}, reply.finish)
+        if reply.usage_on_last_choice:
+            last["usage"] = reply.usage()
+        out.append(last)
+        if include_usage and not reply.usage_on_last_choice:
+            usage_chunk = chunk({})
+            usage_chunk["choices"], usage_chunk["usage"] = [], reply.usage()
+            out.append(usage_chunk)
+        return out
+
+    async def _stream(
+        self,
+        send: Send,
+        reply: FakeReply,
+        model: str,
+        completion_id: str,
+        include_usage: bool,
+    ) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", f"req_{uuid.uuid4().hex}".encode()),
+        ]
+        headers += [(k.lower().encode(), v.encode()) for k, v in reply.headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for n, c in enumerate(self.chunks(reply, model, completion_id, include_usage)):
+            if reply.fail_after is not None and n >= reply.fail_after:
+                if reply.fail_with == "close":
+                    # Returning without the final empty body leaves the chunked response
+                    # unfinished; uvicorn then drops the connection, as a dying upstream does.
+                    return
+                err = error_object(500, "The server had an error while responding.")
+                frame = b"data: " + json.dumps({"error": err}).encode() + b"\n\n"
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                break
+            if reply.delay_s and n:
+                await asyncio.sleep(reply.delay_s)
+            frame = b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        else:
+            await send(
+                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True}
+            )
+        await send({"type": "http.response.body", "body": b""})
