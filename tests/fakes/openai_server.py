@@ -278,6 +278,20 @@ class OpenAIFake:
         self.server.should_exit = True
         await asyncio.to_thread(self.thread.join, 10)
 
+    def __enter__(self) -> OpenAIFake:
+        """Synchronous start, for module-scoped fixtures outside an event loop."""
+        self.thread.start()
+        deadline = time.monotonic() + 5
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the fake OpenAI server failed to start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
     # --- the ASGI app ---------------------------------------------------------------------
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

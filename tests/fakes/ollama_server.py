@@ -1,0 +1,214 @@
+"""A real loopback HTTP server that speaks Ollama's native API byte for byte.
+
+    async with OllamaFake() as server:
+        server.script(OllamaTurn(content="Hello!", prompt_eval_count=26, eval_count=3))
+        ...  # point an adapter at server.url
+        server.requests[-1].json
+
+Routes:
+- `POST /api/chat`: answers the next scripted `OllamaTurn` (or an echo of the last user
+  text). With `"stream": true` (Ollama's default when the field is absent) the answer is
+  NDJSON (`application/x-ndjson`), one object per line: thinking pieces
+  (`message.thinking`), content pieces (`message.content`, `chunk` characters each), one line
+  per tool call (`message.tool_calls` with complete `arguments` objects, as Ollama streams
+  them), then `{done: true, done_reason, total_duration, load_duration, prompt_eval_count,
+  prompt_eval_duration, eval_count, eval_duration}` with an empty message. With
+  `"stream": false`: one object holding the whole message and the statistics.
+- `GET /api/tags`: `{models: [{name, model, modified_at, size, digest, details}]}`.
+
+Errors are Ollama's `{"error": "<message>"}` with the turn's status. Mid-stream:
+`fail_after=N` sends N lines then drops the connection; `error_after=N` sends N lines then an
+`{"error": ...}` line (how Ollama reports a failure after the 200). With `api_key` set a
+request without `Authorization: Bearer <key>` gets 401 (Ollama behind an authenticating
+proxy).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send, pieces
+
+__all__ = ["OllamaFake", "OllamaTurn"]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class OllamaTurn:
+    content: str = ""
+    thinking: str = ""
+    # {"name": ..., "arguments": {...}} each (Ollama's tool calls carry no id)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    done_reason: str = "stop"
+    prompt_eval_count: int = 26
+    eval_count: int = 9
+    model: str | None = None  # default: the request's model
+    created_at: str = field(default_factory=_now)
+    chunk: int = 4
+    status: int = 200
+    error: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    fail_after: int | None = None
+    error_after: int | None = None
+
+
+@dataclass
+class OllamaModel:
+    name: str
+    size: int = 1_321_098_329
+    family: str = "llama"
+    parameter_size: str = "1.2B"
+
+
+class OllamaFake(LoopbackServer):
+    label = "Ollama"
+
+    def __init__(self, *, api_key: str | None = None) -> None:
+        super().__init__()
+        self.api_key = api_key
+        self.models = [OllamaModel("llama3.2:latest"), OllamaModel("llava:7b", 4_733_363_377)]
+        self.tags_status = 200
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path == "/api/chat"]
+
+    async def handle(self, request: RecordedRequest, send: Send) -> None:
+        if self.api_key is not None and (
+            request.headers.get("authorization") != f"Bearer {self.api_key}"
+        ):
+            await self.send_json(send, 401, {"error": "unauthorized"})
+        elif request.method == "GET" and request.path == "/api/tags":
+            await self._tags(send)
+        elif request.method == "POST" and request.path == "/api/chat":
+            await self._chat(request, send)
+        else:
+            await self.send_body(send, 404, b"404 page not found", [("content-type", "text/plain")])
+
+    async def _tags(self, send: Send) -> None:
+        if self.tags_status >= 400:
+            await self.send_json(send, self.tags_status, {"error": "server busy"})
+            return
+        models = [
+            {
+                "name": m.name,
+                "model": m.name,
+                "modified_at": "2025-05-01T10:12:13.123456789Z",
+                "size": m.size,
+                "digest": "a80c4f17acd55265feec403c7aef86be0c25983ab279d83f3bcd3abbcb5b8b72",
+                "details": {
+                    "parent_model": "",
+                    "format": "gguf",
+                    "family": m.family,
+                    "families": [m.family],
+                    "parameter_size": m.parameter_size,
+                    "quantization_level": "Q4_K_M",
+                },
+            }
+            for m in self.models
+        ]
+        await self.send_json(send, 200, {"models": models})
+
+    async def _chat(self, request: RecordedRequest, send: Send) -> None:
+        try:
+            body = request.json
+        except ValueError:
+            await self.send_json(send, 400, {"error": "invalid character 'x' looking for value"})
+            return
+        turn = self.next_reply() or _echo(body)
+        if turn.status >= 400:
+            await self.send_json(
+                send,
+                turn.status,
+                {"error": turn.error or "internal error"},
+                list(turn.headers.items()),
+            )
+            return
+        model = turn.model or str(body.get("model"))
+        if body.get("stream", True) is False:
+            await self.send_json(send, 200, self.whole(turn, model))
+            return
+        lines = self.lines(turn, model)
+        if turn.error_after is not None:
+            error = json.dumps(
+                {"error": turn.error or "an error was encountered while running the model"}
+            )
+            lines = [*lines[: turn.error_after], error]
+        await self.send_stream(
+            send,
+            [("content-type", "application/x-ndjson")],
+            [line.encode() + b"\n" for line in lines],
+            fail_after=turn.fail_after,
+        )
+
+    @staticmethod
+    def _stats(turn: OllamaTurn) -> dict[str, Any]:
+        return {
+            "done_reason": turn.done_reason,
+            "done": True,
+            "total_duration": 4883583458,
+            "load_duration": 1334875,
+            "prompt_eval_count": turn.prompt_eval_count,
+            "prompt_eval_duration": 342546000,
+            "eval_count": turn.eval_count,
+            "eval_duration": 4535599000,
+        }
+
+    @staticmethod
+    def _calls(turn: OllamaTurn) -> list[dict[str, Any]]:
+        return [
+            {"function": {"index": i, "name": c["name"], "arguments": c.get("arguments", {})}}
+            for i, c in enumerate(turn.tool_calls)
+        ]
+
+    def whole(self, turn: OllamaTurn, model: str) -> dict[str, Any]:
+        """The `"stream": false` answer."""
+        message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+        if turn.thinking:
+            message["thinking"] = turn.thinking
+        if turn.tool_calls:
+            message["tool_calls"] = self._calls(turn)
+        return {
+            "model": model,
+            "created_at": turn.created_at,
+            "message": message,
+            **self._stats(turn),
+        }
+
+    def lines(self, turn: OllamaTurn, model: str) -> list[str]:
+        """The NDJSON lines of the streamed answer, without their newlines."""
+
+        def line(message: dict[str, Any]) -> str:
+            obj = {
+                "model": model,
+                "created_at": turn.created_at,
+                "message": {"role": "assistant", **message},
+                "done": False,
+            }
+            return json.dumps(obj, separators=(",", ":"))
+
+        out = [line({"content": "", "thinking": p}) for p in pieces(turn.thinking, turn.chunk)]
+        out += [line({"content": p}) for p in pieces(turn.content, turn.chunk)]
+        out += [line({"content": "", "tool_calls": [call]}) for call in self._calls(turn)]
+        final = {
+            "model": model,
+            "created_at": turn.created_at,
+            "message": {"role": "assistant", "content": ""},
+            **self._stats(turn),
+        }
+        out.append(json.dumps(final, separators=(",", ":")))
+        return out
+
+
+def _echo(body: Any) -> OllamaTurn:
+    text = ""
+    for m in (body or {}).get("messages") or []:
+        if isinstance(m, dict) and m.get("role") == "user":
+            text = str(m.get("content") or "")
+    return OllamaTurn(content=f"echo: {text}")
