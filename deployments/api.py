@@ -23,7 +23,7 @@ from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventServices, EventStore, Fanout
 from orchestrator.events._fanout import Upstream
-from orchestrator.inference import ready_endpoints
+from orchestrator.inference import InferenceService, LocalInference, ready_endpoints
 from orchestrator.observability import (
     MetricsRecorder,
     RouteTemplates,
@@ -98,10 +98,13 @@ def create_app(
     event_upstream: Upstream | None = None,
     started_at: float | None = None,
     echo_request_id: bool = True,
+    local_inference: LocalInference | None = None,
 ) -> FastAPI:
     """Build the HTTP API. `metrics` is the cluster-wide hub and `event_upstream` the live
     event subscription (the Metrics and EventBus actors under Ray; in-process without);
-    `echo_request_id` is False under Serve, whose proxy sets X-Request-ID on responses."""
+    `echo_request_id` is False under Serve, whose proxy sets X-Request-ID on responses;
+    `local_inference` runs inference instances (Ray actors under Serve; without it, POST
+    /inference answers 503)."""
     hub = metrics or LocalMetricsHub()
     holder: dict[str, AppContext] = {}
 
@@ -110,6 +113,7 @@ def create_app(
         ctx = await build_context(settings, hub, started_at)
         holder["ctx"] = ctx
         app.state.ctx = ctx
+        ctx.inference = InferenceService(settings, ctx.events, local_inference)
         local_events: EventServices | None = None
         upstream = event_upstream
         if upstream is None:
@@ -147,6 +151,8 @@ def create_app(
             with contextlib.suppress(Exception):
                 await ctx.flush_metrics()
             await ctx.inference_log.drain()
+            if local_inference is not None:
+                await local_inference.close()
             await ctx.gateway.aclose()
             await ctx.redis.aclose()
             await ctx.db.close()

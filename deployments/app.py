@@ -11,6 +11,7 @@ from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
 from actors.event_bus import ActorEventSource
+from actors.inference import RayLocalInference
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
 from deployments.api import create_app
 from orchestrator.config import Settings
@@ -37,6 +38,7 @@ class Api:
             event_upstream=bus.subscribe,
             started_at=self._started_at,
             echo_request_id=False,
+            local_inference=RayLocalInference(self._settings),
         )
 
     def __repr__(self) -> str:

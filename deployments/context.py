@@ -13,6 +13,7 @@ from orchestrator.auth import Authenticator, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import Database
 from orchestrator.events import EventStore, Fanout
+from orchestrator.inference import InferenceService
 from orchestrator.observability import (
     MetricsPusher,
     MetricsRecorder,
@@ -74,6 +75,7 @@ class AppContext:
     fanout: Fanout = field(init=False)
     gateway: Gateway = field(init=False)
     inference_log: InferenceLog = field(init=False)
+    inference: InferenceService = field(init=False)
     started_at: float = field(default_factory=time.time)
     _pusher: MetricsPusher | None = None
 

@@ -1,0 +1,140 @@
+"""The bundled llama-server launcher: its flags, request parsing and chunk shapes."""
+
+import json
+
+import pytest
+
+from orchestrator.inference._llama_server import (
+    ApiError,
+    ChatBody,
+    Completion,
+    Outcome,
+    StopMatcher,
+    chat_messages,
+    parse_args,
+    sse,
+    usage,
+)
+
+
+def test_accepts_llama_server_flags_and_reports_the_rest() -> None:
+    options, unknown = parse_args(
+        [
+            "-m",
+            "/m.gguf",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9001",
+            "-c",
+            "2048",
+            "-ngl",
+            "99",
+            "-t",
+            "3",
+            "--alias",
+            "smol",
+            "--flash-attn",
+            "on",
+            "--jinja",
+        ]
+    )
+    assert (options.model, options.host, options.port) == ("/m.gguf", "0.0.0.0", 9001)
+    assert (options.ctx_size, options.gpu_layers, options.threads) == (2048, 99, 3)
+    assert options.model_id == "smol"
+    assert unknown == ["--flash-attn", "on", "--jinja"]
+    long, _ = parse_args(["--model", "/m.gguf", "--ctx-size", "512", "--n-gpu-layers", "all"])
+    assert (long.ctx_size, long.gpu_layers, long.model_id) == (512, -1, "/m.gguf")
+
+
+def test_stop_strings_are_cut_across_pieces() -> None:
+    stops = StopMatcher(["</end>", "STOP"])
+    out = [stops.feed(p) for p in ["Hello <", "/en", "d> never"]]
+    assert "".join(out) == "Hello " and stops.stopped
+    stops = StopMatcher(["STOP"])
+    out = [stops.feed(p) for p in ["ST", "ay", " S"]]
+    assert "".join(out) + stops.flush() == "STay S" and not stops.stopped
+    assert StopMatcher([]).feed("as is") == "as is"
+
+
+def test_messages_for_the_template() -> None:
+    body = ChatBody.model_validate(
+        {
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}],
+                },
+                {"role": "assistant", "content": None},
+            ],
+            "max_completion_tokens": 5,
+            "stop": "x",
+        }
+    )
+    assert chat_messages(body) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": ""},
+    ]
+    assert body.limit == 5 and body.stops == ["x"]
+    assert (
+        ChatBody.model_validate(
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}
+        ).limit
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"n": 2}, "n=1"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                ]
+            },
+            "image_url",
+        ),
+        ({"messages": [{"role": "tool", "content": "42"}]}, "tool"),
+    ],
+)
+def test_unsupported_requests_are_400(extra: dict, needle: str) -> None:
+    body = ChatBody.model_validate({"messages": [{"role": "user", "content": "x"}], **extra})
+    with pytest.raises(ApiError) as caught:
+        chat_messages(body)
+    assert caught.value.status == 400 and needle in caught.value.message
+    assert caught.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_chunk_shapes_follow_openai() -> None:
+    c = Completion(model="smol")
+    first = c.chunk({"role": "assistant", "content": ""}, with_usage=True)
+    assert first["object"] == "chat.completion.chunk" and first["usage"] is None
+    assert first["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
+    last = c.chunk(None, usage=usage(3, 4))
+    assert last["choices"] == [] and last["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+    }
+    assert "usage" not in c.chunk({"content": "x"})
+    assert {first["id"], last["id"]} == {c.id} and c.id.startswith("chatcmpl-")
+    frame = sse(last)
+    assert frame.startswith(b"data: {") and frame.endswith(b"}\n\n")
+    assert json.loads(frame[6:]) == last
+    assert sse("[DONE]") == b"data: [DONE]\n\n"
+    whole = c.response("hi", Outcome(completion_tokens=1, finish_reason="length"), 5)
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["finish_reason"] == "length"
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
