@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 from orchestrator.config import PROVIDER_KINDS, Settings
 from orchestrator.errors import BadRequest, ErrorCode, NotFound, ServiceUnavailable
@@ -96,6 +97,21 @@ class RoutedStream:
     events: AsyncIterator[StreamEvent]
 
 
+def upstream_client(settings: Settings) -> httpx.AsyncClient:
+    """The HTTP client of upstream calls: httpx's API over aiohttp's connection pool.
+    httpcore's pool checks every idle connection on each request (a `poll` per connection),
+    which under 32 concurrent calls took 45% of the ingress CPU; aiohttp's pool does not."""
+    return httpx.AsyncClient(
+        transport=AiohttpTransport(
+            limits=httpx.Limits(max_connections=1000, keepalive_expiry=30.0), trust_env=False
+        ),
+        timeout=httpx.Timeout(
+            settings.provider_timeout_s, connect=settings.provider_connect_timeout_s
+        ),
+        trust_env=False,
+    )
+
+
 class Gateway:
     def __init__(
         self,
@@ -111,12 +127,7 @@ class Gateway:
         self._local_source = local
         self._sleep = sleep
         self._own_http = http is None
-        self._http = http or httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                settings.provider_timeout_s, connect=settings.provider_connect_timeout_s
-            ),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-        )
+        self._http = http or upstream_client(settings)
         self.configs: dict[str, ProviderConfig] = {
             c.name: c for c in configured_providers(settings)
         }

@@ -80,10 +80,13 @@ def _raise_for(provider: str, response: httpx.Response, body: bytes) -> None:
 
 
 def _transport_error(provider: str, exc: httpx.HTTPError) -> ProviderError:
-    if isinstance(exc, httpx.TimeoutException):
+    # Under the aiohttp transport a refused connection arrives as httpx.ConnectTimeout whose
+    # cause is an OSError (aiohttp's ClientConnectorError): the cause tells which it was.
+    cause = exc.__cause__
+    if isinstance(cause, TimeoutError) or (
+        isinstance(exc, httpx.TimeoutException) and not isinstance(cause, OSError)
+    ):
         return ProviderError.timeout(provider, f"timed out ({type(exc).__name__})")
-    if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
-        return ProviderError.unreachable(provider, f"{type(exc).__name__}: {exc}")
     return ProviderError.unreachable(provider, f"{type(exc).__name__}: {exc}")
 
 

@@ -1,0 +1,542 @@
+"""`events`: the event store's append throughput (embedded Postgres, no HTTP) against plain
+autocommit INSERTs on the same disk, then the SSE delivery latency of `orchestrator serve` to
+100 and 1,000 concurrent `GET /api/v1/sync-events` streams."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks._common import (
+    BENCH_ENV,
+    Result,
+    Service,
+    benchmark,
+    format_table,
+    host_busy_pct,
+    host_cpu_times,
+    make_workdir,
+    percentile,
+    raise_nofile_limit,
+    replicas_argument,
+    replicas_argv,
+    run_async,
+    say,
+    start_serve,
+)
+
+EVENTS_ENV = {**BENCH_ENV, "ORCH_SSE_PING_INTERVAL_S": "15"}
+EVENTS_USER = "bench"
+APPEND_TARGET_EPS = 5_000
+SSE_TARGET_P99_MS = 50.0
+SSE_TARGET_SUBSCRIBERS = 1_000
+SSE_OPEN_CONCURRENCY = 100  # connections being opened at once
+SSE_CONNECT_TIMEOUT_S = 120.0
+# Streams the ingress cannot take yet wait in its queue, unanswered: when no stream has
+# opened for this long, the round goes on with those that did (the rest count as missing).
+SSE_STALL_S = 15.0
+SSE_DRAIN_TIMEOUT_S = 15.0  # after the last event was sent
+# The append runs: (JSON key, label, writers, events per call).
+APPEND_RUNS = [
+    ("append_eps_1", "1 writer, 1 event/call", 1, 1),
+    ("append_eps_8", "8 writers, 1 event/call", 8, 1),
+    ("append_eps_1_batch10", "1 writer, 10 events/call", 1, 10),
+    ("append_eps_8_batch10", "8 writers, 10 events/call", 8, 10),
+]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("give one or more positive integers, e.g. 100,1000")
+    return values
+
+
+def _events_arguments(parser: argparse.ArgumentParser) -> None:
+    replicas_argument(parser)
+    parser.add_argument(
+        "--subscribers",
+        type=_int_list,
+        default=[100, SSE_TARGET_SUBSCRIBERS],
+        help="SSE connections per round, comma separated (default: 100,1000)",
+    )
+    parser.add_argument(
+        "--sse-events", type=int, default=50, help="events appended per SSE round (default 50)"
+    )
+    parser.add_argument(
+        "--sse-spacing",
+        type=float,
+        default=0.05,
+        help="seconds between those events (default 0.05)",
+    )
+
+
+@dataclass(frozen=True)
+class Rate:
+    count: int
+    elapsed_s: float
+    cpu_s: float  # this process's CPU time over the run
+
+    @property
+    def per_s(self) -> float:
+        return self.count / self.elapsed_s if self.elapsed_s else 0.0
+
+
+async def _rate(
+    duration_s: float, writers: int, step: Callable[[int, int], Awaitable[int]]
+) -> Rate:
+    """Run `writers` concurrent loops of `await step(writer, i)` for `duration_s`; count
+    what the steps return."""
+    count = 0
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    deadline = t0 + duration_s
+
+    async def writer(w: int) -> None:
+        nonlocal count
+        i = 0
+        while time.perf_counter() < deadline:
+            # Not `count += await ...`: that reads `count` before the await and so loses the
+            # other writers' increments made meanwhile.
+            done = await step(w, i)
+            count += done
+            i += 1
+
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+    return Rate(count, time.perf_counter() - t0, time.process_time() - cpu0)
+
+
+async def _append_rates(url: str, duration_s: float) -> dict[str, Rate]:
+    import asyncpg
+
+    from orchestrator.db import connect
+    from orchestrator.events import EventStore, NewEvent
+
+    rates: dict[str, Rate] = {}
+    conn = await asyncpg.connect(url)
+    db = await connect(url, max_size=16)
+    try:
+        await conn.execute("CREATE TABLE bench_baseline (id bigserial primary key, v int)")
+
+        async def insert(_w: int, i: int) -> int:
+            await conn.execute("INSERT INTO bench_baseline (v) VALUES ($1)", i)
+            return 1
+
+        # Before and after the appends: a virtual disk's flush rate drifts (2x was seen).
+        say(f"baseline: autocommit single-row INSERTs, one connection, {duration_s:g}s")
+        rates["baseline_before"] = await _rate(duration_s, 1, insert)
+        store = EventStore(db.pool)
+
+        def appender(batch: int) -> Callable[[int, int], Awaitable[int]]:
+            async def append(w: int, i: int) -> int:
+                await store.append(
+                    [
+                        NewEvent(
+                            "task.created",
+                            {"task_id": f"t-{w}-{(i * batch + j) % 50}"},
+                            user_uuid=EVENTS_USER,
+                        )
+                        for j in range(batch)
+                    ]
+                )
+                return batch
+
+            return append
+
+        await _rate(min(1.0, duration_s / 5), 8, appender(1))  # warm-up: pool, plans
+        for key, label, writers, batch in APPEND_RUNS:
+            say(f"append: {label}, {duration_s:g}s")
+            rates[key] = await _rate(duration_s, writers, appender(batch))
+        say(f"baseline again, {duration_s:g}s")
+        rates["baseline_after"] = await _rate(duration_s, 1, insert)
+    finally:
+        await db.close()
+        await conn.close()
+    return rates
+
+
+@dataclass(frozen=True)
+class SseRound:
+    subscribers: int
+    events: int
+    latencies_ms: list[float]  # sorted, one per (subscriber, event) received
+    first_ms: list[float]  # per event: its earliest delivery, sorted
+    last_ms: list[float]  # per event: its latest delivery, sorted
+    commit_ms: list[float]  # per event: sent_ns to the append's return, sorted
+    unconnected: int  # streams never opened (refused, or still queued at the ingress)
+    connect_s: float
+    window_s: float  # first send to the last delivery (or the drain timeout)
+    client_cpu_s: float  # this process's CPU time over that window
+    host_busy_pct: float | None  # all CPUs over that window (client + service + rest)
+
+    @property
+    def expected(self) -> int:
+        return self.subscribers * self.events
+
+    @property
+    def missing(self) -> int:
+        return self.expected - len(self.latencies_ms)
+
+
+async def _create_user_token(base_url: str, admin_token: str) -> str:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            f"{base_url}/api/v1/tokens",
+            json={"user_uuid": EVENTS_USER},
+            headers={"Authorization": f"Bearer {admin_token}"},
+        )
+    if response.status_code != 200:
+        raise RuntimeError(f"POST /api/v1/tokens answered {response.status_code}: {response.text}")
+    return str(response.json()["token"])
+
+
+async def _sse_round(
+    base_url: str, token: str, store: Any, n: int, k: int, spacing_s: float
+) -> SseRound:
+    import httpx
+
+    from orchestrator.events import NewEvent
+
+    url = f"{base_url}/api/v1/sync-events"
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    prefix = f"sse-{n}-"  # this round's task ids: frames of other rounds are ignored
+    per_event: list[list[int]] = [[] for _ in range(k)]  # delivery latencies, ns
+    connected = 0  # streams settled: opened, or refused
+    refused: list[str] = []
+    broken: list[str] = []  # opened, then failed
+    # The measured subscribers: those whose stream opened during the connect phase. Queued
+    # streams may open later, when measured ones close and free ingress slots; they are not.
+    live: set[asyncio.Task[None]] = set()
+    joining = True
+    last_open = time.perf_counter()
+    all_connected = asyncio.Event()
+    opening = asyncio.Semaphore(SSE_OPEN_CONCURRENCY)
+
+    def settled(failure: str | None = None) -> bool:
+        """Count a stream as opened (or refused); whether it is one of the measured."""
+        nonlocal connected, last_open
+        if not joining:
+            return False
+        if failure is None:
+            live.add(asyncio.current_task())  # type: ignore[arg-type]
+            last_open = time.perf_counter()
+        else:
+            refused.append(failure)
+        connected += 1
+        if connected == n:
+            all_connected.set()
+        return failure is None
+
+    async def subscriber(http: httpx.AsyncClient) -> None:
+        got = 0
+        is_connected = False
+        try:
+            async with contextlib.AsyncExitStack() as opened:
+                async with opening:
+                    response = await opened.enter_async_context(http.stream("GET", url))
+                if response.status_code != 200:
+                    await response.aread()
+                    raise RuntimeError(f"answered {response.status_code}: {response.text[:200]}")
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        now = time.time_ns()
+                        data = json.loads(line[5:]).get("data") or {}
+                        task_id = str(data.get("task_id", ""))
+                        if task_id.startswith(prefix):
+                            per_event[int(task_id[len(prefix) :])].append(now - data["sent_ns"])
+                            got += 1
+                            if got == k:
+                                return
+                    elif line == ": connected" and not is_connected:
+                        is_connected = True
+                        if not settled():
+                            return  # opened too late to be measured
+            if not is_connected:
+                settled("stream ended before `: connected`")
+        except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+            if not is_connected:
+                settled(repr(exc))
+            else:
+                broken.append(repr(exc))
+
+    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
+    async with httpx.AsyncClient(limits=limits, timeout=None, headers=headers) as http:
+        say(f"sse: opening {n} streams")
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(subscriber(http)) for _ in range(n)]
+        try:
+            await _until_connected(all_connected, lambda: connected)
+            joining = False
+            measured = set(live)
+            connect_s = last_open - t0
+            unconnected = n - len(measured)
+            if unconnected == n:
+                raise RuntimeError(f"no stream opened, e.g. {refused[0] if refused else '?'}")
+            if unconnected:
+                say(
+                    f"sse: WARNING: {unconnected} of {n} streams did not open "
+                    f"({len(refused)} refused{f', e.g. {refused[0]}' if refused else ''}; "
+                    f"the rest unanswered: the ingress holds at most max_ongoing_requests x "
+                    f"replicas requests); going on with {n - unconnected}"
+                )
+            say(f"sse: {n - unconnected} streams connected in {connect_s:.1f}s; appending {k}")
+            await asyncio.sleep(0.5)  # the fan-out has registered every client by now
+            commit_ns: list[int] = []
+            t1, cpu1, host1 = time.perf_counter(), time.process_time(), host_cpu_times()
+            for j in range(k):
+                sent_ns = time.time_ns()
+                await store.append(
+                    [
+                        NewEvent(
+                            "task.created",
+                            {"task_id": f"{prefix}{j}", "sent_ns": sent_ns},
+                            user_uuid=EVENTS_USER,
+                        )
+                    ]
+                )
+                commit_ns.append(time.time_ns() - sent_ns)
+                await asyncio.sleep(spacing_s)
+            _, late = await asyncio.wait(measured, timeout=SSE_DRAIN_TIMEOUT_S)
+            window_s = time.perf_counter() - t1
+            cpu_s = time.process_time() - cpu1
+            host_pct = host_busy_pct(host1)
+            if late:
+                say(f"sse: {len(late)} streams still short of {k} events; closing them")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    if broken:
+        say(f"sse: {len(broken)} streams broke mid-round, e.g. {broken[0]}")
+
+    def ms(values: list[int]) -> list[float]:
+        return sorted(v / 1e6 for v in values)
+
+    return SseRound(
+        subscribers=n,
+        events=k,
+        latencies_ms=ms([v for lat in per_event for v in lat]),
+        first_ms=ms([min(lat) for lat in per_event if lat]),
+        last_ms=ms([max(lat) for lat in per_event if lat]),
+        commit_ms=ms(commit_ns),
+        unconnected=unconnected,
+        connect_s=connect_s,
+        window_s=window_s,
+        client_cpu_s=cpu_s,
+        host_busy_pct=host_pct,
+    )
+
+
+async def _until_connected(done: asyncio.Event, settled: Callable[[], int]) -> None:
+    """Wait for `done`, or until no stream has settled for SSE_STALL_S (or the overall
+    SSE_CONNECT_TIMEOUT_S has passed)."""
+    start = last_change = time.perf_counter()
+    last = settled()
+    while not done.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), 1.0)
+        now = time.perf_counter()
+        if settled() != last:
+            last, last_change = settled(), now
+        elif now - last_change > SSE_STALL_S or now - start > SSE_CONNECT_TIMEOUT_S:
+            return
+
+
+async def _sse_rounds(service: Service, args: argparse.Namespace) -> list[SseRound]:
+    from orchestrator.db import connect
+    from orchestrator.events import EventStore
+
+    token = await _create_user_token(service.url, service.admin_token)
+    db = await connect(service.database_url, migrate=False)
+    try:
+        store = EventStore(db.pool)
+        rounds = []
+        for n in args.subscribers:
+            rounds.append(
+                await _sse_round(service.url, token, store, n, args.sse_events, args.sse_spacing)
+            )
+            await asyncio.sleep(1.0)  # let the service drop the closed streams
+        return rounds
+    finally:
+        await db.close()
+
+
+@benchmark(
+    "events",
+    "event store append throughput (vs plain INSERT commits) and SSE delivery latency",
+    _events_arguments,
+    duration_s=5.0,
+)
+def events(args: argparse.Namespace) -> Result:
+    from orchestrator.runtime import EmbeddedPostgres
+
+    if args.sse_events < 1 or args.sse_spacing < 0:
+        raise SystemExit("bench: --sse-events must be >= 1 and --sse-spacing >= 0")
+    nofile = raise_nofile_limit()
+    if nofile < max(args.subscribers) + 100:
+        say(f"WARNING: RLIMIT_NOFILE is {nofile}: too few descriptors for the streams")
+    with contextlib.ExitStack() as stack:
+        workdir = make_workdir(stack, args.keep)
+        pg = EmbeddedPostgres(workdir / "append")
+        stack.callback(pg.stop)
+        say(f"starting embedded Postgres in {pg.pgdata}")
+        url = pg.start()
+        rates = run_async(lambda: _append_rates(url, args.duration))
+        pg.stop()
+
+        service = start_serve(stack, workdir, {**os.environ, **EVENTS_ENV}, replicas_argv(args))
+        rounds = run_async(lambda: _sse_rounds(service, args))
+    return _events_result(rates, rounds, args)
+
+
+def _events_result(
+    rates: dict[str, Rate], rounds: list[SseRound], args: argparse.Namespace
+) -> Result:
+    before, after = rates["baseline_before"], rates["baseline_after"]
+    base = (before.per_s + after.per_s) / 2
+    cpus = os.cpu_count() or 1
+    data: dict[str, Any] = {
+        "baseline_commits_per_s": round(base, 1),
+        "baseline_commits_per_s_before": round(before.per_s, 1),
+        "baseline_commits_per_s_after": round(after.per_s, 1),
+    }
+    rows: list[tuple[str, ...]] = [
+        ("append (direct to the store)", "events/s", "x baseline", "client CPU")
+    ]
+    for label, rate in (("baseline: INSERT autocommit, before", before), ("... after", after)):
+        rows.append(
+            (
+                label,
+                f"{rate.per_s:.0f}",
+                f"{rate.per_s / base:.2f}" if base else "n/a",
+                f"{rate.cpu_s / rate.elapsed_s:.0%}",
+            )
+        )
+    for key, label, _, _ in APPEND_RUNS:
+        rate = rates[key]
+        data[key] = round(rate.per_s, 1)
+        data[f"{key}_vs_baseline"] = round(rate.per_s / base, 3) if base else None
+        data[f"{key}_client_cpu_pct"] = round(100 * rate.cpu_s / rate.elapsed_s, 1)
+        rows.append(
+            (
+                label,
+                f"{rate.per_s:.0f}",
+                f"{rate.per_s / base:.2f}" if base else "n/a",
+                f"{rate.cpu_s / rate.elapsed_s:.0%}",
+            )
+        )
+    data["append_duration_s"] = args.duration
+
+    sse_rows: list[tuple[str, ...]] = [
+        (
+            "SSE subscribers",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "first p50",
+            "last p50",
+            "commit p50",
+            "received",
+            "missing",
+            "unopened",
+            "connect s",
+            "client CPU",
+            "host busy",
+        )
+    ]
+    for r in rounds:
+        n = r.subscribers
+        p50, p99 = percentile(r.latencies_ms, 50), percentile(r.latencies_ms, 99)
+        data[f"sse_p50_ms_{n}"] = round(p50, 2)
+        data[f"sse_p99_ms_{n}"] = round(p99, 2)
+        data[f"sse_max_ms_{n}"] = round(r.latencies_ms[-1], 2) if r.latencies_ms else None
+        data[f"sse_first_p50_ms_{n}"] = round(percentile(r.first_ms, 50), 2)
+        data[f"sse_last_p50_ms_{n}"] = round(percentile(r.last_ms, 50), 2)
+        data[f"sse_commit_p50_ms_{n}"] = round(percentile(r.commit_ms, 50), 2)
+        data[f"sse_received_{n}"] = len(r.latencies_ms)
+        data[f"sse_expected_{n}"] = r.expected
+        data[f"sse_missing_{n}"] = r.missing
+        data[f"sse_unconnected_{n}"] = r.unconnected
+        data[f"sse_connect_s_{n}"] = round(r.connect_s, 2)
+        data[f"sse_window_s_{n}"] = round(r.window_s, 2)
+        data[f"sse_client_cpu_s_{n}"] = round(r.client_cpu_s, 2)
+        data[f"sse_host_cpu_busy_pct_{n}"] = (
+            None if r.host_busy_pct is None else round(r.host_busy_pct, 1)
+        )
+        sse_rows.append(
+            (
+                str(n),
+                f"{p50:.1f}",
+                f"{p99:.1f}",
+                f"{r.latencies_ms[-1]:.1f}" if r.latencies_ms else "n/a",
+                f"{percentile(r.first_ms, 50):.1f}",
+                f"{percentile(r.last_ms, 50):.1f}",
+                f"{percentile(r.commit_ms, 50):.1f}",
+                f"{len(r.latencies_ms)}/{r.expected}",
+                str(r.missing),
+                str(r.unconnected),
+                f"{r.connect_s:.1f}",
+                f"{r.client_cpu_s:.1f}s/{r.window_s:.1f}s",
+                "n/a" if r.host_busy_pct is None else f"{r.host_busy_pct:.0f}%",
+            )
+        )
+    data["sse_events"] = args.sse_events
+    data["sse_spacing_s"] = args.sse_spacing
+    data["cpus"] = cpus
+
+    verdicts = []
+    for key in ("append_eps_1", "append_eps_8"):
+        met = data[key] >= APPEND_TARGET_EPS
+        data[f"target_{key}_met"] = met
+        verdicts.append(
+            f"{key} >= {APPEND_TARGET_EPS} events/s: {'met' if met else 'NOT met'} "
+            f"({data[key]:.0f})"
+        )
+    p99_key = f"sse_p99_ms_{SSE_TARGET_SUBSCRIBERS}"
+    if p99_key in data:
+        met = (
+            data[p99_key] <= SSE_TARGET_P99_MS
+            and data[f"sse_missing_{SSE_TARGET_SUBSCRIBERS}"] == 0
+        )
+        data["target_sse_met"] = met
+        verdicts.append(
+            f"SSE p99 <= {SSE_TARGET_P99_MS:.0f} ms at {SSE_TARGET_SUBSCRIBERS} subscribers, "
+            f"none missing: {'met' if met else 'NOT met'} ({data[p99_key]:.1f} ms)"
+        )
+    else:
+        data["target_sse_met"] = None
+        verdicts.append(f"SSE target: not measured (no round of {SSE_TARGET_SUBSCRIBERS})")
+    note = (
+        f"x baseline: against the mean of the two baseline runs (commits/s, one connection). "
+        f"SSE: latency = subscriber's receive time - sent_ns stamped just before the append "
+        f"(so it includes the commit); first/last p50 = per event, its earliest/latest "
+        f"subscriber. The client (one Python process parsing every stream) shares the "
+        f"{cpus} CPUs with the service; client CPU = its CPU time over the send+drain "
+        f"window; host busy = all CPUs over that window."
+    )
+    data["note"] = note
+    text = (
+        f"events: append for {args.duration:g}s each; SSE: {args.sse_events} events "
+        f"{args.sse_spacing * 1000:.0f} ms apart per round, user {EVENTS_USER!r}, "
+        f"GET /api/v1/sync-events; {cpus} CPUs\n\n"
+        f"{format_table(rows)}\n\n{format_table(sse_rows)}\n\n{note}\n\n" + "\n".join(verdicts)
+    )
+    if any(r.missing for r in rounds):
+        text += "\nWARNING: some events never reached some subscribers (missing column)"
+    if any(r.unconnected for r in rounds):
+        text += (
+            "\nWARNING: some streams never opened (unopened column; their events count as "
+            "missing): the ingress holds at most max_ongoing_requests x replicas requests"
+        )
+    return Result(data, text)
