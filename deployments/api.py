@@ -14,10 +14,17 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
-from deployments.context import SERVICE_VERSION, AppContext, LocalMetricsHub, MetricsHub
+from deployments.context import (
+    SERVICE_VERSION,
+    AppContext,
+    LocalMetricsHub,
+    MetricsHub,
+    WorkflowRunner,
+)
 from deployments.errors import install_error_handlers
 from deployments.middleware import RequestContextMiddleware
 from deployments.routers import ROUTERS
+from orchestrator.agents import AgentRunner, LocalDispatcher, default_registry
 from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import connect
@@ -31,6 +38,7 @@ from orchestrator.observability import (
     prune_heartbeats,
 )
 from orchestrator.providers import Gateway, InferenceLog
+from orchestrator.workflows import WorkflowEngine, WorkflowStore
 
 log = logging.getLogger("orchestrator.api")
 
@@ -99,12 +107,14 @@ def create_app(
     started_at: float | None = None,
     echo_request_id: bool = True,
     local_inference: LocalInference | None = None,
+    workflow_runner: WorkflowRunner | None = None,
 ) -> FastAPI:
     """Build the HTTP API. `metrics` is the cluster-wide hub and `event_upstream` the live
     event subscription (the Metrics and EventBus actors under Ray; in-process without);
     `echo_request_id` is False under Serve, whose proxy sets X-Request-ID on responses;
     `local_inference` runs inference instances (Ray actors under Serve; without it, POST
-    /inference answers 503)."""
+    /inference answers 503); `workflow_runner` drives workflows (the WorkflowShard actors
+    under Serve; without it, an engine in this process with an in-process agent runner)."""
     hub = metrics or LocalMetricsHub()
     holder: dict[str, AppContext] = {}
 
@@ -114,6 +124,23 @@ def create_app(
         holder["ctx"] = ctx
         app.state.ctx = ctx
         ctx.inference = InferenceService(settings, ctx.events, local_inference)
+        ctx.workflows = WorkflowStore(ctx.db.pool, ctx.events)
+        runner = workflow_runner
+        if runner is None:
+            agents = AgentRunner(
+                settings,
+                ctx.gateway,
+                ctx.events,
+                default_registry(),
+                {"pool": ctx.db.pool, "events": ctx.events},
+            )
+            dispatcher = LocalDispatcher(agents, on_busy=ctx.recorder.active_workers)
+            engine = WorkflowEngine(ctx.workflows, dispatcher, settings)
+            await engine.resume_unfinished()
+            runner = engine
+        else:
+            ctx.worker_pool = settings.agent_workers
+        ctx.workflow_runner = runner
         local_events: EventServices | None = None
         upstream = event_upstream
         if upstream is None:
@@ -150,6 +177,7 @@ def create_app(
                 await local_events.stop()
             with contextlib.suppress(Exception):
                 await ctx.flush_metrics()
+            await ctx.workflow_runner.close()
             await ctx.inference_log.drain()
             if local_inference is not None:
                 await local_inference.close()

@@ -10,9 +10,11 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
+from actors.agent_worker import ensure_agent_workers
 from actors.event_bus import ActorEventSource
 from actors.inference import RayLocalInference
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
+from actors.workflow_shard import RayWorkflows
 from deployments.api import create_app
 from orchestrator.config import Settings
 
@@ -32,6 +34,9 @@ class Api:
         hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
         bus = ActorEventSource(self._settings)
         bus.start()
+        ensure_agent_workers(self._settings)
+        workflows = RayWorkflows(self._settings)
+        workflows.ensure_started()  # shards resume their unfinished workflows
         return create_app(
             self._settings,
             metrics=hub,
@@ -39,6 +44,7 @@ class Api:
             started_at=self._started_at,
             echo_request_id=False,
             local_inference=RayLocalInference(self._settings),
+            workflow_runner=workflows,
         )
 
     def __repr__(self) -> str:

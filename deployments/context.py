@@ -23,11 +23,21 @@ from orchestrator.observability import (
     SloTargets,
 )
 from orchestrator.providers import Gateway, InferenceLog
+from orchestrator.workflows import WorkflowStore
 
 try:
     SERVICE_VERSION = version("orchestrator")
 except PackageNotFoundError:  # running from a source tree that was not installed
     SERVICE_VERSION = "0.0.0+source"
+
+
+class WorkflowRunner(Protocol):
+    """Who drives workflows: the WorkflowShard actors under Ray, an in-process engine
+    without."""
+
+    async def start(self, workflow_id: str) -> None: ...
+    async def cancel(self, workflow_id: str) -> str: ...
+    async def close(self) -> None: ...
 
 
 class MetricsHub(Protocol):
@@ -76,6 +86,9 @@ class AppContext:
     gateway: Gateway = field(init=False)
     inference_log: InferenceLog = field(init=False)
     inference: InferenceService = field(init=False)
+    workflows: WorkflowStore = field(init=False)
+    workflow_runner: WorkflowRunner = field(init=False)
+    worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)
     started_at: float = field(default_factory=time.time)
     _pusher: MetricsPusher | None = None
 

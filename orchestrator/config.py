@@ -191,6 +191,35 @@ class Settings(BaseSettings):
         30.0, gt=0, description="A serving instance that answers nothing this long fails"
     )
 
+    # --- agents and workflows ------------------------------------------------------------
+    agent_workers: int = Field(2, ge=1, le=256, description="AgentWorker actors in the pool")
+    agent_worker_cpus: float = Field(
+        0.1, ge=0, description="Ray CPUs reserved by each AgentWorker (its tasks are async)"
+    )
+    agent_worker_concurrency: int = Field(
+        256, ge=1, description="Agent tasks one AgentWorker runs at once"
+    )
+    agent_max_turns: int = Field(20, ge=1, le=1000, description="LLM turns before a task fails")
+    agent_task_timeout_s: float = Field(
+        300.0, gt=0, description="Task timeout when a step gives none"
+    )
+    agent_loop_warn: int = Field(
+        3, ge=2, description="Same tool call with same arguments this often: agent.loop_warning"
+    )
+    agent_loop_limit: int = Field(
+        5, ge=2, description="... this often: agent.loop_detected and the task fails"
+    )
+    agent_ctx_tokens: int = Field(
+        8192, ge=256, description="Context budget (tokens, ~4 chars each) of an agent's model"
+    )
+    agent_max_tokens: int = Field(2048, ge=1, description="max_tokens of each agent LLM turn")
+    workflow_shards: int = Field(2, ge=1, le=256, description="WorkflowShard actors")
+    workflow_shard_cpus: float = Field(0.0, ge=0, description="Ray CPUs per WorkflowShard")
+    workflow_max_steps: int = Field(
+        200, ge=1, description="Steps one workflow may execute (guards branch loops)"
+    )
+    workflow_list_limit: int = Field(50, ge=1, le=1000, description="Default workflow list page")
+
     # --- workspace -----------------------------------------------------------------------
     workspace_root: Path | None = Field(None, description="Default <data_dir>/workspace")
     workspace_isolation: Literal["user", "shared"] = Field(

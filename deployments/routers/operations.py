@@ -104,11 +104,12 @@ async def health(ctx: Ctx) -> JSONResponse:
         status="ok" if redis_ok else "degraded", sockets=gauges.get("stream_sockets", 0)
     )
     # Providers: configured ones, healthy = breaker not open and last probe (if any) reached
-    # it; not critical (a provider down degrades models, not the service). Workers: the agent
-    # pool registers here when its part lands.
+    # it; not critical (a provider down degrades models, not the service). Workers: each
+    # AgentWorker reports 1 while it runs a task; the others of the pool are idle.
     total, healthy = ctx.gateway.summary()
     providers = ProvidersHealth(total=total, healthy=healthy)
-    workers = WorkersHealth(active=gauges.get("active_workers", 0), idle=0)
+    active = gauges.get("active_workers", 0)
+    workers = WorkersHealth(active=active, idle=max(0, ctx.worker_pool - active))
     critical_ok = store.status == "ok" and messaging.status == "ok"
     body = Health(
         status="ok" if critical_ok else "degraded",

@@ -1,5 +1,223 @@
-"""SPEC part 4, workflows: the endpoints land with their own issue."""
+"""SPEC part 4, workflows: create (inline or from a template), list, detail, cancel, delete,
+templates. Reads and writes go to Postgres from the replica; running and cancelling go to
+the workflow's shard (`ctx.workflow_runner`)."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from deployments.deps import Ctx, CurrentUser
+from orchestrator.errors import Forbidden
+from orchestrator.workflows import (
+    WorkflowSpec,
+    WorkflowState,
+    fill_template,
+    resolve_request,
+    template_variables,
+)
 
 router = APIRouter(tags=["workflows"])
+
+WORKFLOW_ID = r"^wf-[0-9]{1,18}$"
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._:\- ]{0,127}$"
+
+
+class StepIn(BaseModel):
+    """A step as SPEC part 2 gives it; `type: spawn` and `compensate` are ours (README)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="Step identifier, unique in the workflow")
+    prompt: str | None = Field(None, description="Task prompt (normal steps)")
+    mode: str | None = Field(
+        None, description="build, plan, explore, review, general or coordinate"
+    )
+    tools: list[str] | None = Field(None, description="Restricted tool set")
+    timeout: float | None = Field(None, description="Step timeout in seconds")
+    condition: str | None = Field(None, description="Run only when this expression holds")
+    type: str | None = Field(None, description="`branch` or `spawn`; omitted for a task step")
+    conditions: dict[str, Any] | None = Field(
+        None, description="Branch steps: name -> {match?, pattern?, then}"
+    )
+    workflows: list[dict[str, Any]] | None = Field(
+        None, description="Spawn steps: child workflows, {name, steps} or {template, variables}"
+    )
+    compensate: str | dict[str, Any] | None = Field(
+        None, description="Compensation: a prompt, or {notify: text}"
+    )
+
+
+class WorkflowCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=200, description="Inline: workflow name")
+    steps: list[StepIn] | None = Field(None, description="Inline: the steps, in order")
+    template: str | None = Field(None, max_length=128, description="A template's name")
+    variables: dict[str, Any] | None = Field(None, description="Template variables")
+    model: str | None = Field(None, max_length=256, description="Model for every step")
+
+
+class Created(BaseModel):
+    ok: bool = True
+    id: str
+    status: str
+
+
+class StepOut(BaseModel):
+    name: str
+    status: str
+    result: str | None = Field(None, description="Present once the step has completed")
+    error: str | None = Field(None, description="Why the step failed (or was cancelled)")
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None or k in ("name", "status")}
+
+
+class WorkflowDetail(BaseModel):
+    id: str
+    name: str
+    status: str
+    steps: list[StepOut]
+    parent_id: str | None
+    children: list[str]
+    created_at: int = Field(description="Unix ms")
+    updated_at: int = Field(description="Unix ms")
+    error: str | None = Field(None, description="Why the workflow failed or was cancelled")
+
+
+class WorkflowSummary(BaseModel):
+    id: str
+    name: str
+    status: str
+    created_at: int
+    updated_at: int
+    parent_id: str | None
+
+
+class WorkflowPage(BaseModel):
+    ok: bool = True
+    data: list[WorkflowSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class Cancelled(BaseModel):
+    ok: bool = True
+    id: str
+    status: str
+
+
+class Deleted(BaseModel):
+    ok: bool = True
+    id: str
+
+
+class TemplateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME, description="Template name")
+    steps: list[StepIn] = Field(min_length=1, description="Steps with {{var}} placeholders")
+    shared: bool = Field(False, description="Admins only: visible to every user")
+
+
+class TemplateSaved(BaseModel):
+    ok: bool = True
+    name: str
+
+
+class TemplateOut(BaseModel):
+    name: str
+    steps: list[dict[str, Any]]
+    variables: list[str]
+    shared: bool
+    owner: str | None
+    created_at: int
+
+
+class TemplateList(BaseModel):
+    ok: bool = True
+    data: list[TemplateOut]
+
+
+WorkflowId = Annotated[str, Path(pattern=WORKFLOW_ID, description="`wf-<number>`")]
+StatusQ = Annotated[WorkflowState | None, Query(description="Only workflows in this state")]
+ParentQ = Annotated[
+    str | None, Query(pattern=WORKFLOW_ID, description="Only children of this workflow")
+]
+
+
+@router.post("/workflows", response_model=Created)
+async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -> Created:
+    """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once."""
+    given = body.model_dump(exclude_none=True)
+    if "steps" in given:
+        given["steps"] = [step.model_dump(exclude_none=True) for step in body.steps or []]
+    spec = await resolve_request(ctx.workflows, given, caller.user_uuid)
+    workflow_id = await ctx.workflows.create(spec, caller.user_uuid)
+    await ctx.workflow_runner.start(workflow_id)
+    return Created(id=workflow_id, status="pending")
+
+
+@router.get("/workflows", response_model=WorkflowPage)
+async def list_workflows(
+    ctx: Ctx,
+    caller: CurrentUser,
+    status: StatusQ = None,
+    parent: ParentQ = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> WorkflowPage:
+    """The caller's workflows, newest first (admins: everyone's)."""
+    limit = limit or ctx.settings.workflow_list_limit
+    rows, total = await ctx.workflows.page(
+        caller, status=str(status) if status else None, parent=parent, limit=limit, offset=offset
+    )
+    return WorkflowPage(
+        data=[WorkflowSummary(**r) for r in rows], total=total, limit=limit, offset=offset
+    )
+
+
+@router.get("/workflows/templates", response_model=TemplateList)
+async def list_templates(ctx: Ctx, caller: CurrentUser) -> TemplateList:
+    """The caller's templates and the shared ones (admins: all)."""
+    return TemplateList(data=[TemplateOut(**t) for t in await ctx.workflows.list_templates(caller)])
+
+
+@router.post("/workflows/templates", response_model=TemplateSaved)
+async def save_template(body: TemplateIn, ctx: Ctx, caller: CurrentUser) -> TemplateSaved:
+    """Store (or replace) a template; `{{var}}` placeholders are filled at creation."""
+    if body.shared and not caller.is_admin:
+        raise Forbidden("only admins publish shared templates")
+    steps = [step.model_dump(exclude_none=True) for step in body.steps]
+    # A template must make a valid workflow once its variables have values.
+    probe = {v: "x" for v in template_variables(steps)}
+    WorkflowSpec.parse(body.name, fill_template(steps, probe), where="")
+    await ctx.workflows.save_template(body.name, steps, caller, shared=body.shared)
+    return TemplateSaved(name=body.name)
+
+
+@router.get("/workflows/{workflow_id}", response_model=WorkflowDetail)
+async def get_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> WorkflowDetail:
+    return WorkflowDetail(**await ctx.workflows.detail(workflow_id, caller))
+
+
+@router.post("/workflows/{workflow_id}/cancel", response_model=Cancelled)
+async def cancel_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> Cancelled:
+    """Cancel a pending or running workflow and its descendants; compensation runs first
+    (409 when it has finished)."""
+    await ctx.workflows.get(workflow_id, caller)  # 404 for another tenant's
+    status = await ctx.workflow_runner.cancel(workflow_id)
+    return Cancelled(id=workflow_id, status=status)
+
+
+@router.delete("/workflows/{workflow_id}", response_model=Deleted)
+async def delete_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> Deleted:
+    """Remove a completed or cancelled workflow (and its descendants); 409 otherwise."""
+    await ctx.workflows.delete(workflow_id, caller)
+    return Deleted(id=workflow_id)

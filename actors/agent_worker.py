@@ -1,0 +1,187 @@
+"""The AgentWorker pool: `agent-worker-<i>` actors, each running many agent tasks at once
+(async), with fractional CPU. `RayDispatcher` is the caller's side: it sends a task to the
+least-loaded worker and, when that worker dies mid-task, records `worker.crashed` and runs the
+task again on another one (at-least-once: same task id and idempotency key)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from actors import NAMESPACE
+from actors.metrics import ActorMetricsHub, get_or_create_metrics
+from orchestrator.agents import AgentRunner, AgentTask, TaskResult, default_registry
+from orchestrator.config import Settings
+from orchestrator.db import Database, connect
+from orchestrator.events import EventStore, NewEvent
+from orchestrator.inference import ready_endpoints
+from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.providers import Gateway
+
+log = logging.getLogger(__name__)
+
+METRICS_FLUSH_S = 1.0
+MAX_REDISPATCH = 3
+
+
+def worker_name(index: int) -> str:
+    return f"agent-worker-{index}"
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)  # type: ignore[call-overload]
+class AgentWorker:
+    def __init__(self, settings: Settings, index: int) -> None:
+        self._settings = settings
+        self._id = worker_name(index)
+        self._active = 0
+        self._completed = 0
+        self._db: Database | None = None
+        self._runner: AgentRunner | None = None
+        self._recorder = MetricsRecorder(f"{self._id}:{socket.gethostname()}:{os.getpid()}")
+        self._boot = asyncio.get_running_loop().create_task(self._start())
+
+    def __repr__(self) -> str:
+        return f"AgentWorker(id={self._id}, active={self._active}, completed={self._completed})"
+
+    async def _start(self) -> AgentRunner:
+        assert self._settings.database_url
+        self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
+        events = EventStore(self._db.pool)
+        pool = self._db.pool
+        gateway = Gateway(self._settings, self._recorder, local=lambda: ready_endpoints(pool))
+        runner = AgentRunner(
+            self._settings, gateway, events, default_registry(), {"pool": pool, "events": events}
+        )
+        await events.append(
+            [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
+        )
+        await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
+        hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
+        asyncio.get_running_loop().create_task(self._flush(MetricsPusher(self._recorder, hub)))
+        self._runner = runner
+        return runner
+
+    async def _flush(self, pusher: MetricsPusher) -> None:
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_S)
+            self._recorder.active_workers(1 if self._active else 0)
+            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
+                await pusher.flush()
+
+    async def ready(self) -> str:
+        await self._boot
+        return repr(self)
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        runner = await self._boot
+        self._active += 1
+        self._recorder.active_workers(1)
+        try:
+            return await runner.run(task, self._id)
+        finally:
+            self._active -= 1
+            self._completed += 1
+
+
+def get_or_create_worker(settings: Settings, index: int) -> Any:
+    return AgentWorker.options(  # type: ignore[attr-defined]
+        name=worker_name(index),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        num_cpus=settings.agent_worker_cpus,
+        max_concurrency=settings.agent_worker_concurrency,
+    ).remote(settings, index)
+
+
+def ensure_agent_workers(settings: Settings) -> None:
+    """The whole pool runs (and reports ready) before the first task needs it."""
+    for index in range(settings.agent_workers):
+        get_or_create_worker(settings, index).ready.remote()
+
+
+class RayDispatcher:
+    """TaskDispatcher over the AgentWorker pool (least loaded first, by this caller's own
+    in-flight counts: a caller that sends most of the work balances it well enough)."""
+
+    def __init__(self, settings: Settings, events: EventStore) -> None:
+        self._settings = settings
+        self._events = events
+        self._size = settings.agent_workers
+        self._actors: dict[int, Any] = {}
+        self._inflight = [0] * self._size
+
+    def _actor(self, index: int) -> Any:
+        actor = self._actors.get(index)
+        if actor is None:
+            actor = get_or_create_worker(self._settings, index)
+            self._actors[index] = actor
+        return actor
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        await self._events.append(
+            [
+                NewEvent(
+                    "task.created",
+                    {
+                        "task_id": task.task_id,
+                        "prompt": task.prompt[:2000],
+                        "mode": task.mode,
+                        "model": task.model or self._settings.default_model,
+                        "user_uuid": task.user_uuid,
+                        "workflow_id": task.workflow_id,
+                    },
+                    task.user_uuid,
+                )
+            ]
+        )
+        tried: set[int] = set()
+        for _ in range(MAX_REDISPATCH + 1):
+            candidates = [i for i in range(self._size) if i not in tried] or list(range(self._size))
+            index = min(candidates, key=lambda i: self._inflight[i])
+            tried.add(index)
+            self._inflight[index] += 1
+            ref = self._actor(index).run.remote(task)
+            try:
+                result: TaskResult = await ref
+                return result
+            except asyncio.CancelledError:
+                ray.cancel(ref)
+                raise
+            except RayActorError as exc:
+                # The worker died mid-task: Ray restarts it; this task runs again elsewhere.
+                self._actors.pop(index, None)
+                log.warning("%s died running %s: %s", worker_name(index), task.task_id, exc)
+                await self._events.append(
+                    [
+                        NewEvent(
+                            "worker.crashed",
+                            {
+                                "worker_id": worker_name(index),
+                                "error": f"died while running {task.task_id}",
+                                "task_id": task.task_id,
+                            },
+                            task.user_uuid,
+                        )
+                    ]
+                )
+            except RayTaskError as exc:
+                # A bug in the runner (it returns failures as results): fail the task.
+                return TaskResult(task.task_id, "failed", None, str(exc)[:2000], 0, "?")
+            finally:
+                self._inflight[index] -= 1
+        return TaskResult(
+            task.task_id,
+            "failed",
+            None,
+            f"every worker it was sent to died ({MAX_REDISPATCH + 1} attempts)",
+            0,
+            "?",
+        )

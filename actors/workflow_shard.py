@@ -1,0 +1,144 @@
+"""`WorkflowShard` actors (`workflow-shard-<i>`, k of them): each drives the workflows whose
+number is `i` modulo k, many at once as asyncio tasks, and resumes its unfinished ones from
+Postgres when it (re)starts. `RayWorkflows` is how the HTTP replicas reach them: creation
+and reads go straight to Postgres; starting and cancelling go to the owning shard."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from actors import NAMESPACE
+from actors.agent_worker import RayDispatcher
+from orchestrator.config import Settings
+from orchestrator.db import Database, connect
+from orchestrator.events import EventStore
+from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 60.0
+
+
+def shard_name(index: int) -> str:
+    return f"workflow-shard-{index}"
+
+
+@ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000
+)
+class WorkflowShard:
+    """Ray restarts a killed shard; the new incarnation's __init__ resumes its workflows
+    (nobody needs to call it: a step that was running is dispatched again)."""
+
+    def __init__(self, settings: Settings, index: int, shards: int) -> None:
+        self._settings = settings
+        self._index = index
+        self._shards = shards
+        self._db: Database | None = None
+        self._engine: WorkflowEngine | None = None
+        self._boot = asyncio.get_running_loop().create_task(self._start())
+
+    def __repr__(self) -> str:
+        running = self._engine.running_count() if self._engine is not None else "booting"
+        return f"WorkflowShard(index={self._index}/{self._shards}, running={running})"
+
+    async def _start(self) -> WorkflowEngine:
+        assert self._settings.database_url
+        while True:
+            try:
+                self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
+                break
+            except (OSError, ConnectionError) as exc:  # Postgres restarting: keep trying
+                log.warning(
+                    "%s: database not reachable (%r); retrying", shard_name(self._index), exc
+                )
+                await asyncio.sleep(1.0)
+        events = EventStore(self._db.pool)
+        store = WorkflowStore(self._db.pool, events)
+        router = RayWorkflows(self._settings)
+        engine = WorkflowEngine(
+            store,
+            RayDispatcher(self._settings, events),
+            self._settings,
+            starter=router.start,
+            canceller=router.cancel,
+        )
+        self._engine = engine
+        resumed = await engine.resume_unfinished(self._index, self._shards)
+        log.info("%s: resumed %d unfinished workflows", shard_name(self._index), resumed)
+        return engine
+
+    async def ready(self) -> str:
+        await self._boot
+        return repr(self)
+
+    async def start(self, workflow_id: str) -> None:
+        """Drive a workflow just created (idempotent)."""
+        engine = await self._boot
+        await engine.start(workflow_id)
+
+    async def cancel(self, workflow_id: str) -> str:
+        engine = await self._boot
+        return await engine.cancel(workflow_id)
+
+
+class RayWorkflows:
+    """Caller side: routes a workflow to its shard by id; creates missing shards."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._shards = max(1, settings.workflow_shards)
+        self._actors: dict[int, Any] = {}
+
+    def _actor(self, index: int) -> Any:
+        actor = self._actors.get(index)
+        if actor is None:
+            actor = WorkflowShard.options(  # type: ignore[attr-defined]
+                name=shard_name(index),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=self._settings.workflow_shard_cpus,
+            ).remote(self._settings, index, self._shards)
+            self._actors[index] = actor
+        return actor
+
+    def ensure_started(self) -> None:
+        """Every shard exists (and so resumes its unfinished workflows)."""
+        for index in range(self._shards):
+            self._actor(index).ready.remote()
+
+    async def _call(self, workflow_id: str, method: str) -> Any:
+        index = shard_of(workflow_id, self._shards)
+        for attempt in range(3):
+            actor = self._actor(index)
+            try:
+                return await asyncio.wait_for(
+                    getattr(actor, method).remote(workflow_id), CALL_TIMEOUT_S
+                )
+            except RayActorError:
+                # Restarting, or killed for good: look it up (or create it) again.
+                self._actors.pop(index, None)
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    async def start(self, workflow_id: str) -> None:
+        # The workflow is already in Postgres: a shard that is down resumes it when it
+        # comes back, so a failure to reach it now loses nothing.
+        with contextlib.suppress(RayActorError, TimeoutError):
+            await self._call(workflow_id, "start")
+
+    async def cancel(self, workflow_id: str) -> str:
+        result: str = await self._call(workflow_id, "cancel")
+        return result
+
+    async def close(self) -> None:
+        """Shards are detached: they keep running while replicas come and go."""

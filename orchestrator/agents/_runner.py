@@ -1,0 +1,319 @@
+"""The agent loop: LLM turns through the provider gateway, tool calls, until a final answer,
+the task's timeout or the turn limit.
+
+- System prompt per mode (`MODES`); the first user message holds the context (the original
+  prompt and earlier step results, each labelled) and then the task's prompt.
+- Tools: those of the task's `tools` list (all registered ones when it has none) are offered;
+  a call to any other tool is refused to the model (an error tool result) and recorded as
+  `audit.tool_denied`; an executed call is `audit.tool_executed` (with `ok` and duration).
+- Loops: the same tool with the same arguments `agent_loop_warn` times -> `agent.loop_warning`
+  (and the model is told); `agent_loop_limit` times -> `agent.loop_detected`, the task fails.
+- Context: when the conversation's estimate (4 characters a token) passes `agent_ctx_tokens`,
+  `agent.context_overflow` is recorded and the oldest tool results are cut down first; the
+  prompt and context are never cut.
+- Events (all with the task's `user_uuid`): task.dispatched and worker.task_started on
+  start, agent.turn_started/turn_completed per turn, then task.completed +
+  worker.task_completed, or task.failed + worker.task_failed (timeout: status `timeout`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.agents._task import MODES, AgentTask, TaskResult, TaskStatus
+from orchestrator.agents._tools import ToolContext, ToolFailed, ToolRegistry
+from orchestrator.config import Settings
+from orchestrator.errors import OrchestratorError
+from orchestrator.events import EventStore, NewEvent
+from orchestrator.providers import (
+    ChatRequest,
+    Gateway,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+log = logging.getLogger(__name__)
+
+TRUNCATED = "[truncated: {n} characters of an older tool result, to fit the context]"
+MAX_TOOL_RESULT_CHARS = 20_000
+
+
+class TaskFailed(Exception):
+    """Ends a task as failed with this message."""
+
+
+class AgentRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        gateway: Gateway,
+        events: EventStore,
+        tools: ToolRegistry,
+        services: dict[str, Any] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._gateway = gateway
+        self._events = events
+        self._tools = tools
+        self._services = dict(services or {})
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self._tools
+
+    async def announce(self, task: AgentTask) -> None:
+        """task.created: the task exists (dispatchers call it once, before the first run)."""
+        await self._emit(
+            task,
+            "task.created",
+            prompt=task.prompt[:2000],
+            mode=task.mode,
+            model=task.model or self._settings.default_model,
+            user_uuid=task.user_uuid,
+            workflow_id=task.workflow_id,
+        )
+
+    async def run(self, task: AgentTask, worker_id: str) -> TaskResult:
+        """Run the task to its end; never raises for the task's own failure."""
+        started = time.monotonic()
+        turns = 0
+        status: TaskStatus = "completed"
+        result: str | None = None
+        error: str | None = None
+        timeout = task.timeout_s or self._settings.agent_task_timeout_s
+        await self._emit(task, "task.dispatched", worker_id=worker_id, model=task.model)
+        await self._emit(task, "worker.task_started", worker_id=worker_id)
+        loop = _Loop(self, task)
+        try:
+            async with asyncio.timeout(timeout):
+                result = await loop.run()
+        except TimeoutError:
+            status, error = "timeout", f"timed out after {timeout:g}s"
+        except TaskFailed as exc:
+            status, error = "failed", str(exc)
+        except OrchestratorError as exc:  # the gateway's (ProviderError included)
+            status, error = "failed", f"model call failed: {exc.message}"
+        turns = loop.turns
+        duration_ms = int((time.monotonic() - started) * 1000)
+        outcome = TaskResult(task.task_id, status, result, error, duration_ms, worker_id, turns)
+        await self._finish(task, outcome)
+        return outcome
+
+    async def _finish(self, task: AgentTask, outcome: TaskResult) -> None:
+        common = {"worker_id": outcome.worker_id, "duration_ms": outcome.duration_ms}
+        if outcome.ok:
+            await self._emit(task, "task.completed", status="completed", **common)
+            await self._emit(task, "worker.task_completed", status="completed", **common)
+            return
+        error = outcome.error or outcome.status
+        await self._emit(task, "task.failed", error=error, status=outcome.status, **common)
+        await self._emit(task, "worker.task_failed", error=error, status=outcome.status, **common)
+
+    async def _emit(self, task: AgentTask, type_: str, **data: Any) -> None:
+        payload = {"task_id": task.task_id, **{k: v for k, v in data.items() if v is not None}}
+        if task.workflow_id and type_.startswith(("task.", "worker.task_")):
+            payload.setdefault("workflow_id", task.workflow_id)
+            if task.step:
+                payload.setdefault("step", task.step)
+        await self._events.append([NewEvent(type_, payload, task.user_uuid)])
+
+
+class _Loop:
+    """One run of one task: the conversation and the counters."""
+
+    def __init__(self, runner: AgentRunner, task: AgentTask) -> None:
+        self.runner = runner
+        self.task = task
+        self.settings = runner._settings
+        self.turns = 0
+        self.calls: Counter[str] = Counter()
+        self.warned: set[str] = set()
+        self.messages: list[Message] = [Message("user", (TextBlock(self._opening()),))]
+        self.offered = runner.tools.offered(task.tools)
+        self.allowed = {t.name for t in self.offered}
+
+    def _opening(self) -> str:
+        parts = [f"## {label}\n{text}" for label, text in self.task.context]
+        parts.append(f"## Task\n{self.task.prompt}" if parts else self.task.prompt)
+        return "\n\n".join(parts)
+
+    def _system(self) -> str:
+        mode = MODES.get(self.task.mode, MODES["general"])
+        return f"{mode}\n\nWhen you are done, reply with the final answer only, no tool call."
+
+    async def run(self) -> str:
+        model = self.task.model or self.settings.default_model
+        if not model:
+            raise TaskFailed("no model: give the step a model or set default_model")
+        for turn in range(1, self.settings.agent_max_turns + 1):
+            self.turns = turn
+            await self._fit_context()
+            await self.runner._emit(self.task, "agent.turn_started", turn=turn, model=model)
+            request = ChatRequest(
+                model=model,
+                messages=tuple(self.messages),
+                system=self._system(),
+                tools=tuple(t.definition() for t in self.offered),
+                max_tokens=self.settings.agent_max_tokens,
+                user=self.task.user_uuid,
+            )
+            response, _route = await self.runner._gateway.complete(request)
+            uses = [b for b in response.content if isinstance(b, ToolUseBlock)]
+            await self.runner._emit(
+                self.task,
+                "agent.turn_completed",
+                turn=turn,
+                tokens_in=response.usage.input_tokens,
+                tokens_out=response.usage.output_tokens,
+                tool_calls=len(uses),
+            )
+            if not uses:
+                return "".join(b.text for b in response.content if isinstance(b, TextBlock))
+            self.messages.append(Message("assistant", response.content))
+            results = [await self._call(use, turn) for use in uses]
+            self.messages.append(Message("user", tuple(results)))
+        raise TaskFailed(f"turn limit reached ({self.settings.agent_max_turns} turns)")
+
+    async def _call(self, use: ToolUseBlock, turn: int) -> ToolResultBlock:
+        task, emit = self.task, self.runner._emit
+        arguments = use.input if isinstance(use.input, dict) else {}
+        key = f"{use.name}:{json.dumps(arguments, sort_keys=True, default=str)}"
+        self.calls[key] += 1
+        repeats = self.calls[key]
+        if repeats >= self.settings.agent_loop_limit:
+            await emit(
+                task,
+                "agent.loop_detected",
+                turn=turn,
+                tool=use.name,
+                repeats=repeats,
+                action="task_failed",
+            )
+            raise TaskFailed(
+                f"loop detected: {use.name} called {repeats} times with the same arguments"
+            )
+        note = ""
+        if repeats >= self.settings.agent_loop_warn and key not in self.warned:
+            self.warned.add(key)
+            await emit(task, "agent.loop_warning", turn=turn, tool=use.name, repeats=repeats)
+            note = (
+                f"\n[warning: you called {use.name} {repeats} times with the same arguments; "
+                "change approach or give the final answer]"
+            )
+        tool = self.runner.tools.get(use.name) if use.name in self.allowed else None
+        if tool is None:
+            reason = (
+                "not in this step's tools"
+                if self.runner.tools.get(use.name) is not None
+                else "no such tool"
+            )
+            await emit(task, "audit.tool_denied", tool=use.name, arguments=arguments, reason=reason)
+            return _result(use, f"tool {use.name!r} refused: {reason}{note}", error=True)
+        ctx = ToolContext(task, self.settings, self.runner._services)
+        started = time.monotonic()
+        try:
+            text, ok = await tool.handler(ctx, arguments), True
+        except (ToolFailed, OrchestratorError) as exc:
+            text, ok = f"error: {exc}", False
+        except (ValueError, TypeError, KeyError, OSError) as exc:
+            text, ok = f"error: {type(exc).__name__}: {exc}", False
+        await emit(
+            task,
+            "audit.tool_executed",
+            tool=use.name,
+            arguments=arguments,
+            ok=ok,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            user_uuid=task.user_uuid,
+        )
+        if len(text) > MAX_TOOL_RESULT_CHARS:
+            text = (
+                text[:MAX_TOOL_RESULT_CHARS] + f"\n[... {len(text) - MAX_TOOL_RESULT_CHARS} more]"
+            )
+        return _result(use, text + note, error=not ok)
+
+    async def _fit_context(self) -> None:
+        limit = self.settings.agent_ctx_tokens
+        tokens = _estimate(self.messages)
+        if tokens <= limit:
+            return
+        # Oldest tool results first; the opening message (prompt and context) is never cut.
+        for i, message in enumerate(self.messages[1:], start=1):
+            if _estimate(self.messages) <= limit:
+                break
+            if message.role != "user":
+                continue
+            blocks = tuple(_cut(b) for b in message.content)
+            self.messages[i] = Message("user", blocks)
+        after = _estimate(self.messages)
+        await self.runner._emit(
+            self.task,
+            "agent.context_overflow",
+            turn=self.turns,
+            tokens=tokens,
+            limit=limit,
+            action=f"truncated older tool results to {after} tokens",
+        )
+
+
+def _result(use: ToolUseBlock, text: str, *, error: bool) -> ToolResultBlock:
+    return ToolResultBlock(use.id, (TextBlock(text),), is_error=error)
+
+
+def _cut(block: Any) -> Any:
+    if not isinstance(block, ToolResultBlock):
+        return block
+    size = sum(len(b.text) for b in block.content if isinstance(b, TextBlock))
+    if size <= len(TRUNCATED) + 20:
+        return block
+    return ToolResultBlock(
+        block.tool_use_id, (TextBlock(TRUNCATED.format(n=size)),), is_error=block.is_error
+    )
+
+
+def _estimate(messages: list[Message]) -> int:
+    chars = 0
+    for message in messages:
+        for block in message.content:
+            if isinstance(block, TextBlock):
+                chars += len(block.text)
+            elif isinstance(block, ToolResultBlock):
+                chars += sum(len(b.text) for b in block.content if isinstance(b, TextBlock))
+            elif isinstance(block, ToolUseBlock):
+                chars += len(json.dumps(block.input, default=str)) + len(block.name)
+    return chars // 4
+
+
+class LocalDispatcher:
+    """Runs tasks in this process (tests, and the HTTP app served without Ray)."""
+
+    def __init__(
+        self,
+        runner: AgentRunner,
+        worker_id: str = "local",
+        on_busy: Callable[[int], None] | None = None,
+    ) -> None:
+        self._runner = runner
+        self.worker_id = worker_id
+        self.active = 0
+        self._on_busy = on_busy  # called with 1 while a task runs, 0 when none does
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        await self._runner.announce(task)
+        self.active += 1
+        if self._on_busy is not None:
+            self._on_busy(1)
+        try:
+            return await self._runner.run(task, self.worker_id)
+        finally:
+            self.active -= 1
+            if self._on_busy is not None and self.active == 0:
+                self._on_busy(0)

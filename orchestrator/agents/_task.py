@@ -1,0 +1,76 @@
+"""What an agent task is, what it returns, and who runs it (the dispatcher protocol)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+MODES: dict[str, str] = {
+    "general": (
+        "You are a capable assistant agent. Answer the task directly and completely. Use a "
+        "tool only when it gives you something you cannot know otherwise."
+    ),
+    "build": (
+        "You are a builder agent. Produce the requested artifact (code, text, configuration) "
+        "in full, ready to use. Use the workspace tools to read and write files when given."
+    ),
+    "plan": (
+        "You are a planning agent. Break the task into a short, ordered list of concrete "
+        "steps with what each needs and produces. Do not carry the steps out."
+    ),
+    "explore": (
+        "You are an exploring agent. Investigate: gather facts with the tools you have, "
+        "compare options, and report what you found with the evidence."
+    ),
+    "review": (
+        "You are a reviewing agent. Check the work in the context against the task: list "
+        "the defects found, most serious first, and say whether it is acceptable."
+    ),
+    "coordinate": (
+        "You are a coordinating agent. Combine the results of the earlier steps into one "
+        "consistent outcome, resolving conflicts between them, and say what remains open."
+    ),
+}
+"""System prompt per mode (SPEC part 2, step `mode`)."""
+
+TaskStatus = Literal["completed", "failed", "timeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTask:
+    """One unit of agent work. `user_uuid` is the creator's: every event, tool call and
+    file the task touches is theirs."""
+
+    task_id: str
+    user_uuid: str
+    prompt: str
+    context: tuple[tuple[str, str], ...] = ()  # (label, text): original prompt, step results
+    mode: str = "general"
+    tools: tuple[str, ...] | None = None  # None: every registered tool; (): none
+    timeout_s: float | None = None  # None: settings.agent_task_timeout_s
+    model: str | None = None  # None: settings.default_model
+    workflow_id: str | None = None
+    step: str | None = None
+    idempotency_key: str | None = None  # a workflow step attempt: "<wf>:<step>:<attempt>"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    task_id: str
+    status: TaskStatus
+    result: str | None
+    error: str | None
+    duration_ms: int
+    worker_id: str
+    turns: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+class TaskDispatcher(Protocol):
+    """Runs a task somewhere (in process, or on the AgentWorker pool) and returns how it
+    ended. Never raises for the task's own failure: that is a failed/timeout result."""
+
+    async def run(self, task: AgentTask) -> TaskResult: ...

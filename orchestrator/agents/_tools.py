@@ -1,0 +1,168 @@
+"""Tools an agent can call. Each is a name, a description, a JSON schema of its arguments
+and an async handler bound to the task's user (`ToolContext.task.user_uuid`). The workspace
+and memory parts register theirs; two harmless ones are built in."""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import math
+import operator
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.agents._task import AgentTask
+from orchestrator.config import Settings
+from orchestrator.providers import ToolDef
+
+
+class ToolFailed(Exception):
+    """A tool's own failure: reported to the model as an error result, not a crash."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    task: AgentTask
+    settings: Settings
+    services: dict[str, Any]  # what tools need from the host: "pool", "events", ...
+
+
+Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    handler: Handler
+
+    def definition(self) -> ToolDef:
+        return ToolDef(self.name, self.description, self.parameters)
+
+
+class ToolRegistry:
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def offered(self, allowed: tuple[str, ...] | None) -> list[Tool]:
+        """The tools a task may call: all of them, or those of its `tools` list."""
+        if allowed is None:
+            return [self._tools[n] for n in self.names()]
+        return [self._tools[n] for n in allowed if n in self._tools]
+
+
+# --- built-in tools ---------------------------------------------------------------------------
+
+
+async def _current_time(ctx: ToolContext, args: dict[str, Any]) -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
+_FUNCS: dict[str, Callable[..., float]] = {
+    "sqrt": math.sqrt,
+    "abs": abs,
+    "round": round,
+    "min": min,
+    "max": max,
+    "log": math.log,
+}
+
+
+def evaluate_arithmetic(expression: str) -> float | int:
+    """Arithmetic over numbers, + - * / // % **, and a few functions; nothing else
+    (walks the syntax tree: no eval)."""
+    if len(expression) > 500:
+        raise ToolFailed("expression too long (500 characters at most)")
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as exc:
+        raise ToolFailed(f"not an arithmetic expression: {exc.msg}") from exc
+
+    def walk(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 100:
+                raise ToolFailed("exponent too large")
+            return _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            return _UNARY[type(node.op)](walk(node.operand))
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _FUNCS
+            and not node.keywords
+        ):
+            return _FUNCS[node.func.id](*(walk(a) for a in node.args))
+        raise ToolFailed(f"unsupported syntax: {ast.dump(node)[:60]}")
+
+    try:
+        value = walk(tree)
+    except (ArithmeticError, ValueError, TypeError) as exc:
+        raise ToolFailed(f"cannot evaluate: {exc}") from exc
+    if not isinstance(value, int | float):
+        raise ToolFailed("the result is not a number")
+    return value
+
+
+async def _calculate(ctx: ToolContext, args: dict[str, Any]) -> str:
+    expression = args.get("expression")
+    if not isinstance(expression, str):
+        raise ToolFailed("'expression' (a string) is required")
+    return str(evaluate_arithmetic(expression))
+
+
+BUILTIN_TOOLS: tuple[Tool, ...] = (
+    Tool(
+        "current_time",
+        "The current date and time (UTC, ISO 8601).",
+        {"type": "object", "properties": {}},
+        _current_time,
+    ),
+    Tool(
+        "calculate",
+        "Evaluate an arithmetic expression: numbers, + - * / // % **, sqrt, abs, round, "
+        "min, max, log.",
+        {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. (2+3)*4"}},
+            "required": ["expression"],
+        },
+        _calculate,
+    ),
+)
+
+
+def default_registry() -> ToolRegistry:
+    return ToolRegistry(BUILTIN_TOOLS)

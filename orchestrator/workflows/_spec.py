@@ -1,0 +1,543 @@
+"""What a workflow is made of, checked on the way in (400 naming the field).
+
+Steps (SPEC part 2): `name` (unique), `prompt` (task steps), `mode`, `tools`, `timeout`
+(seconds), `condition`, `type` (`branch`, `spawn`; omitted for a task step), `conditions`
+(branch steps), `workflows` (spawn steps), `compensate` (a prompt run as an agent task when
+the step is compensated, or `{notify: text}` recorded as an event).
+
+Placeholders. `{{var}}` (no dot) is a template variable, filled when the workflow is created
+from `variables`; a variable without a value is a 400. `{{<step>.result}}` and
+`{{<step>.status}}` refer to earlier steps and are filled when a step runs (prompts) or
+evaluated (conditions, branch `match`); they must name a step of the workflow.
+
+Conditions: a small expression language, parsed here (no eval):
+
+    expr    := or
+    or      := and ("or" and)*
+    and     := unary ("and" unary)*
+    unary   := "not" unary | compare
+    compare := operand [op operand]    op: == != contains matches < <= > >=
+    operand := "string" | 'string' | number | true | false | {{step.result}} | {{step.status}}
+               | "(" expr ")"
+
+`contains` is a substring test, `matches` a regular expression search, `<`... compare numbers
+(a side that is not a number makes the comparison false). A lone operand is true when it is
+a non-empty string other than "false" and "0". A step that has not run has result "" and
+its status (pending, skipped).
+
+Branch steps: `conditions` entries are tried in declared order; an entry with `match` (a
+`{{<step>.result}}` reference) and `pattern` (a regular expression, searched) is chosen when
+the pattern is found in the value (without `pattern`: when the value is non-empty); the
+entry without `match` is the fallback, chosen when no other matched. `then` names the step
+to run next; the run jumps there (forward: the steps jumped over are skipped; backward: those
+steps run again, within `workflow_max_steps`). No match and no fallback: the workflow fails.
+
+Spawn steps: `workflows` lists child workflows, each `{name, steps}` or `{template,
+variables}`; they start in parallel with this workflow as their parent, and the step's
+result is JSON `{"children": [{"id", "name", "status", "result"}]}` (a child's result is its
+last completed step's result). A child that fails or is cancelled fails the step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import ValidationFailed
+
+MODES = ("build", "plan", "explore", "review", "general", "coordinate")
+STEP_TYPES = ("task", "branch", "spawn")
+STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
+REF = re.compile(r"\{\{\s*([A-Za-z0-9_][A-Za-z0-9_.\-]*?)\.(result|status)\s*\}\}")
+MAX_STEPS = 100
+MAX_TEXT = 100_000
+MAX_CHILDREN = 50
+
+
+def _bad(field_name: str, message: str) -> ValidationFailed:
+    return ValidationFailed(
+        f"{field_name}: {message}", extra={"fields": [{"field": field_name, "error": message}]}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BranchRule:
+    name: str
+    then: str
+    match: str | None = None  # the referenced step's name
+    pattern: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec:
+    name: str
+    type: str = "task"
+    prompt: str | None = None
+    mode: str = "general"
+    tools: tuple[str, ...] | None = None
+    timeout: float | None = None
+    condition: str | None = None
+    conditions: tuple[BranchRule, ...] = ()
+    workflows: tuple[dict[str, Any], ...] = ()  # spawn children, as given
+    compensate: str | dict[str, Any] | None = None
+    model: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "type": self.type, "mode": self.mode}
+        for key in ("prompt", "timeout", "condition", "compensate", "model"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.tools is not None:
+            out["tools"] = list(self.tools)
+        if self.conditions:
+            out["conditions"] = {
+                r.name: {
+                    k: v
+                    for k, v in (
+                        ("match", f"{{{{{r.match}.result}}}}" if r.match else None),
+                        ("pattern", r.pattern),
+                        ("then", r.then),
+                    )
+                    if v is not None
+                }
+                for r in self.conditions
+            }
+        if self.workflows:
+            out["workflows"] = list(self.workflows)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSpec:
+    name: str
+    steps: tuple[StepSpec, ...]
+    model: str | None = None
+    step_index: dict[str, int] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def parse(cls, name: Any, steps: Any, *, model: Any = None, where: str = "") -> WorkflowSpec:
+        """Check a workflow given inline (after template filling)."""
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise _bad(f"{where}name", "a non-empty string of at most 200 characters")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise _bad(f"{where}model", "a model name")
+        if not isinstance(steps, list) or not steps:
+            raise _bad(f"{where}steps", "a non-empty array of steps")
+        if len(steps) > MAX_STEPS:
+            raise _bad(f"{where}steps", f"at most {MAX_STEPS} steps")
+        names: list[str] = []
+        for i, raw in enumerate(steps):
+            step_name = raw.get("name") if isinstance(raw, dict) else None
+            if not isinstance(step_name, str) or not STEP_NAME.match(step_name):
+                raise _bad(
+                    f"{where}steps[{i}].name",
+                    "required: letters, digits, _ . - (at most 64, not starting with . or -)",
+                )
+            if step_name in names:
+                raise _bad(f"{where}steps[{i}].name", f"duplicate step name {step_name!r}")
+            names.append(step_name)
+        parsed = tuple(
+            _parse_step(raw, f"{where}steps[{i}]", names, i) for i, raw in enumerate(steps)
+        )
+        return cls(name.strip(), parsed, model, {s.name: i for i, s in enumerate(parsed)})
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "steps": [s.to_json() for s in self.steps]}
+        if self.model:
+            out["model"] = self.model
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WorkflowSpec:
+        return cls.parse(data["name"], data["steps"], model=data.get("model"))
+
+
+def _parse_step(raw: Any, where: str, names: list[str], index: int) -> StepSpec:
+    assert isinstance(raw, dict)
+    known = {
+        "name",
+        "prompt",
+        "mode",
+        "tools",
+        "timeout",
+        "condition",
+        "type",
+        "conditions",
+        "workflows",
+        "compensate",
+        "model",
+    }
+    for key in raw:
+        if key not in known:
+            raise _bad(f"{where}.{key}", "unknown step field")
+    kind = raw.get("type") or "task"
+    if kind not in STEP_TYPES:
+        raise _bad(f"{where}.type", "one of branch, spawn (or omitted for a task step)")
+    prompt = raw.get("prompt")
+    if kind == "task":
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise _bad(f"{where}.prompt", "required for a task step (a non-empty string)")
+    if prompt is not None and (not isinstance(prompt, str) or len(prompt) > MAX_TEXT):
+        raise _bad(f"{where}.prompt", f"a string of at most {MAX_TEXT} characters")
+    if isinstance(prompt, str):
+        _check_refs(prompt, f"{where}.prompt", names)
+    mode = raw.get("mode") or "general"
+    if mode not in MODES:
+        raise _bad(f"{where}.mode", "one of " + ", ".join(MODES))
+    tools = raw.get("tools")
+    if tools is not None and (
+        not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools)
+    ):
+        raise _bad(f"{where}.tools", "an array of tool names")
+    timeout = raw.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= 86_400
+    ):
+        raise _bad(f"{where}.timeout", "seconds, more than 0 and at most 86400")
+    condition = raw.get("condition")
+    if condition is not None:
+        if not isinstance(condition, str) or not condition.strip():
+            raise _bad(f"{where}.condition", "an expression (a non-empty string)")
+        try:
+            Condition(condition, names)
+        except ValueError as exc:
+            raise _bad(f"{where}.condition", str(exc)) from exc
+    rules: tuple[BranchRule, ...] = ()
+    if kind == "branch":
+        rules = _parse_rules(raw.get("conditions"), f"{where}.conditions", names, index)
+    elif raw.get("conditions") is not None:
+        raise _bad(f"{where}.conditions", "only branch steps (type: branch) have conditions")
+    children: tuple[dict[str, Any], ...] = ()
+    if kind == "spawn":
+        given = raw.get("workflows")
+        if not isinstance(given, list) or not given or len(given) > MAX_CHILDREN:
+            raise _bad(f"{where}.workflows", f"1 to {MAX_CHILDREN} child workflows")
+        for j, child in enumerate(given):
+            if not isinstance(child, dict) or not (
+                ("steps" in child and "name" in child) or "template" in child
+            ):
+                raise _bad(f"{where}.workflows[{j}]", "{name, steps} or {template, variables}")
+        children = tuple(given)
+    elif raw.get("workflows") is not None:
+        raise _bad(f"{where}.workflows", "only spawn steps (type: spawn) have workflows")
+    compensate = raw.get("compensate")
+    if compensate is not None:
+        notify_ok = (
+            isinstance(compensate, dict)
+            and set(compensate) == {"notify"}
+            and isinstance(compensate["notify"], str)
+        )
+        if not (isinstance(compensate, str) and compensate.strip()) and not notify_ok:
+            raise _bad(f"{where}.compensate", "a prompt, or {notify: text}")
+    model = raw.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise _bad(f"{where}.model", "a model name")
+    return StepSpec(
+        name=raw["name"],
+        type=kind,
+        prompt=prompt,
+        mode=mode,
+        tools=tuple(tools) if tools is not None else None,
+        timeout=float(timeout) if timeout is not None else None,
+        condition=condition,
+        conditions=rules,
+        workflows=children,
+        compensate=compensate,
+        model=model,
+    )
+
+
+def _parse_rules(raw: Any, where: str, names: list[str], index: int) -> tuple[BranchRule, ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise _bad(where, "a branch step needs a non-empty conditions object")
+    rules = []
+    fallbacks = 0
+    for key, entry in raw.items():
+        at = f"{where}.{key}"
+        if not isinstance(entry, dict):
+            raise _bad(at, "an object {match?, pattern?, then}")
+        then = entry.get("then")
+        if not isinstance(then, str) or then not in names:
+            raise _bad(f"{at}.then", "the name of a step of this workflow")
+        if then == names[index]:
+            raise _bad(f"{at}.then", "a branch cannot jump to itself")
+        match, pattern = entry.get("match"), entry.get("pattern")
+        ref: str | None = None
+        if match is not None:
+            found = REF.fullmatch(match.strip()) if isinstance(match, str) else None
+            if found is None or found.group(2) != "result":
+                raise _bad(f"{at}.match", "a reference {{<step>.result}}")
+            ref = found.group(1)
+            if ref not in names:
+                raise _bad(f"{at}.match", f"no step named {ref!r}")
+        else:
+            fallbacks += 1
+        if pattern is not None:
+            if not isinstance(pattern, str):
+                raise _bad(f"{at}.pattern", "a regular expression")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise _bad(f"{at}.pattern", f"invalid regular expression: {exc}") from exc
+        for extra in set(entry) - {"match", "pattern", "then"}:
+            raise _bad(f"{at}.{extra}", "unknown field")
+        rules.append(BranchRule(str(key), then, ref, pattern))
+    if fallbacks > 1:
+        raise _bad(where, "at most one entry without match (the fallback)")
+    return tuple(rules)
+
+
+def _check_refs(text: str, where: str, names: list[str]) -> None:
+    for found in REF.finditer(text):
+        if found.group(1) not in names:
+            raise _bad(where, f"{found.group(0)} names no step of this workflow")
+
+
+# --- templates ------------------------------------------------------------------------------
+
+
+def template_variables(value: Any) -> list[str]:
+    """The `{{var}}` names used anywhere in a template's steps, sorted."""
+    found: set[str] = set()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str):
+            found.update(VAR.findall(v))
+        elif isinstance(v, dict):
+            for item in v.values():
+                walk(item)
+        elif isinstance(v, list):
+            for item in v:
+                walk(item)
+
+    walk(value)
+    return sorted(found)
+
+
+def fill_template(value: Any, variables: Mapping[str, Any], where: str = "steps") -> Any:
+    """Fill `{{var}}` everywhere in `value` (strings inside dicts and lists); a variable with
+    no value is a 400 naming it. Step references ({{step.result}}) are left for run time."""
+    if isinstance(value, str):
+
+        def sub(found: re.Match[str]) -> str:
+            name = found.group(1)
+            if name not in variables:
+                raise _bad(f"variables.{name}", f"missing value for {{{{{name}}}}} in {where}")
+            given = variables[name]
+            return given if isinstance(given, str) else json.dumps(given)
+
+        return VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: fill_template(v, variables, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [fill_template(v, variables, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def fill_refs(text: str, lookup: Callable[[str, str], str]) -> str:
+    """Replace `{{step.result}}` / `{{step.status}}` with what `lookup(step, attr)` gives."""
+    return REF.sub(lambda m: lookup(m.group(1), m.group(2)), text)
+
+
+# --- conditions -----------------------------------------------------------------------------
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+        (?P<ref>\{\{\s*[A-Za-z0-9_][A-Za-z0-9_.\-]*?\.(?:result|status)\s*\}\})
+      | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+      | (?P<num>-?\d+(?:\.\d+)?)
+      | (?P<op>==|!=|<=|>=|<|>|\(|\))
+      | (?P<word>[A-Za-z_]+)
+    )""",
+    re.VERBOSE,
+)
+_WORD_OPS = {"contains", "matches"}
+_KEYWORDS = {"and", "or", "not", "true", "false"} | _WORD_OPS
+_COMPARE = {"==", "!=", "<", "<=", ">", ">=", "contains", "matches"}
+
+Lookup = Callable[[str, str], str]
+
+
+class Condition:
+    """A parsed condition; `evaluate(lookup)` with `lookup(step, "result"|"status")`."""
+
+    def __init__(self, text: str, step_names: list[str] | None = None) -> None:
+        if len(text) > 2000:
+            raise ValueError("condition too long (2000 characters at most)")
+        self.text = text
+        self._tokens = self._lex(text)
+        self._pos = 0
+        self._names = step_names
+        self._tree = self._or()
+        if self._pos != len(self._tokens):
+            raise ValueError(f"unexpected {self._tokens[self._pos][1]!r}")
+
+    @staticmethod
+    def _lex(text: str) -> list[tuple[str, str]]:
+        tokens, pos = [], 0
+        while pos < len(text):
+            if text[pos:].strip() == "":
+                break
+            found = _TOKEN.match(text, pos)
+            if found is None or found.end() == pos:
+                raise ValueError(f"cannot read the condition at {text[pos : pos + 20]!r}")
+            kind = found.lastgroup or ""
+            value = found.group(kind)
+            if kind == "word" and value not in _KEYWORDS:
+                raise ValueError(f"unknown word {value!r} (strings are quoted)")
+            tokens.append((kind, value))
+            pos = found.end()
+        if not tokens:
+            raise ValueError("empty condition")
+        return tokens
+
+    def _peek(self) -> tuple[str, str] | None:
+        return self._tokens[self._pos] if self._pos < len(self._tokens) else None
+
+    def _take(self) -> tuple[str, str]:
+        token = self._peek()
+        if token is None:
+            raise ValueError("the condition ends too early")
+        self._pos += 1
+        return token
+
+    def _or(self) -> Any:
+        node = self._and()
+        while self._peek() == ("word", "or"):
+            self._take()
+            node = ("or", node, self._and())
+        return node
+
+    def _and(self) -> Any:
+        node = self._unary()
+        while self._peek() == ("word", "and"):
+            self._take()
+            node = ("and", node, self._unary())
+        return node
+
+    def _unary(self) -> Any:
+        if self._peek() == ("word", "not"):
+            self._take()
+            return ("not", self._unary())
+        left = self._operand()
+        token = self._peek()
+        if token is not None and token[1] in _COMPARE:
+            self._take()
+            right = self._operand()
+            if token[1] == "matches":
+                if right[0] != "lit":
+                    raise ValueError("matches takes a quoted regular expression")
+                try:
+                    re.compile(str(right[1]))
+                except re.error as exc:
+                    raise ValueError(f"invalid regular expression: {exc}") from exc
+            return ("cmp", token[1], left, right)
+        return ("truthy", left)
+
+    def _operand(self) -> Any:
+        kind, value = self._take()
+        if kind == "op" and value == "(":
+            node = self._or()
+            if self._take() != ("op", ")"):
+                raise ValueError("missing )")
+            return ("expr", node)
+        if kind == "str":
+            return ("lit", _unquote(value))
+        if kind == "num":
+            return ("lit", value)
+        if kind == "word" and value in ("true", "false"):
+            return ("lit", value)
+        if kind == "ref":
+            found = REF.fullmatch(value)
+            assert found is not None
+            step, attr = found.group(1), found.group(2)
+            if self._names is not None and step not in self._names:
+                raise ValueError(f"{value} names no step of this workflow")
+            return ("ref", step, attr)
+        raise ValueError(f"expected a value, got {value!r}")
+
+    def evaluate(self, lookup: Lookup) -> bool:
+        return bool(self._eval(self._tree, lookup))
+
+    def _value(self, node: Any, lookup: Lookup) -> Any:
+        if node[0] == "lit":
+            return node[1]
+        if node[0] == "ref":
+            return lookup(node[1], node[2])
+        return self._eval(node[1], lookup)
+
+    def _eval(self, node: Any, lookup: Lookup) -> bool:
+        op = node[0]
+        if op == "or":
+            return self._eval(node[1], lookup) or self._eval(node[2], lookup)
+        if op == "and":
+            return self._eval(node[1], lookup) and self._eval(node[2], lookup)
+        if op == "not":
+            return not self._eval(node[1], lookup)
+        if op == "truthy":
+            return _truthy(self._value(node[1], lookup))
+        _, cmp, left_node, right_node = node
+        left, right = self._value(left_node, lookup), self._value(right_node, lookup)
+        if cmp == "==":
+            return _text(left) == _text(right)
+        if cmp == "!=":
+            return _text(left) != _text(right)
+        if cmp == "contains":
+            return _text(right) in _text(left)
+        if cmp == "matches":
+            return re.search(_text(right), _text(left)) is not None
+        a, b = _number(left), _number(right)
+        if a is None or b is None:
+            return False
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[cmp]
+
+
+def _unquote(token: str) -> str:
+    return re.sub(r"\\(.)", r"\1", token[1:-1])
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).strip()
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    return bool(text) and text.lower() not in ("false", "0")
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return None
+
+
+def evaluate_condition(expression: str, lookup: Lookup) -> bool:
+    return Condition(expression).evaluate(lookup)
+
+
+def choose_branch(step: StepSpec, lookup: Lookup) -> BranchRule | None:
+    """The branch entry to follow: the first matching entry with `match`, else the
+    fallback, else None."""
+    fallback = None
+    for rule in step.conditions:
+        if rule.match is None:
+            fallback = fallback or rule
+            continue
+        value = lookup(rule.match, "result")
+        if rule.pattern is None:
+            if _truthy(value):
+                return rule
+        elif re.search(rule.pattern, value) is not None:
+            return rule
+    return fallback

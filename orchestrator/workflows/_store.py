@@ -1,0 +1,596 @@
+"""Workflows in Postgres. Every transition updates the rows and appends its events in one
+transaction (the state machine tables are checked first); reads are tenant-scoped: another
+user's workflow is a 404, admins see every one."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from orchestrator.auth import Principal
+from orchestrator.errors import Conflict, NotFound
+from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.workflows._spec import WorkflowSpec, template_variables
+from orchestrator.workflows._states import (
+    DELETABLE,
+    FINISHED,
+    StepState,
+    WorkflowState,
+    check_transition,
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def shard_of(workflow_id: str, shards: int) -> int:
+    """The shard that drives a workflow: its number modulo the shard count."""
+    return int(workflow_id.removeprefix("wf-")) % max(1, shards)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    idx: int
+    name: str
+    status: StepState
+    attempt: int
+    key: str | None
+    result: str | None
+    error: str | None
+    compensated: bool
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "status": str(self.status)}
+        if self.status == StepState.COMPLETED and self.result is not None:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRecord:
+    id: str
+    user_uuid: str
+    name: str
+    status: WorkflowState
+    spec: WorkflowSpec
+    parent_id: str | None
+    parent_step: str | None
+    cursor: int
+    executed: int
+    ending: str | None
+    error: str | None
+    created_at: int
+    updated_at: int
+    steps: tuple[StepRecord, ...]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    def step(self, name: str) -> StepRecord | None:
+        index = self.spec.step_index.get(name)
+        return self.steps[index] if index is not None else None
+
+    def lookup(self, step: str, attr: str) -> str:
+        """`{{step.result}}` / `{{step.status}}`: "" for a result not there yet."""
+        record = self.step(step)
+        if record is None:
+            return ""
+        if attr == "status":
+            return str(record.status)
+        return record.result or "" if record.status == StepState.COMPLETED else ""
+
+    def last_result(self) -> str | None:
+        done = [s for s in self.steps if s.status == StepState.COMPLETED and s.result]
+        return done[-1].result if done else None
+
+
+_COLUMNS = (
+    "id, user_uuid, name, status, spec, parent_id, parent_step, cursor, executed, ending, "
+    "error, created_at, updated_at"
+)
+
+
+class WorkflowStore:
+    def __init__(self, pool: asyncpg.Pool, events: EventStore) -> None:
+        self._pool = pool
+        self._events = events
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
+    # --- creating and reading ---------------------------------------------------------------
+
+    async def create(
+        self,
+        spec: WorkflowSpec,
+        user_uuid: str,
+        *,
+        parent_id: str | None = None,
+        parent_step: str | None = None,
+        conn: asyncpg.Connection | None = None,
+    ) -> str:
+        async def insert(c: asyncpg.Connection) -> str:
+            number = await c.fetchval("SELECT nextval('workflow_seq')")
+            wid = f"wf-{number}"
+            ts = now_ms()
+            await c.execute(
+                "INSERT INTO workflows (id, number, user_uuid, name, status, spec, parent_id,"
+                " parent_step, created_at, updated_at)"
+                " VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8, $8)",
+                wid,
+                number,
+                user_uuid,
+                spec.name,
+                json.dumps(spec.to_json()),
+                parent_id,
+                parent_step,
+                ts,
+            )
+            await c.executemany(
+                "INSERT INTO workflow_steps (workflow_id, idx, name) VALUES ($1, $2, $3)",
+                [(wid, i, s.name) for i, s in enumerate(spec.steps)],
+            )
+            return wid
+
+        if conn is not None:
+            return await insert(conn)
+        async with self._pool.acquire() as c, c.transaction():
+            return await insert(c)
+
+    async def load(self, workflow_id: str, conn: Any = None) -> WorkflowRecord | None:
+        """Unscoped (the engine's view)."""
+        c = conn or self._pool
+        row = await c.fetchrow(f"SELECT {_COLUMNS} FROM workflows WHERE id = $1", workflow_id)
+        if row is None:
+            return None
+        steps = await c.fetch(
+            "SELECT idx, name, status, attempt, idempotency_key, result, error, compensated"
+            " FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx",
+            workflow_id,
+        )
+        return _record(row, steps)
+
+    async def get(self, workflow_id: str, principal: Principal) -> WorkflowRecord:
+        record = await self.load(workflow_id)
+        if record is None or not (principal.is_admin or record.user_uuid == principal.user_uuid):
+            raise NotFound(f"workflow {workflow_id} not found")
+        return record
+
+    async def detail(self, workflow_id: str, principal: Principal) -> dict[str, Any]:
+        record = await self.get(workflow_id, principal)
+        children = await self._pool.fetch(
+            "SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number", workflow_id
+        )
+        return {
+            "id": record.id,
+            "name": record.name,
+            "status": str(record.status),
+            "steps": [s.wire() for s in record.steps],
+            "parent_id": record.parent_id,
+            "children": [r["id"] for r in children],
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "error": record.error,
+        }
+
+    async def page(
+        self,
+        principal: Principal,
+        *,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[dict[str, Any]], int]:
+        where = ["TRUE" if principal.is_admin else "user_uuid = $1"]
+        args: list[Any] = [principal.user_uuid]
+        if status is not None:
+            args.append(status)
+            where.append(f"status = ${len(args)}")
+        if parent is not None:
+            args.append(parent)
+            where.append(f"parent_id = ${len(args)}")
+        clause = " AND ".join(where)
+        total = await self._pool.fetchval(
+            f"SELECT count(*) FROM workflows WHERE {clause} AND $1::text IS NOT NULL", *args
+        )
+        rows = await self._pool.fetch(
+            "SELECT id, name, status, created_at, updated_at, parent_id FROM workflows"
+            f" WHERE {clause} AND $1::text IS NOT NULL ORDER BY number DESC"
+            f" LIMIT {int(limit)} OFFSET {int(offset)}",
+            *args,
+        )
+        return [dict(r) for r in rows], int(total)
+
+    async def children(self, workflow_id: str) -> list[WorkflowRecord]:
+        ids = await self._pool.fetch(
+            "SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number", workflow_id
+        )
+        out = [await self.load(r["id"]) for r in ids]
+        return [r for r in out if r is not None]
+
+    async def children_of_step(self, workflow_id: str, step: str) -> list[str]:
+        rows = await self._pool.fetch(
+            "SELECT id FROM workflows WHERE parent_id = $1 AND parent_step = $2 ORDER BY number",
+            workflow_id,
+            step,
+        )
+        return [r["id"] for r in rows]
+
+    async def statuses(self, ids: Sequence[str]) -> dict[str, str]:
+        rows = await self._pool.fetch(
+            "SELECT id, status FROM workflows WHERE id = ANY($1::text[])", list(ids)
+        )
+        return {r["id"]: r["status"] for r in rows}
+
+    async def delete(self, workflow_id: str, principal: Principal) -> int:
+        """Delete a completed or cancelled workflow and its descendants (all finished too)."""
+        record = await self.get(workflow_id, principal)
+        if record.status not in DELETABLE:
+            raise Conflict(
+                f"workflow {workflow_id} is {record.status}: only completed or cancelled"
+                " workflows can be deleted",
+                extra={"status": str(record.status)},
+            )
+        result = await self._pool.execute(
+            "DELETE FROM workflows WHERE id = $1 AND status = ANY($2::text[])",
+            workflow_id,
+            [str(s) for s in DELETABLE],
+        )
+        if result.endswith(" 0"):
+            raise Conflict(f"workflow {workflow_id} changed state; try again")
+        return 1
+
+    async def unfinished(self, shard_index: int, shards: int) -> list[str]:
+        rows = await self._pool.fetch(
+            "SELECT id FROM workflows WHERE status IN ('pending', 'running')"
+            " AND number % $1 = $2 ORDER BY number",
+            max(1, shards),
+            shard_index,
+        )
+        return [r["id"] for r in rows]
+
+    # --- transitions (each one transaction: rows + events) ----------------------------------
+
+    async def _tx_load(self, tx: EventTransaction, workflow_id: str) -> WorkflowRecord:
+        await tx.conn.execute("SELECT 1 FROM workflows WHERE id = $1 FOR UPDATE", workflow_id)
+        record = await self.load(workflow_id, tx.conn)
+        if record is None:
+            raise NotFound(f"workflow {workflow_id} not found")
+        return record
+
+    @staticmethod
+    async def _set_workflow(tx: EventTransaction, record: WorkflowRecord, **columns: Any) -> None:
+        if "status" in columns:
+            check_transition("workflow", record.status, columns["status"], record.id)
+        columns["updated_at"] = now_ms()
+        sets = ", ".join(f"{k} = ${i + 2}" for i, k in enumerate(columns))
+        await tx.conn.execute(
+            f"UPDATE workflows SET {sets} WHERE id = $1", record.id, *columns.values()
+        )
+
+    @staticmethod
+    async def _set_step(
+        tx: EventTransaction, record: WorkflowRecord, idx: int, **columns: Any
+    ) -> None:
+        step = record.steps[idx]
+        if "status" in columns and columns["status"] != step.status:
+            check_transition("step", step.status, columns["status"], f"step {step.name}")
+        sets = ", ".join(f"{k} = ${i + 3}" for i, k in enumerate(columns))
+        await tx.conn.execute(
+            f"UPDATE workflow_steps SET {sets} WHERE workflow_id = $1 AND idx = $2",
+            record.id,
+            idx,
+            *columns.values(),
+        )
+
+    @staticmethod
+    def _event(record: WorkflowRecord, type_: str, **data: Any) -> NewEvent:
+        payload = {"workflow_id": record.id, **{k: v for k, v in data.items() if v is not None}}
+        return NewEvent(type_, payload, record.user_uuid)
+
+    async def mark_started(self, workflow_id: str) -> WorkflowRecord:
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id)
+            if record.status == WorkflowState.PENDING:
+                await self._set_workflow(tx, record, status=WorkflowState.RUNNING)
+                await tx.append(
+                    [
+                        self._event(
+                            record,
+                            "workflow.started",
+                            name=record.name,
+                            user_uuid=record.user_uuid,
+                            steps=[s.name for s in record.spec.steps],
+                            parent_id=record.parent_id,
+                        )
+                    ]
+                )
+        loaded = await self.load(workflow_id)
+        assert loaded is not None
+        return loaded
+
+    async def start_step(self, workflow_id: str, idx: int) -> tuple[int, str]:
+        """pending/running -> running with a new attempt; its idempotency key."""
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id)
+            step = record.steps[idx]
+            attempt = step.attempt + 1
+            key = f"{workflow_id}:{step.name}:{attempt}"
+            await self._set_step(
+                tx,
+                record,
+                idx,
+                status=StepState.RUNNING,
+                attempt=attempt,
+                idempotency_key=key,
+                started_at=now_ms(),
+                error=None,
+            )
+            await self._set_workflow(tx, record, cursor=idx, executed=record.executed + 1)
+            await tx.append(
+                [self._event(record, "workflow.step_started", step=step.name, attempt=attempt)]
+            )
+        return attempt, key
+
+    async def finish_step(
+        self,
+        workflow_id: str,
+        idx: int,
+        key: str,
+        *,
+        ok: bool,
+        result: str | None,
+        error: str | None,
+        duration_ms: int,
+        next_cursor: int,
+        skip: Sequence[int] = (),
+        rewind: range | None = None,
+    ) -> bool:
+        """Record the step attempt's outcome once. False (nothing written) when the attempt
+        is not the step's current running one or its result is already recorded."""
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id)
+            step = record.steps[idx]
+            if step.status != StepState.RUNNING or step.key != key:
+                return False
+            inserted = await tx.conn.fetchval(
+                "INSERT INTO workflow_step_results (idempotency_key, workflow_id, step, status,"
+                " recorded_at) VALUES ($1, $2, $3, $4, $5)"
+                " ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1",
+                key,
+                workflow_id,
+                step.name,
+                "completed" if ok else "failed",
+                now_ms(),
+            )
+            if inserted is None:
+                return False
+            status = StepState.COMPLETED if ok else StepState.FAILED
+            await self._set_step(
+                tx,
+                record,
+                idx,
+                status=status,
+                result=result if ok else None,
+                error=None if ok else error,
+                finished_at=now_ms(),
+            )
+            if ok:
+                await self._set_workflow(tx, record, cursor=next_cursor)
+                # A branch's jump commits with its result: a crash cannot split them.
+                for i in skip:
+                    if record.steps[i].status == StepState.PENDING:
+                        await self._set_step(tx, record, i, status=StepState.SKIPPED)
+                if rewind is not None:
+                    fresh = await self.load(workflow_id, tx.conn)
+                    assert fresh is not None
+                    for i in rewind:
+                        if fresh.steps[i].status in (StepState.COMPLETED, StepState.SKIPPED):
+                            await self._set_step(
+                                tx, fresh, i, status=StepState.PENDING, result=None, error=None
+                            )
+                event = self._event(
+                    record,
+                    "workflow.step_completed",
+                    step=step.name,
+                    duration_ms=duration_ms,
+                    output=result,
+                    attempt=step.attempt,
+                )
+            else:
+                event = self._event(
+                    record,
+                    "workflow.step_failed",
+                    step=step.name,
+                    error=error,
+                    attempt=step.attempt,
+                )
+            await tx.append([event])
+        return True
+
+    async def skip_steps(self, workflow_id: str, idxs: Iterable[int], next_cursor: int) -> None:
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id)
+            for idx in idxs:
+                if record.steps[idx].status == StepState.PENDING:
+                    await self._set_step(tx, record, idx, status=StepState.SKIPPED)
+            await self._set_workflow(tx, record, cursor=next_cursor)
+
+    async def begin_ending(
+        self, workflow_id: str, ending: str, reason: str, step: str | None = None
+    ) -> WorkflowRecord | None:
+        """Start compensating towards failed or cancelled (once). Steps still pending or
+        running are skipped. None when the workflow has finished already."""
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id)
+            if record.finished:
+                return None
+            if record.ending is None:
+                for s in record.steps:
+                    if s.status in (StepState.PENDING, StepState.RUNNING):
+                        await self._set_step(
+                            tx,
+                            record,
+                            s.idx,
+                            status=StepState.SKIPPED,
+                            error="cancelled" if ending == "cancelled" else s.error,
+                        )
+                await self._set_workflow(tx, record, ending=ending, error=reason)
+                to_compensate = [
+                    s.name for s in reversed(record.steps) if s.status == StepState.COMPLETED
+                ]
+                await tx.append(
+                    [
+                        self._event(
+                            record,
+                            "workflow.compensating",
+                            reason=reason,
+                            step=step,
+                            steps=to_compensate,
+                            ending=ending,
+                        )
+                    ]
+                )
+        return await self.load(workflow_id)
+
+    async def mark_compensated(self, workflow_id: str, idx: int, *, ok: bool, detail: str) -> None:
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id)
+            step = record.steps[idx]
+            if step.compensated:
+                return
+            await self._set_step(tx, record, idx, compensated=True)
+            await tx.append(
+                [
+                    self._event(
+                        record,
+                        "workflow.compensating",
+                        step=step.name,
+                        reason=detail,
+                        ok=ok,
+                    )
+                ]
+            )
+
+    async def finish(
+        self,
+        workflow_id: str,
+        status: WorkflowState,
+        *,
+        error: str | None = None,
+        step: str | None = None,
+    ) -> bool:
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id)
+            if record.finished:
+                return False
+            await self._set_workflow(tx, record, status=status, error=error)
+            duration = now_ms() - record.created_at
+            if status == WorkflowState.COMPLETED:
+                event = self._event(
+                    record,
+                    "workflow.completed",
+                    duration_ms=duration,
+                    output=record.last_result(),
+                )
+            elif status == WorkflowState.FAILED:
+                event = self._event(record, "workflow.failed", step=step, error=error)
+            else:
+                event = self._event(record, "workflow.cancelled", reason=error)
+            await tx.append([event])
+        return True
+
+    # --- templates ------------------------------------------------------------------------
+
+    async def save_template(
+        self, name: str, steps: list[dict[str, Any]], principal: Principal, *, shared: bool
+    ) -> list[str]:
+        variables = template_variables(steps)
+        ts = now_ms()
+        await self._pool.execute(
+            "INSERT INTO workflow_templates (owner, name, steps, variables, created_by,"
+            " created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6)"
+            " ON CONFLICT (owner, name) DO UPDATE SET steps = EXCLUDED.steps,"
+            " variables = EXCLUDED.variables, updated_at = EXCLUDED.updated_at",
+            "" if shared else principal.user_uuid,
+            name,
+            json.dumps(steps),
+            variables,
+            principal.user_uuid,
+            ts,
+        )
+        return variables
+
+    async def get_template(self, name: str, user_uuid: str) -> dict[str, Any] | None:
+        """The user's own template of that name, else a shared one."""
+        row = await self._pool.fetchrow(
+            "SELECT owner, name, steps, variables, created_by, created_at FROM"
+            " workflow_templates WHERE name = $1 AND owner IN ($2, '')"
+            " ORDER BY owner = '' LIMIT 1",
+            name,
+            user_uuid,
+        )
+        return _template(row) if row is not None else None
+
+    async def list_templates(self, principal: Principal) -> list[dict[str, Any]]:
+        rows = await self._pool.fetch(
+            "SELECT owner, name, steps, variables, created_by, created_at FROM"
+            f" workflow_templates WHERE {'TRUE' if principal.is_admin else 'owner IN ($1, %s)'}"
+            " AND $1::text IS NOT NULL ORDER BY name, owner".replace("%s", "''"),
+            principal.user_uuid,
+        )
+        return [_template(r) for r in rows]
+
+
+def _template(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "name": row["name"],
+        "steps": json.loads(row["steps"]),
+        "variables": list(row["variables"]),
+        "shared": row["owner"] == "",
+        "owner": row["owner"] or None,
+        "created_at": row["created_at"],
+    }
+
+
+def _record(row: asyncpg.Record, steps: Sequence[asyncpg.Record]) -> WorkflowRecord:
+    spec = WorkflowSpec.from_json(json.loads(row["spec"]))
+    return WorkflowRecord(
+        id=row["id"],
+        user_uuid=row["user_uuid"],
+        name=row["name"],
+        status=WorkflowState(row["status"]),
+        spec=spec,
+        parent_id=row["parent_id"],
+        parent_step=row["parent_step"],
+        cursor=row["cursor"],
+        executed=row["executed"],
+        ending=row["ending"],
+        error=row["error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        steps=tuple(
+            StepRecord(
+                idx=s["idx"],
+                name=s["name"],
+                status=StepState(s["status"]),
+                attempt=s["attempt"],
+                key=s["idempotency_key"],
+                result=s["result"],
+                error=s["error"],
+                compensated=s["compensated"],
+            )
+            for s in steps
+        ),
+    )
