@@ -1,0 +1,232 @@
+"""Workflows through the service the README starts (`scripts/serve`: Serve, WorkflowShard and
+AgentWorker actors, embedded Postgres), against a loopback OpenAI-format model: a 3-step run,
+kill -9 of the shards and of an agent worker while 20 workflows run (all complete, each step
+result recorded once, per-aggregate seq gapless), and a full service restart that resumes
+unfinished workflows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import free_port
+from tests.e2e.test_serve import ROOT
+from tests.fakes.agent_llm import agent_reply
+from tests.fakes.openai_server import OpenAIFake
+
+pytestmark = pytest.mark.e2e
+MODEL = "fake-agent"
+
+
+@dataclass
+class Orchestrator:
+    work: Path
+    config: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1"
+
+    @property
+    def admin(self) -> dict[str, str]:
+        token = (self.work / "data" / "admin_token").read_text().strip()
+        return {"Authorization": f"Bearer {token}"}
+
+    def start(self) -> None:
+        log = self.work / "serve.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_"))}
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    str(ROOT / "scripts" / "serve"),
+                    "--config",
+                    str(self.config),
+                    "--data-dir",
+                    str(self.work / "data"),
+                    "--port",
+                    str(self.port),
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        _wait_for_ready_line_after(self.proc, log)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.admin, timeout=60)
+
+
+def _wait_for_ready_line_after(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Like `_wait_for_ready_line`, for a log that may hold an earlier run's lines."""
+    offset = log.stat().st_size if log.exists() else 0
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        text = log.read_bytes()[offset:].decode(errors="replace")
+        if "Orchestrator ready at" in text:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"orchestrator serve exited early:\n{text[-4000:]}")
+        time.sleep(0.25)
+    proc.kill()
+    pytest.fail(f"orchestrator serve did not become ready:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[OpenAIFake]:
+    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
+    work = tmp_path_factory.mktemp("workflows-e2e")
+    config = work / "orchestrator.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "providers": {
+                    "openai": {"base_url": llm.base_url, "api_key": "sk-agent", "models": [MODEL]}
+                },
+                "default_model": MODEL,
+                "rate_limit_per_minute": 0,
+                "provider_retries": 0,
+                "agent_workers": 2,
+                "workflow_shards": 2,
+            }
+        )
+    )
+    orch = Orchestrator(work, config)
+    orch.start()
+    try:
+        yield orch
+    finally:
+        orch.stop()
+        sys.stdout.write((work / "serve.log").read_text(errors="replace")[-3000:])
+
+
+def _wait_all(c: httpx.Client, ids: list[str], within: float) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while True:
+        bodies = {i: c.get(f"/workflows/{i}").json() for i in ids}
+        if all(b["status"] in ("completed", "failed", "cancelled") for b in bodies.values()):
+            return bodies
+        assert time.monotonic() < deadline, {i: b["status"] for i, b in bodies.items()}
+        time.sleep(0.3)
+
+
+def _events(c: httpx.Client, aggregate: str) -> list[dict[str, Any]]:
+    return list(c.get("/events", params={"aggregate": aggregate, "limit": 1000}).json()["data"])
+
+
+def _actors(kind: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and cmd[0].startswith(f"ray::{kind}") and p.status() != psutil.STATUS_ZOMBIE:
+            out.append(p)
+    return out
+
+
+def test_three_steps_and_health_workers(service: Orchestrator) -> None:
+    with service.client() as c:
+        health = c.get("/health").json()
+        assert health["components"]["workers"] == {"active": 0, "idle": 2}
+        r = c.post(
+            "/workflows",
+            json={
+                "name": "e2e",
+                "steps": [
+                    {"name": "a", "prompt": "[answer RED]"},
+                    {"name": "b", "prompt": "use {{a.result}}", "mode": "build"},
+                    {"name": "c", "prompt": "check"},
+                ],
+            },
+        )
+        assert r.status_code == 200 and r.json()["status"] == "pending"
+        body = _wait_all(c, [r.json()["id"]], 60)[r.json()["id"]]
+        assert body["status"] == "completed"
+        assert [s["result"] for s in body["steps"]] == ["RED", "done: use RED", "done: check"]
+        worker_events = c.get("/events", params={"types": "worker.ready", "limit": 100}).json()
+        assert {e["data"]["worker_id"] for e in worker_events["data"]} == {
+            "agent-worker-0",
+            "agent-worker-1",
+        }
+
+
+def test_kill_shards_and_a_worker_while_20_workflows_run(service: Orchestrator) -> None:
+    steps = [{"name": f"s{i}", "prompt": f"[sleep 1] part {i}"} for i in range(3)]
+    with service.client() as c:
+        ids = [
+            c.post("/workflows", json={"name": f"load-{n}", "steps": steps}).json()["id"]
+            for n in range(20)
+        ]
+        time.sleep(1.5)
+        shards = _actors("WorkflowShard")
+        assert len(shards) == 2
+        for proc in shards:
+            proc.send_signal(signal.SIGKILL)
+        time.sleep(3.0)
+        workers = _actors("AgentWorker")
+        assert len(workers) == 2
+        workers[0].send_signal(signal.SIGKILL)
+        bodies = _wait_all(c, ids, 180)
+        assert {b["status"] for b in bodies.values()} == {"completed"}
+        retried = 0
+        for wid in ids:
+            got = _events(c, wid)
+            assert [e["seq"] for e in got] == list(range(1, len(got) + 1)), wid
+            done = Counter(e["data"]["step"] for e in got if e["type"] == "workflow.step_completed")
+            assert done == {"s0": 1, "s1": 1, "s2": 1}, (wid, done)
+            assert sum(e["type"] == "workflow.completed" for e in got) == 1
+            retried += sum(
+                1 for e in got if e["type"] == "workflow.step_started" and e["data"]["attempt"] > 1
+            )
+        assert retried >= 1  # the shards died mid-step: steps were dispatched again
+        crashed = c.get("/events", params={"types": "worker.crashed", "limit": 100}).json()
+        assert crashed["total"] >= 1
+
+
+def test_service_restart_resumes_unfinished_workflows(service: Orchestrator) -> None:
+    steps = [{"name": f"s{i}", "prompt": f"[sleep 1.5] part {i}"} for i in range(3)]
+    with service.client() as c:
+        ids = [
+            c.post("/workflows", json={"name": f"resume-{n}", "steps": steps}).json()["id"]
+            for n in range(5)
+        ]
+        time.sleep(1.0)
+        assert all(c.get(f"/workflows/{i}").json()["status"] == "running" for i in ids)
+    service.stop()
+    service.start()
+    with service.client() as c:
+        bodies = _wait_all(c, ids, 120)
+        assert {b["status"] for b in bodies.values()} == {"completed"}
+        for wid in ids:
+            got = _events(c, wid)
+            assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
+            assert sum(e["type"] == "workflow.started" for e in got) == 1
