@@ -35,7 +35,7 @@ def worker_name(index: int) -> str:
     return f"agent-worker-{index}"
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)  # type: ignore[call-overload]
+@ray.remote(max_restarts=-1, max_task_retries=0)
 class AgentWorker:
     def __init__(self, settings: Settings, index: int) -> None:
         self._settings = settings

@@ -499,7 +499,8 @@ class Condition:
 
 
 def _unquote(token: str) -> str:
-    return re.sub(r"\\(.)", r"\1", token[1:-1])
+    # Only quotes and backslashes are escapes: `\d` stays for regular expressions.
+    return re.sub(r"\\([\"'\\])", r"\1", token[1:-1])
 
 
 def _text(value: Any) -> str:

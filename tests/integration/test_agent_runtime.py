@@ -1,0 +1,127 @@
+"""The agent loop on its own (no HTTP): real Postgres for its events, the real gateway to a
+loopback OpenAI-format model with scripted replies, tools registered by the test."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from orchestrator.agents import (
+    AgentRunner,
+    AgentTask,
+    LocalDispatcher,
+    Tool,
+    ToolContext,
+    default_registry,
+)
+from orchestrator.db import connect
+from orchestrator.events import EventQuery, EventStore
+from orchestrator.observability import MetricsRecorder
+from orchestrator.providers import Gateway
+from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
+
+MODEL = "fake-agent"
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[OpenAIFake]:
+    async with OpenAIFake(api_key="sk-agent") as server:
+        yield server
+
+
+@pytest.fixture
+async def runtime(make_settings: Any, llm: OpenAIFake) -> AsyncIterator[Any]:
+    settings = make_settings(
+        providers={"openai": {"base_url": llm.base_url, "api_key": "sk-agent", "models": [MODEL]}},
+        default_model=MODEL,
+        provider_retries=0,
+        agent_ctx_tokens=1500,
+        agent_max_turns=4,
+    )
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    events = EventStore(db.pool)
+    gateway = Gateway(settings, MetricsRecorder("test"))
+    tools = default_registry()
+
+    async def big(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return f"{args['n']}:" + "x" * 3000 + f" owner={ctx.task.user_uuid}"
+
+    tools.register(Tool("big", "A large answer", {"type": "object"}, big))
+    runner = AgentRunner(settings, gateway, events, tools)
+    try:
+        yield runner, events
+    finally:
+        await gateway.aclose()
+        await db.close()
+
+
+async def _events(events: EventStore, task_id: str) -> list[Any]:
+    found, _ = await events.query(
+        EventQuery(aggregate=task_id, user_uuid=None, types=None, from_seq=0, limit=500, offset=0)
+    )
+    return found
+
+
+async def test_context_overflow_truncates_older_tool_results_not_the_prompt(
+    runtime: Any, llm: OpenAIFake
+) -> None:
+    runner, events = runtime
+    llm.script(
+        [
+            FakeReply(tool_calls=[FakeToolCall("big", {"n": 1})]),
+            FakeReply(tool_calls=[FakeToolCall("big", {"n": 2})]),
+            FakeReply(tool_calls=[FakeToolCall("big", {"n": 3})]),
+            FakeReply(text="summary"),
+        ]
+    )
+    prompt = "P" * 2000
+    task = AgentTask("t-overflow", "carol", prompt, context=(("Earlier", "E" * 500),))
+    result = await LocalDispatcher(runner).run(task)
+    assert result.status == "completed" and result.result == "summary" and result.turns == 4
+    last = llm.chat_requests[-1].json["messages"]
+    assert prompt in last[1]["content"] and "E" * 500 in last[1]["content"]
+    tool_texts = [m["content"] for m in last if m["role"] == "tool"]
+    assert len(tool_texts) == 3
+    assert tool_texts[0].startswith("[truncated: ")
+    assert tool_texts[-1].startswith("3:xxx") and tool_texts[-1].endswith("owner=carol")
+    got = await _events(events, "t-overflow")
+    overflow = [e for e in got if e.type == "agent.context_overflow"]
+    assert overflow and overflow[0].data["limit"] == 1500
+    assert all(e.user_uuid == "carol" for e in got)
+    assert [e.type for e in got][:3] == ["task.created", "task.dispatched", "worker.task_started"]
+    assert [e.type for e in got][-2:] == ["task.completed", "worker.task_completed"]
+
+
+async def test_turn_limit_and_unknown_tool(runtime: Any, llm: OpenAIFake) -> None:
+    runner, events = runtime
+    llm.script([FakeReply(tool_calls=[FakeToolCall("nope", {"i": i})]) for i in range(4)])
+    result = await LocalDispatcher(runner).run(AgentTask("t-turns", "dave", "go"))
+    assert result.status == "failed" and result.error == "turn limit reached (4 turns)"
+    denied = [e for e in await _events(events, "t-turns") if e.type == "audit.tool_denied"]
+    assert len(denied) == 4 and denied[0].data["reason"] == "no such tool"
+    sent = llm.chat_requests[1].json["messages"][-1]
+    assert sent["role"] == "tool" and "refused: no such tool" in sent["content"]
+    failed = [e for e in await _events(events, "t-turns") if e.type == "task.failed"]
+    assert failed[0].data["error"] == "turn limit reached (4 turns)"
+
+
+async def test_upstream_error_fails_the_task(runtime: Any, llm: OpenAIFake) -> None:
+    runner, _ = runtime
+    llm.script([FakeReply(status=401)])
+    result = await LocalDispatcher(runner).run(AgentTask("t-err", "erin", "go"))
+    assert result.status == "failed" and result.error and "model call failed" in result.error
+
+
+async def test_modes_change_the_system_prompt(runtime: Any, llm: OpenAIFake) -> None:
+    runner, _ = runtime
+    seen = []
+    for mode in ("build", "plan", "explore", "review", "general", "coordinate"):
+        llm.script([FakeReply(text="ok")])
+        await LocalDispatcher(runner).run(AgentTask(f"t-{mode}", "fay", "go", mode=mode))
+        seen.append(llm.chat_requests[-1].json["messages"][0]["content"])
+    assert len(set(seen)) == 6
+    assert json.dumps(seen).count("planning agent") == 1
