@@ -17,7 +17,13 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from actors import NAMESPACE
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
-from orchestrator.agents import AgentRunner, AgentTask, TaskResult, default_registry
+from orchestrator.agents import (
+    AgentRunner,
+    AgentTask,
+    TaskResult,
+    created_event,
+    default_registry,
+)
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore, NewEvent
@@ -126,22 +132,8 @@ class RayDispatcher:
         return actor
 
     async def run(self, task: AgentTask) -> TaskResult:
-        await self._events.append(
-            [
-                NewEvent(
-                    "task.created",
-                    {
-                        "task_id": task.task_id,
-                        "prompt": task.prompt[:2000],
-                        "mode": task.mode,
-                        "model": task.model or self._settings.default_model,
-                        "user_uuid": task.user_uuid,
-                        "workflow_id": task.workflow_id,
-                    },
-                    task.user_uuid,
-                )
-            ]
-        )
+        if not task.announced:
+            await self._events.append([created_event(task, self._settings)])
         tried: set[int] = set()
         for _ in range(MAX_REDISPATCH + 1):
             candidates = [i for i in range(self._size) if i not in tried] or list(range(self._size))

@@ -4,6 +4,7 @@
     python scripts/bench.py ingress [--json] [--duration S] [--concurrency C]
     python scripts/bench.py events [--json] [--duration S] [--subscribers 100,1000]
     python scripts/bench.py gateway [--json] [--duration S] [--concurrency C]
+    python scripts/bench.py workflows [--json] [--workflows 100] [--sequential 20]
 
 `ingress` starts `orchestrator serve` (Ray Serve, HAProxy unless --no-haproxy) and, next to
 it, plain uvicorn serving the same FastAPI app against the same Postgres and Redis; then it
@@ -17,6 +18,10 @@ HTTP) against plain autocommit INSERTs on the same disk, then the SSE delivery l
 (non-streaming latency at concurrency 1, streaming time to first token, throughput at
 concurrency 32) against calling the same loopback OpenAI-format upstream directly, through
 `orchestrator serve` and through the same app under plain uvicorn.
+
+`workflows` runs 5-step workflows through `orchestrator serve` against an instant loopback
+model: orchestration overhead per step (step time minus a direct model call, p50/p99) one
+workflow at a time, and steps/s with 100 workflows created at once.
 
 Progress goes to stderr; the result table (or, with --json, exactly one JSON object) goes to
 stdout. The benchmarks live in the `benchmarks` package next to this file (found because
@@ -45,7 +50,7 @@ if _VENV_PYTHON.exists() and Path(sys.prefix).resolve() != _VENV_PYTHON.parents[
 from benchmarks._common import BENCHMARKS, GENERATORS, say  # noqa: E402 (after the venv re-exec)
 
 # Imported for their `@benchmark` registrations, in the order the subcommands are listed.
-for _module in ("ingress", "events", "gateway"):
+for _module in ("ingress", "events", "gateway", "workflows"):
     importlib.import_module(f"benchmarks.{_module}")
 
 

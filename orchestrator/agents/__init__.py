@@ -1,6 +1,12 @@
 """The agent runtime: tasks, the agent loop (LLM turns + tools), tools, dispatchers."""
 
-from orchestrator.agents._runner import AgentRunner, LocalDispatcher, TaskFailed
+from orchestrator.agents._runner import (
+    AgentRunner,
+    Emitter,
+    LocalDispatcher,
+    TaskFailed,
+    created_event,
+)
 from orchestrator.agents._task import MODES, AgentTask, TaskDispatcher, TaskResult, TaskStatus
 from orchestrator.agents._tools import (
     BUILTIN_TOOLS,
@@ -17,6 +23,7 @@ __all__ = [
     "MODES",
     "AgentRunner",
     "AgentTask",
+    "Emitter",
     "LocalDispatcher",
     "TaskDispatcher",
     "TaskFailed",
@@ -26,6 +33,7 @@ __all__ = [
     "ToolContext",
     "ToolFailed",
     "ToolRegistry",
+    "created_event",
     "default_registry",
     "evaluate_arithmetic",
 ]

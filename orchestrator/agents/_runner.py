@@ -71,27 +71,20 @@ class AgentRunner:
 
     async def announce(self, task: AgentTask) -> None:
         """task.created: the task exists (dispatchers call it once, before the first run)."""
-        await self._emit(
-            task,
-            "task.created",
-            prompt=task.prompt[:2000],
-            mode=task.mode,
-            model=task.model or self._settings.default_model,
-            user_uuid=task.user_uuid,
-            workflow_id=task.workflow_id,
-        )
+        await self._events.append([created_event(task, self._settings)])
 
     async def run(self, task: AgentTask, worker_id: str) -> TaskResult:
         """Run the task to its end; never raises for the task's own failure."""
         started = time.monotonic()
-        turns = 0
         status: TaskStatus = "completed"
         result: str | None = None
         error: str | None = None
         timeout = task.timeout_s or self._settings.agent_task_timeout_s
-        await self._emit(task, "task.dispatched", worker_id=worker_id, model=task.model)
-        await self._emit(task, "worker.task_started", worker_id=worker_id)
-        loop = _Loop(self, task)
+        emitter = Emitter(self._events, task)
+        emitter.add("task.dispatched", worker_id=worker_id, model=task.model)
+        emitter.add("worker.task_started", worker_id=worker_id)
+        emitter.flush_soon()
+        loop = _Loop(self, task, emitter)
         try:
             async with asyncio.timeout(timeout):
                 result = await loop.run()
@@ -101,37 +94,106 @@ class AgentRunner:
             status, error = "failed", str(exc)
         except OrchestratorError as exc:  # the gateway's (ProviderError included)
             status, error = "failed", f"model call failed: {exc.message}"
-        turns = loop.turns
+        except BaseException:
+            emitter.abandon()
+            raise
         duration_ms = int((time.monotonic() - started) * 1000)
-        outcome = TaskResult(task.task_id, status, result, error, duration_ms, worker_id, turns)
-        await self._finish(task, outcome)
+        outcome = TaskResult(
+            task.task_id, status, result, error, duration_ms, worker_id, loop.turns
+        )
+        common = {"worker_id": worker_id, "duration_ms": duration_ms}
+        if outcome.ok:
+            emitter.add("task.completed", status="completed", **common)
+            emitter.add("worker.task_completed", status="completed", **common)
+        else:
+            failure = outcome.error or outcome.status
+            emitter.add("task.failed", error=failure, status=outcome.status, **common)
+            emitter.add("worker.task_failed", error=failure, status=outcome.status, **common)
+        await emitter.flush()  # the outcome is durable (with everything before it)
         return outcome
 
-    async def _finish(self, task: AgentTask, outcome: TaskResult) -> None:
-        common = {"worker_id": outcome.worker_id, "duration_ms": outcome.duration_ms}
-        if outcome.ok:
-            await self._emit(task, "task.completed", status="completed", **common)
-            await self._emit(task, "worker.task_completed", status="completed", **common)
-            return
-        error = outcome.error or outcome.status
-        await self._emit(task, "task.failed", error=error, status=outcome.status, **common)
-        await self._emit(task, "worker.task_failed", error=error, status=outcome.status, **common)
 
-    async def _emit(self, task: AgentTask, type_: str, **data: Any) -> None:
-        payload = {"task_id": task.task_id, **{k: v for k, v in data.items() if v is not None}}
-        if task.workflow_id and type_.startswith(("task.", "worker.task_")):
-            payload.setdefault("workflow_id", task.workflow_id)
-            if task.step:
-                payload.setdefault("step", task.step)
-        await self._events.append([NewEvent(type_, payload, task.user_uuid)])
+def created_event(task: AgentTask, settings: Settings) -> NewEvent:
+    return NewEvent(
+        "task.created",
+        _payload(
+            task,
+            "task.created",
+            {
+                "prompt": task.prompt[:2000],
+                "mode": task.mode,
+                "model": task.model or settings.default_model,
+                "user_uuid": task.user_uuid,
+            },
+        ),
+        task.user_uuid,
+    )
+
+
+def _payload(task: AgentTask, type_: str, data: dict[str, Any]) -> dict[str, Any]:
+    payload = {"task_id": task.task_id, **{k: v for k, v in data.items() if v is not None}}
+    if task.workflow_id and type_.startswith(("task.", "worker.task_")):
+        payload.setdefault("workflow_id", task.workflow_id)
+        if task.step:
+            payload.setdefault("step", task.step)
+    return payload
+
+
+class Emitter:
+    """A task's events, in order, batched: `add` queues one, `flush_soon` starts appending
+    what is queued (after the previous batch, so order holds) without waiting, `flush` waits
+    for everything. One commit per batch instead of one per event keeps the store's fsyncs
+    off the agent loop's critical path, while the stream still sees each turn as it happens."""
+
+    def __init__(self, events: EventStore, task: AgentTask) -> None:
+        self._events = events
+        self._task = task
+        self._pending: list[NewEvent] = []
+        self._written: list[asyncio.Future[Any]] = []
+        self._chain: asyncio.Task[None] | None = None
+
+    def add(self, type_: str, **data: Any) -> None:
+        self._pending.append(
+            NewEvent(type_, _payload(self._task, type_, data), self._task.user_uuid)
+        )
+
+    def flush_soon(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            # Straight into the store's commit queue: order kept, no task per batch.
+            self._written.append(self._events.enqueue(batch))
+        except RuntimeError:  # the store has pre-commit hooks: chain appends instead
+            previous = self._chain
+
+            async def write() -> None:
+                if previous is not None:
+                    await previous
+                await self._events.append(batch)
+
+            self._chain = asyncio.create_task(write())
+            self._written.append(self._chain)
+
+    async def flush(self) -> None:
+        self.flush_soon()
+        written, self._written = self._written, []
+        for future in written:
+            await asyncio.shield(future)
+
+    def abandon(self) -> None:
+        """Cancelled: what was queued still goes out, in the background."""
+        self.flush_soon()
 
 
 class _Loop:
     """One run of one task: the conversation and the counters."""
 
-    def __init__(self, runner: AgentRunner, task: AgentTask) -> None:
+    def __init__(self, runner: AgentRunner, task: AgentTask, emitter: Emitter) -> None:
         self.runner = runner
         self.task = task
+        self.emit = emitter.add
+        self.emitter = emitter
         self.settings = runner._settings
         self.turns = 0
         self.calls: Counter[str] = Counter()
@@ -156,7 +218,8 @@ class _Loop:
         for turn in range(1, self.settings.agent_max_turns + 1):
             self.turns = turn
             await self._fit_context()
-            await self.runner._emit(self.task, "agent.turn_started", turn=turn, model=model)
+            self.emit("agent.turn_started", turn=turn, model=model)
+            self.emitter.flush_soon()
             request = ChatRequest(
                 model=model,
                 messages=tuple(self.messages),
@@ -167,8 +230,7 @@ class _Loop:
             )
             response, _route = await self.runner._gateway.complete(request)
             uses = [b for b in response.content if isinstance(b, ToolUseBlock)]
-            await self.runner._emit(
-                self.task,
+            self.emit(
                 "agent.turn_completed",
                 turn=turn,
                 tokens_in=response.usage.input_tokens,
@@ -179,18 +241,18 @@ class _Loop:
                 return "".join(b.text for b in response.content if isinstance(b, TextBlock))
             self.messages.append(Message("assistant", response.content))
             results = [await self._call(use, turn) for use in uses]
+            self.emitter.flush_soon()
             self.messages.append(Message("user", tuple(results)))
         raise TaskFailed(f"turn limit reached ({self.settings.agent_max_turns} turns)")
 
     async def _call(self, use: ToolUseBlock, turn: int) -> ToolResultBlock:
-        task, emit = self.task, self.runner._emit
+        task, emit = self.task, self.emit
         arguments = use.input if isinstance(use.input, dict) else {}
         key = f"{use.name}:{json.dumps(arguments, sort_keys=True, default=str)}"
         self.calls[key] += 1
         repeats = self.calls[key]
         if repeats >= self.settings.agent_loop_limit:
-            await emit(
-                task,
+            emit(
                 "agent.loop_detected",
                 turn=turn,
                 tool=use.name,
@@ -203,7 +265,7 @@ class _Loop:
         note = ""
         if repeats >= self.settings.agent_loop_warn and key not in self.warned:
             self.warned.add(key)
-            await emit(task, "agent.loop_warning", turn=turn, tool=use.name, repeats=repeats)
+            emit("agent.loop_warning", turn=turn, tool=use.name, repeats=repeats)
             note = (
                 f"\n[warning: you called {use.name} {repeats} times with the same arguments; "
                 "change approach or give the final answer]"
@@ -215,7 +277,7 @@ class _Loop:
                 if self.runner.tools.get(use.name) is not None
                 else "no such tool"
             )
-            await emit(task, "audit.tool_denied", tool=use.name, arguments=arguments, reason=reason)
+            emit("audit.tool_denied", tool=use.name, arguments=arguments, reason=reason)
             return _result(use, f"tool {use.name!r} refused: {reason}{note}", error=True)
         ctx = ToolContext(task, self.settings, self.runner._services)
         started = time.monotonic()
@@ -225,8 +287,7 @@ class _Loop:
             text, ok = f"error: {exc}", False
         except (ValueError, TypeError, KeyError, OSError) as exc:
             text, ok = f"error: {type(exc).__name__}: {exc}", False
-        await emit(
-            task,
+        emit(
             "audit.tool_executed",
             tool=use.name,
             arguments=arguments,
@@ -254,8 +315,7 @@ class _Loop:
             blocks = tuple(_cut(b) for b in message.content)
             self.messages[i] = Message("user", blocks)
         after = _estimate(self.messages)
-        await self.runner._emit(
-            self.task,
+        self.emit(
             "agent.context_overflow",
             turn=self.turns,
             tokens=tokens,
@@ -307,7 +367,8 @@ class LocalDispatcher:
         self._on_busy = on_busy  # called with 1 while a task runs, 0 when none does
 
     async def run(self, task: AgentTask) -> TaskResult:
-        await self._runner.announce(task)
+        if not task.announced:
+            await self._runner.announce(task)
         self.active += 1
         if self._on_busy is not None:
             self._on_busy(1)

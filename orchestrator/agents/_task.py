@@ -52,6 +52,7 @@ class AgentTask:
     workflow_id: str | None = None
     step: str | None = None
     idempotency_key: str | None = None  # a workflow step attempt: "<wf>:<step>:<attempt>"
+    announced: bool = False  # task.created already recorded (with the step's start)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,13 +127,27 @@ class EventStore:
         prepared = [await self._prepare(e) for e in events]
         if not prepared:
             return []
+        # Shielded: a caller that goes away (a client disconnect) does not undo or orphan a
+        # write that may already be committing; the writer runs the post-commit hooks.
+        return await asyncio.shield(self._enqueue(prepared))
+
+    def enqueue(self, events: Sequence[NewEvent]) -> asyncio.Future[list[Event]]:
+        """Queue events for the next group commit now, without waiting: batches enqueued one
+        after another commit in that order (often in one transaction). Validation happens
+        here (an invalid event raises at once). Needs no pre-commit hooks, which may await."""
+        if self._pre:
+            raise RuntimeError("enqueue() cannot run pre-commit hooks; use append()")
+        return self._enqueue([self._prepare_now(e) for e in events])
+
+    def _enqueue(self, prepared: list[_Prepared]) -> asyncio.Future[list[Event]]:
         done: asyncio.Future[list[Event]] = asyncio.get_running_loop().create_future()
+        if not prepared:
+            done.set_result([])
+            return done
         self._queue.append((prepared, done))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_queued())
-        # Shielded: a caller that goes away (a client disconnect) does not undo or orphan a
-        # write that may already be committing; the writer runs the post-commit hooks.
-        return await asyncio.shield(done)
+        return done
 
     async def _write_queued(self) -> None:
         while self._queue:
@@ -229,6 +243,10 @@ class EventStore:
     async def _prepare(self, new: NewEvent) -> _Prepared:
         for hook in self._pre:
             new = await hook(new)
+        return self._prepare_now(new)
+
+    @staticmethod
+    def _prepare_now(new: NewEvent) -> _Prepared:
         try:
             kind, data = validate(new.type, new.data)
             aggregate = aggregate_of(kind, data)

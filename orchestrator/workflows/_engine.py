@@ -25,10 +25,12 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
-from orchestrator.agents import AgentTask, TaskDispatcher
+from orchestrator.agents import AgentTask, TaskDispatcher, created_event
 from orchestrator.config import Settings
 from orchestrator.errors import Conflict, NotFound
+from orchestrator.events import NewEvent
 from orchestrator.workflows._resolve import resolve_child
 from orchestrator.workflows._spec import Condition, StepSpec, choose_branch, fill_refs
 from orchestrator.workflows._states import StepState, WorkflowState
@@ -229,9 +231,18 @@ class WorkflowEngine:
         )
 
     async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec) -> None:
-        _, key = await self._store.start_step(record.id, idx)
         assert spec.prompt is not None
-        result = await self._dispatcher.run(self._task_for(record, spec, key, spec.prompt))
+        prompt = spec.prompt
+        tasks: list[AgentTask] = []
+
+        def created(key: str) -> list[NewEvent]:
+            task = replace(self._task_for(record, spec, key, prompt), announced=True)
+            tasks.append(task)
+            return [created_event(task, self._settings)]
+
+        # The task's task.created commits with the step's start: one transaction, not two.
+        _, key = await self._store.start_step(record.id, idx, created)
+        result = await self._dispatcher.run(tasks[-1])
         error = result.error or result.status
         if result.status == "timeout":
             error = f"timeout: {result.error}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,8 +320,14 @@ class WorkflowStore:
         assert loaded is not None
         return loaded
 
-    async def start_step(self, workflow_id: str, idx: int) -> tuple[int, str]:
-        """pending/running -> running with a new attempt; its idempotency key."""
+    async def start_step(
+        self,
+        workflow_id: str,
+        idx: int,
+        with_events: Callable[[str], Sequence[NewEvent]] | None = None,
+    ) -> tuple[int, str]:
+        """pending/running -> running with a new attempt; its idempotency key.
+        `with_events(key)` gives events to commit with it (the step task's task.created)."""
         async with self._events.transaction() as tx:
             record = await self._tx_load(tx, workflow_id)
             step = record.steps[idx]
@@ -339,7 +345,10 @@ class WorkflowStore:
             )
             await self._set_workflow(tx, record, cursor=idx, executed=record.executed + 1)
             await tx.append(
-                [self._event(record, "workflow.step_started", step=step.name, attempt=attempt)]
+                [
+                    self._event(record, "workflow.step_started", step=step.name, attempt=attempt),
+                    *(with_events(key) if with_events is not None else ()),
+                ]
             )
         return attempt, key
 
