@@ -7,21 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
 from orchestrator.auth import Principal
-from orchestrator.errors import BadRequest, OrchestratorError
+from orchestrator.errors import BadGateway, BadRequest, OrchestratorError
 from orchestrator.providers import (
+    BlockDelta,
     ChatRequest,
     MessageEnd,
     ProviderError,
+    RoutedStream,
     StreamEvent,
 )
 from orchestrator.providers import _anthropic_format as anthropic_format
@@ -30,6 +34,25 @@ from orchestrator.providers import _openai_format as openai_format
 router = APIRouter(tags=["inference"])
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+log = logging.getLogger("orchestrator.gateway")
+
+
+class _SseResponse(StreamingResponse):
+    """An SSE response that runs `on_close` however it ends: finished, failed, or the
+    client gone (even before the body started, when the body's own cleanup never runs)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Any]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()
+
+
 HEARTBEAT = object()  # marker yielded by `_with_heartbeats` while the upstream is silent
 
 JsonBody = Annotated[dict[str, Any], Body()]
@@ -46,7 +69,7 @@ async def chat_completions(
     if not chat.stream:
         response = await call.complete()
         return JSONResponse(openai_format.encode_response(response, chat.model))
-    events = await call.open_stream()
+    await call.open_stream()
     encoder = openai_format.ChunkEncoder(chat.model, include_usage)
 
     def frames(event: StreamEvent) -> Iterable[bytes]:
@@ -57,17 +80,10 @@ async def chat_completions(
             openai_format.encode_error(exc.message, status=exc.status_code, code=exc.code)
         )
 
-    return StreamingResponse(
-        call.sse(
-            events,
-            frames,
-            heartbeat=b": heartbeat\n\n",
-            error=error_frame,
-            done=openai_format.SSE_DONE,
-        ),
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
+    stream = call.sse(
+        frames, heartbeat=b": heartbeat\n\n", error=error_frame, done=openai_format.SSE_DONE
     )
+    return _SseResponse(stream, lambda: call.close(stream))
 
 
 @router.post("/messages")
@@ -79,23 +95,19 @@ async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: Curren
     if not chat.stream:
         response = await call.complete()
         return JSONResponse(anthropic_format.encode_response(response, chat.model))
-    events = await call.open_stream()
+    await call.open_stream()
     encoder = anthropic_format.EventEncoder(chat.model)
 
     def frames(event: StreamEvent) -> Iterable[bytes]:
         return (anthropic_format.sse_event(name, data) for name, data in encoder.feed(event))
 
-    return StreamingResponse(
-        call.sse(
-            events,
-            frames,
-            heartbeat=anthropic_format.sse_event("ping", {"type": "ping"}),
-            error=anthropic_format.error_event,
-            done=b"",
-        ),
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
+    stream = call.sse(
+        frames,
+        heartbeat=anthropic_format.sse_event("ping", {"type": "ping"}),
+        error=anthropic_format.error_event,
+        done=b"",
     )
+    return _SseResponse(stream, lambda: call.close(stream))
 
 
 @router.get("/providers/health")
@@ -138,6 +150,9 @@ class _Call:
         self.request_id = str(getattr(request.state, "request_id", "") or "")
         self.started = time.perf_counter()
         self.provider = ""
+        self.routed: RoutedStream | None = None
+        self.opening: asyncio.Future[RoutedStream] | None = None
+        self.body_started = False
 
     async def complete(self) -> Any:
         try:
@@ -159,18 +174,24 @@ class _Call:
         )
         return response
 
-    async def open_stream(self) -> AsyncIterator[StreamEvent]:
+    async def open_stream(self) -> None:
+        """Open the upstream stream. Answered within `stream_heartbeat_s`: errors become an
+        HTTP status; else the SSE response starts with heartbeats while it opens, and a
+        later failure is an error frame."""
+        opening = asyncio.ensure_future(self.ctx.gateway.open_stream(self.chat))
+        done, _ = await asyncio.wait({opening}, timeout=self.ctx.settings.stream_heartbeat_s)
+        if not done:
+            self.opening = opening
+            return
         try:
-            routed = await self.ctx.gateway.open_stream(self.chat)
+            self.routed = opening.result()
         except OrchestratorError as exc:
             self._error(exc)
             raise
-        self.provider = routed.route.provider
-        return routed.events
+        self.provider = self.routed.route.provider
 
     async def sse(
         self,
-        events: AsyncIterator[StreamEvent],
         frames: Callable[[StreamEvent], Iterable[bytes]],
         *,
         heartbeat: bytes,
@@ -179,23 +200,41 @@ class _Call:
     ) -> AsyncIterator[bytes]:
         """The SSE body: frames for each event, a heartbeat while the upstream is silent,
         an error frame (never a silent end) when the upstream fails mid-stream."""
+        self.body_started = True
+        interval = self.ctx.settings.stream_heartbeat_s
         end: MessageEnd | None = None
         tokens_out = 0
         finished = False
         try:
-            async for event in _with_heartbeats(events, self.ctx.settings.stream_heartbeat_s):
+            if self.routed is None:
+                assert self.opening is not None
+                while not (await asyncio.wait({self.opening}, timeout=interval))[0]:
+                    yield heartbeat
+                self.routed = self.opening.result()
+                self.provider = self.routed.route.provider
+            async for event in _with_heartbeats(self.routed.events, interval):
                 if event is None:
                     yield heartbeat
                     continue
                 if isinstance(event, MessageEnd):
                     end = event
+                elif isinstance(event, BlockDelta):
+                    tokens_out += 1  # deltas seen; the exact count comes with the end
                 for frame in frames(event):
                     yield frame
             if done:
                 yield done
             finished = True
-        except ProviderError as exc:
-            mapped = exc.to_http()
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # the client went away
+        except Exception as exc:
+            if isinstance(exc, ProviderError):
+                mapped = exc.to_http()
+            elif isinstance(exc, OrchestratorError):
+                mapped = exc
+            else:
+                log.exception("stream %s failed", self.request_id)
+                mapped = BadGateway(f"the upstream stream failed: {type(exc).__name__}")
             self._error(mapped, interrupted=True, tokens_out=tokens_out)
             finished = True
             yield error(mapped)
@@ -214,8 +253,28 @@ class _Call:
                 )
             elif not finished:
                 self._error(
-                    OrchestratorError("client disconnected"), interrupted=True, tokens_out=0
+                    OrchestratorError("client disconnected"),
+                    interrupted=True,
+                    tokens_out=tokens_out,
                 )
+
+    async def close(self, body: AsyncIterator[bytes]) -> None:
+        """However the response ended: the body's own cleanup, then the upstream stream's
+        (which settles its breaker even if nobody ever read from it)."""
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        if not self.body_started:
+            self._error(OrchestratorError("client disconnected"), interrupted=True)
+        opening = self.opening
+        if opening is not None and self.routed is None:
+            if not opening.done():
+                opening.cancel()
+            with contextlib.suppress(BaseException):
+                self.routed = await opening
+        if self.routed is not None:
+            await self.routed.aclose()
 
     def _error(
         self, exc: OrchestratorError, *, interrupted: bool = False, tokens_out: int = 0
@@ -240,7 +299,7 @@ async def _with_heartbeats(
     """The events, with None whenever `interval_s` passes without one. The pending read is
     never cancelled by a heartbeat: it is the same `anext` awaited again."""
     pending: asyncio.Future[StreamEvent] | None = None
-    try:
+    try:  # the caller closes `events` (RoutedStream.aclose)
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(anext(events))
@@ -259,9 +318,6 @@ async def _with_heartbeats(
             pending.cancel()
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, ProviderError):
                 await pending
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 __all__ = ["router"]

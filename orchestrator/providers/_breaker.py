@@ -30,6 +30,7 @@ class CircuitBreaker:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[BreakerState], None] | None = None,
+        trial_lease_s: float | None = None,
     ) -> None:
         self._threshold = failure_threshold
         self._cooldown = cooldown_s
@@ -39,6 +40,10 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._trial_in_flight = False
+        self._trial_at = 0.0
+        # A trial that never reports (its caller vanished without a release) is presumed
+        # lost after this long, so the breaker cannot stay half-open and shut forever.
+        self._trial_lease = trial_lease_s
         self.last_error: str | None = None
 
     @property
@@ -46,6 +51,11 @@ class CircuitBreaker:
         """The state now (an open breaker whose cooldown has passed reads as half-open)."""
         if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self._cooldown:
             self._set(BreakerState.HALF_OPEN)
+        return self._state
+
+    @property
+    def recorded_state(self) -> BreakerState:
+        """The state as last recorded (reading it changes nothing)."""
         return self._state
 
     @property
@@ -59,8 +69,15 @@ class CircuitBreaker:
         state = self.state
         if state is BreakerState.CLOSED:
             return True
-        if state is BreakerState.HALF_OPEN and not self._trial_in_flight:
+        if state is BreakerState.HALF_OPEN and (
+            not self._trial_in_flight
+            or (
+                self._trial_lease is not None
+                and self._clock() - self._trial_at >= self._trial_lease
+            )
+        ):
             self._trial_in_flight = True
+            self._trial_at = self._clock()
             return True
         return False
 

@@ -27,6 +27,7 @@ from orchestrator.providers._registry import build_adapter, configured_providers
 from orchestrator.providers._types import (
     ChatRequest,
     ChatResponse,
+    MessageStart,
     ProviderAdapter,
     ProviderConfig,
     ProviderError,
@@ -90,11 +91,23 @@ class Route:
 
 @dataclass
 class RoutedStream:
-    """A stream whose first event has arrived (so the caller can still answer with an error
-    status before that), with the route that serves it."""
+    """A stream whose first content has arrived (so the caller can still answer with an
+    error status before that), with the route that serves it. `aclose()` must be called
+    when the caller is done, even if it never iterated (a client that left before the
+    body started): it settles the route's breaker and closes the upstream."""
 
     route: Route
     events: AsyncIterator[StreamEvent]
+    settle: Callable[[], Awaitable[None]] | None = None
+
+    async def aclose(self) -> None:
+        await _aclose(self.events)  # runs the stream's own ending if it started
+        if self.settle is not None:
+            await self.settle()  # idempotent: a no-op when the stream settled itself
+
+
+def _is_content(event: StreamEvent) -> bool:
+    return not isinstance(event, MessageStart)
 
 
 def upstream_client(settings: Settings) -> httpx.AsyncClient:
@@ -133,6 +146,7 @@ class Gateway:
         }
         self._adapters: dict[str, ProviderAdapter] = {}
         self._breakers: dict[str, CircuitBreaker] = {}
+        self._breaker_labels: dict[str, str] = {}
         self._local: list[LocalTarget] = []
         self._local_at = 0.0
         self._local_lock = asyncio.Lock()
@@ -161,13 +175,22 @@ class Gateway:
         breaker = self._breakers.get(key)
         if breaker is None:
             metric = label or key
+            self._breaker_labels[key] = metric
             breaker = self._breakers[key] = CircuitBreaker(
                 self._settings.breaker_failure_threshold,
                 self._settings.breaker_cooldown_s,
-                on_change=lambda s: self._recorder.circuit_breaker(metric, int(s)),
+                on_change=lambda _: self._export_breaker(metric),
+                trial_lease_s=self._settings.provider_timeout_s,
             )
-            self._recorder.circuit_breaker(metric, int(BreakerState.CLOSED))
+            self._export_breaker(metric)
         return breaker
+
+    def _export_breaker(self, label: str) -> None:
+        """One gauge per label: the worst state among its breakers (every local instance
+        has its own breaker, all labelled `local`)."""
+        labels = self._breaker_labels
+        states = [int(b.recorded_state) for k, b in self._breakers.items() if labels[k] == label]
+        self._recorder.circuit_breaker(label, max(states, default=int(BreakerState.CLOSED)))
 
     def _local_adapter(self, target: LocalTarget) -> ProviderAdapter:
         key = f"{target.id}@{target.base_url}"
@@ -194,7 +217,7 @@ class Gateway:
             if time.monotonic() - self._local_at >= LOCAL_REFRESH_S:
                 try:
                     self._local = list(await self._local_source())
-                except (OSError, RuntimeError) as exc:
+                except Exception as exc:  # noqa: BLE001 - asyncpg, OS, timeouts alike
                     # The database is down: keep serving with what we knew.
                     log.warning("cannot refresh local instances: %s", exc)
                 self._local_at = time.monotonic()
@@ -254,16 +277,23 @@ class Gateway:
         async def call(route: Route) -> RoutedStream:
             started = time.perf_counter()
             upstream = route.adapter.stream(request.with_model(route.model))
+            # Read up to the first content (a block, or the end): an upstream that fails
+            # right after message_start can still be retried or fall back.
+            head: list[StreamEvent] = []
             try:
-                first = await anext(upstream)
+                while not head or not _is_content(head[-1]):
+                    head.append(await anext(upstream))
             except StopAsyncIteration as exc:
+                await _aclose(upstream)
                 raise ProviderError(
                     f"{route.provider}: empty stream", provider=route.provider, retryable=True
                 ) from exc
             except BaseException:
                 await _aclose(upstream)
                 raise
-            return RoutedStream(route, self._rest(route, first, upstream, started))
+            settlement = _Settlement(self.breaker(route.breaker_key, route.provider), upstream)
+            events = self._rest(route, head, upstream, started, settlement)
+            return RoutedStream(route, events, settlement.release)
 
         stream, _ = await self._with_failover(request.model, call, settle=False)
         return stream
@@ -271,28 +301,23 @@ class Gateway:
     async def _rest(
         self,
         route: Route,
-        first: StreamEvent,
+        head: list[StreamEvent],
         upstream: AsyncIterator[StreamEvent],
         started: float,
+        settlement: _Settlement,
     ) -> AsyncIterator[StreamEvent]:
-        breaker = self.breaker(route.breaker_key, route.provider)
-        done = False
         try:
-            yield first
+            for event in head:
+                yield event
             async for event in upstream:
                 yield event
-            done = True
-            breaker.success()
+            settlement.success()
         except ProviderError as exc:
             if _provider_fault(exc):
-                breaker.failure(exc.message)
-            else:
-                breaker.release()
+                settlement.failure(exc.message)
             raise
         finally:
-            if not done:
-                breaker.release()
-            await _aclose(upstream)
+            await settlement.release()
             self._recorder.provider_latency(route.provider, time.perf_counter() - started)
 
     async def _with_failover(
@@ -458,11 +483,41 @@ class Gateway:
         }
 
 
+class _Settlement:
+    """The one outcome of a streamed call for its breaker, told once: success, failure, or
+    (anything else: the caller went away) release. Closes the upstream."""
+
+    def __init__(self, breaker: CircuitBreaker, upstream: AsyncIterator[StreamEvent]) -> None:
+        self._breaker = breaker
+        self._upstream = upstream
+        self._told = False
+        self._closed = False
+
+    def success(self) -> None:
+        if not self._told:
+            self._told = True
+            self._breaker.success()
+
+    def failure(self, error: str) -> None:
+        if not self._told:
+            self._told = True
+            self._breaker.failure(error)
+
+    async def release(self) -> None:
+        if not self._told:
+            self._told = True
+            self._breaker.release()
+        if not self._closed:
+            self._closed = True
+            await _aclose(self._upstream)
+
+
 def _provider_fault(exc: ProviderError) -> bool:
     """Does this failure say something about the provider's health (counts for its breaker
-    and justifies trying elsewhere)? A 4xx other than 401/403/408/429 is about the request."""
+    and justifies trying elsewhere)? A 4xx other than 401/403/408/429 is about the request;
+    0 (unreachable, timeout) and a 200 that is no valid answer are the provider's."""
     s = exc.upstream_status
-    return s == 0 or s >= 500 or s in (401, 403, 408, 429)
+    return s in (0, 200) or s >= 500 or s in (401, 403, 408, 429)
 
 
 async def _aclose(iterator: AsyncIterator[Any]) -> None:

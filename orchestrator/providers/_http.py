@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import email.utils
 import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -47,7 +49,15 @@ def retry_after_of(response: httpx.Response) -> float | None:
     try:
         return max(0.0, float(raw))
     except ValueError:
+        pass
+    # The other form RFC 9110 allows: an HTTP date.
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
 
 
 def error_message(body: bytes) -> str:
