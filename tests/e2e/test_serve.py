@@ -44,10 +44,11 @@ class Service:
         return httpx.post(f"{self.url}/api/v1{path}", timeout=10, **kw)  # type: ignore[arg-type]
 
 
-def _wait_for_ready_line(proc: subprocess.Popen[bytes], log: Path) -> None:
+def _wait_for_ready_line(proc: subprocess.Popen[bytes], log: Path, offset: int = 0) -> None:
+    """Until the service logs its ready line (after byte `offset`: a log reused by a restart)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if "Orchestrator ready at" in log.read_text(errors="replace"):
+        if "Orchestrator ready at" in log.read_bytes()[offset:].decode(errors="replace"):
             return
         if proc.poll() is not None:
             pytest.fail(f"orchestrator serve exited early:\n{log.read_text()[-4000:]}")

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import free_port
-from tests.e2e.test_serve import ROOT
+from tests.e2e.test_serve import ROOT, _wait_for_ready_line
 from tests.fakes.agent_llm import agent_reply
 from tests.fakes.openai_server import OpenAIFake
 
@@ -49,6 +49,7 @@ class Orchestrator:
 
     def start(self) -> None:
         log = self.work / "serve.log"
+        offset = log.stat().st_size if log.exists() else 0
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_"))}
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -67,7 +68,7 @@ class Orchestrator:
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
-        _wait_for_ready_line_after(self.proc, log)
+        _wait_for_ready_line(self.proc, log, offset)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -80,21 +81,6 @@ class Orchestrator:
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.admin, timeout=60)
-
-
-def _wait_for_ready_line_after(proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Like `_wait_for_ready_line`, for a log that may hold an earlier run's lines."""
-    offset = log.stat().st_size if log.exists() else 0
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        text = log.read_bytes()[offset:].decode(errors="replace")
-        if "Orchestrator ready at" in text:
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"orchestrator serve exited early:\n{text[-4000:]}")
-        time.sleep(0.25)
-    proc.kill()
-    pytest.fail(f"orchestrator serve did not become ready:\n{log.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
