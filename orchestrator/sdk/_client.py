@@ -17,7 +17,20 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.sdk._models import Health, Slo, TokenCreated, TokenRevoked, WhoAmI
+from orchestrator.sdk._models import (
+    Health,
+    Slo,
+    TemplateSaved,
+    TokenCreated,
+    TokenRevoked,
+    WhoAmI,
+    Workflow,
+    WorkflowCancelled,
+    WorkflowCreated,
+    WorkflowDeleted,
+    WorkflowPage,
+    WorkflowTemplates,
+)
 
 __all__ = ["API_PREFIX", "ApiError", "AsyncClient", "Client", "normalise_base_url"]
 
@@ -139,8 +152,10 @@ class _Call(Generic[T]):
     # Error statuses whose body is still a valid answer (a degraded /health is 503).
     answers: frozenset[int] = field(default_factory=frozenset)
 
+    params: dict[str, Any] | None = None
+
     def build(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
-        return http.build_request(self.method, self.path, json=self.body)
+        return http.build_request(self.method, self.path, json=self.body, params=self.params)
 
 
 def _read(call: _Call[T], response: httpx.Response) -> T:
@@ -185,6 +200,48 @@ def _create_token(user_uuid: str, admin: bool, description: str) -> _Call[TokenC
 
 def _revoke_token(prefix: str) -> _Call[TokenRevoked]:
     return _Call("DELETE", f"/tokens/{quote(prefix, safe='')}", _model(TokenRevoked))
+
+
+def _create_workflow(
+    name: str | None,
+    steps: list[dict[str, Any]] | None,
+    template: str | None,
+    variables: dict[str, Any] | None,
+    model: str | None,
+) -> _Call[WorkflowCreated]:
+    given = {"name": name, "steps": steps, "template": template, "variables": variables}
+    body = {k: v for k, v in {**given, "model": model}.items() if v is not None}
+    return _Call("POST", "/workflows", _model(WorkflowCreated), body=body)
+
+
+def _workflow(workflow_id: str) -> _Call[Workflow]:
+    return _Call("GET", f"/workflows/{quote(workflow_id, safe='')}", _model(Workflow))
+
+
+def _workflows(
+    status: str | None, parent: str | None, limit: int | None, offset: int
+) -> _Call[WorkflowPage]:
+    given = {"status": status, "parent": parent, "limit": limit, "offset": offset}
+    params = {k: v for k, v in given.items() if v is not None}
+    return _Call("GET", "/workflows", _model(WorkflowPage), params=params)
+
+
+def _cancel_workflow(workflow_id: str) -> _Call[WorkflowCancelled]:
+    path = f"/workflows/{quote(workflow_id, safe='')}/cancel"
+    return _Call("POST", path, _model(WorkflowCancelled))
+
+
+def _delete_workflow(workflow_id: str) -> _Call[WorkflowDeleted]:
+    return _Call("DELETE", f"/workflows/{quote(workflow_id, safe='')}", _model(WorkflowDeleted))
+
+
+def _save_template(name: str, steps: list[dict[str, Any]], shared: bool) -> _Call[TemplateSaved]:
+    body = {"name": name, "steps": steps, "shared": shared}
+    return _Call("POST", "/workflows/templates", _model(TemplateSaved), body=body)
+
+
+def _templates() -> _Call[WorkflowTemplates]:
+    return _Call("GET", "/workflows/templates", _model(WorkflowTemplates))
 
 
 def _client_options(base_url: str, token: str | None, timeout: float) -> dict[str, Any]:
@@ -239,6 +296,44 @@ class Client:
 
     def revoke_token(self, prefix: str) -> TokenRevoked:
         return self._send(_revoke_token(prefix))
+
+    def create_workflow(
+        self,
+        name: str | None = None,
+        steps: list[dict[str, Any]] | None = None,
+        *,
+        template: str | None = None,
+        variables: dict[str, Any] | None = None,
+        model: str | None = None,
+    ) -> WorkflowCreated:
+        """Inline (`name`, `steps`) or from a template; it starts at once."""
+        return self._send(_create_workflow(name, steps, template, variables, model))
+
+    def workflow(self, workflow_id: str) -> Workflow:
+        return self._send(_workflow(workflow_id))
+
+    def workflows(
+        self,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> WorkflowPage:
+        return self._send(_workflows(status, parent, limit, offset))
+
+    def cancel_workflow(self, workflow_id: str) -> WorkflowCancelled:
+        return self._send(_cancel_workflow(workflow_id))
+
+    def delete_workflow(self, workflow_id: str) -> WorkflowDeleted:
+        return self._send(_delete_workflow(workflow_id))
+
+    def save_template(
+        self, name: str, steps: list[dict[str, Any]], shared: bool = False
+    ) -> TemplateSaved:
+        return self._send(_save_template(name, steps, shared))
+
+    def templates(self) -> WorkflowTemplates:
+        return self._send(_templates())
 
     def close(self) -> None:
         self._http.close()
@@ -296,6 +391,44 @@ class AsyncClient:
 
     async def revoke_token(self, prefix: str) -> TokenRevoked:
         return await self._send(_revoke_token(prefix))
+
+    async def create_workflow(
+        self,
+        name: str | None = None,
+        steps: list[dict[str, Any]] | None = None,
+        *,
+        template: str | None = None,
+        variables: dict[str, Any] | None = None,
+        model: str | None = None,
+    ) -> WorkflowCreated:
+        """Inline (`name`, `steps`) or from a template; it starts at once."""
+        return await self._send(_create_workflow(name, steps, template, variables, model))
+
+    async def workflow(self, workflow_id: str) -> Workflow:
+        return await self._send(_workflow(workflow_id))
+
+    async def workflows(
+        self,
+        status: str | None = None,
+        parent: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> WorkflowPage:
+        return await self._send(_workflows(status, parent, limit, offset))
+
+    async def cancel_workflow(self, workflow_id: str) -> WorkflowCancelled:
+        return await self._send(_cancel_workflow(workflow_id))
+
+    async def delete_workflow(self, workflow_id: str) -> WorkflowDeleted:
+        return await self._send(_delete_workflow(workflow_id))
+
+    async def save_template(
+        self, name: str, steps: list[dict[str, Any]], shared: bool = False
+    ) -> TemplateSaved:
+        return await self._send(_save_template(name, steps, shared))
+
+    async def templates(self) -> WorkflowTemplates:
+        return await self._send(_templates())
 
     async def aclose(self) -> None:
         await self._http.aclose()

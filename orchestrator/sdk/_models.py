@@ -7,6 +7,8 @@ field does not break an older client.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
@@ -19,10 +21,20 @@ __all__ = [
     "Slo",
     "SloEntry",
     "StoreHealth",
+    "TemplateSaved",
     "TokenCreated",
     "TokenRevoked",
     "WhoAmI",
     "WorkersHealth",
+    "Workflow",
+    "WorkflowCancelled",
+    "WorkflowCreated",
+    "WorkflowDeleted",
+    "WorkflowPage",
+    "WorkflowStep",
+    "WorkflowSummary",
+    "WorkflowTemplate",
+    "WorkflowTemplates",
 ]
 
 
@@ -109,3 +121,79 @@ class TokenCreated(ApiModel):
 class TokenRevoked(ApiModel):
     ok: bool = True
     revoked: int
+
+
+class WorkflowCreated(ApiModel):
+    ok: bool = True
+    id: str
+    status: str
+
+
+class WorkflowStep(ApiModel):
+    name: str
+    status: str
+    result: str | None = None
+    error: str | None = None
+
+
+class Workflow(ApiModel):
+    id: str
+    name: str
+    status: str
+    steps: list[WorkflowStep]
+    parent_id: str | None = None
+    children: list[str] = []
+    created_at: int
+    updated_at: int
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+class WorkflowSummary(ApiModel):
+    id: str
+    name: str
+    status: str
+    created_at: int
+    updated_at: int
+    parent_id: str | None = None
+
+
+class WorkflowPage(ApiModel):
+    ok: bool = True
+    data: list[WorkflowSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class WorkflowCancelled(ApiModel):
+    ok: bool = True
+    id: str
+    status: str
+
+
+class WorkflowDeleted(ApiModel):
+    ok: bool = True
+    id: str
+
+
+class TemplateSaved(ApiModel):
+    ok: bool = True
+    name: str
+
+
+class WorkflowTemplate(ApiModel):
+    name: str
+    steps: list[dict[str, Any]]
+    variables: list[str]
+    shared: bool
+    owner: str | None = None
+    created_at: int
+
+
+class WorkflowTemplates(ApiModel):
+    ok: bool = True
+    data: list[WorkflowTemplate]
