@@ -4,6 +4,7 @@ user's workflow is a 404, admins see every one."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -93,9 +94,13 @@ class WorkflowRecord:
         return done[-1].result if done else None
 
 
-_COLUMNS = (
-    "id, user_uuid, name, status, spec, parent_id, parent_step, cursor, executed, ending, "
-    "error, created_at, updated_at"
+_LOAD = (
+    "SELECT w.id, w.user_uuid, w.name, w.status, w.spec::text AS spec, w.parent_id,"
+    " w.parent_step, w.cursor, w.executed, w.ending, w.error, w.created_at, w.updated_at,"
+    " (SELECT json_agg(json_build_array(s.idx, s.name, s.status, s.attempt,"
+    " s.idempotency_key, s.result, s.error, s.compensated) ORDER BY s.idx)"
+    " FROM workflow_steps s WHERE s.workflow_id = w.id)::text AS steps"
+    " FROM workflows w WHERE w.id = $1"
 )
 
 
@@ -147,18 +152,13 @@ class WorkflowStore:
         async with self._pool.acquire() as c, c.transaction():
             return await insert(c)
 
-    async def load(self, workflow_id: str, conn: Any = None) -> WorkflowRecord | None:
-        """Unscoped (the engine's view)."""
+    async def load(
+        self, workflow_id: str, conn: Any = None, *, for_update: bool = False
+    ) -> WorkflowRecord | None:
+        """Unscoped (the engine's view): the workflow and its steps in one round trip."""
         c = conn or self._pool
-        row = await c.fetchrow(f"SELECT {_COLUMNS} FROM workflows WHERE id = $1", workflow_id)
-        if row is None:
-            return None
-        steps = await c.fetch(
-            "SELECT idx, name, status, attempt, idempotency_key, result, error, compensated"
-            " FROM workflow_steps WHERE workflow_id = $1 ORDER BY idx",
-            workflow_id,
-        )
-        return _record(row, steps)
+        row = await c.fetchrow(_LOAD + (" FOR UPDATE OF w" if for_update else ""), workflow_id)
+        return _record(row) if row is not None else None
 
     async def get(self, workflow_id: str, principal: Principal) -> WorkflowRecord:
         record = await self.load(workflow_id)
@@ -263,8 +263,7 @@ class WorkflowStore:
     # --- transitions (each one transaction: rows + events) ----------------------------------
 
     async def _tx_load(self, tx: EventTransaction, workflow_id: str) -> WorkflowRecord:
-        await tx.conn.execute("SELECT 1 FROM workflows WHERE id = $1 FOR UPDATE", workflow_id)
-        record = await self.load(workflow_id, tx.conn)
+        record = await self.load(workflow_id, tx.conn, for_update=True)
         if record is None:
             raise NotFound(f"workflow {workflow_id} not found")
         return record
@@ -573,8 +572,15 @@ def _template(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-def _record(row: asyncpg.Record, steps: Sequence[asyncpg.Record]) -> WorkflowRecord:
-    spec = WorkflowSpec.from_json(json.loads(row["spec"]))
+@functools.lru_cache(maxsize=4096)
+def _spec(text: str) -> WorkflowSpec:
+    """A workflow's spec never changes after creation: parse (and check) it once."""
+    return WorkflowSpec.from_json(json.loads(text))
+
+
+def _record(row: asyncpg.Record) -> WorkflowRecord:
+    spec = _spec(row["spec"])
+    steps = json.loads(row["steps"] or "[]")
     return WorkflowRecord(
         id=row["id"],
         user_uuid=row["user_uuid"],
@@ -591,15 +597,15 @@ def _record(row: asyncpg.Record, steps: Sequence[asyncpg.Record]) -> WorkflowRec
         updated_at=row["updated_at"],
         steps=tuple(
             StepRecord(
-                idx=s["idx"],
-                name=s["name"],
-                status=StepState(s["status"]),
-                attempt=s["attempt"],
-                key=s["idempotency_key"],
-                result=s["result"],
-                error=s["error"],
-                compensated=s["compensated"],
+                idx=idx,
+                name=name,
+                status=StepState(status),
+                attempt=attempt,
+                key=key,
+                result=result,
+                error=error,
+                compensated=compensated,
             )
-            for s in steps
+            for idx, name, status, attempt, key, result, error, compensated in steps
         ),
     )
