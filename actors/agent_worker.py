@@ -57,6 +57,22 @@ class AgentWorker:
         return f"AgentWorker(id={self._id}, active={self._active}, completed={self._completed})"
 
     async def _start(self) -> AgentRunner:
+        """Until it works: a worker whose start failed once (Postgres restarting) must not
+        stay broken for every task sent to it afterwards."""
+        delay = 0.5
+        while True:
+            try:
+                return await self._start_once()
+            except Exception as exc:  # noqa: BLE001 - any start failure is retried
+                log.warning("%s: start failed (%r); retrying in %.1fs", self._id, exc, delay)
+                if self._db is not None:
+                    with contextlib.suppress(Exception):
+                        await self._db.close()
+                    self._db = None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _start_once(self) -> AgentRunner:
         assert self._settings.database_url
         self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
         events = EventStore(self._db.pool)
@@ -135,6 +151,7 @@ class RayDispatcher:
         if not task.announced:
             await self._events.append([created_event(task, self._settings)])
         tried: set[int] = set()
+        last_error = "every worker it was sent to died"
         for _ in range(MAX_REDISPATCH + 1):
             candidates = [i for i in range(self._size) if i not in tried] or list(range(self._size))
             index = min(candidates, key=lambda i: self._inflight[i])
@@ -165,15 +182,17 @@ class RayDispatcher:
                     ]
                 )
             except RayTaskError as exc:
-                # A bug in the runner (it returns failures as results): fail the task.
-                return TaskResult(task.task_id, "failed", None, str(exc)[:2000], 0, "?")
+                # The runner returns the task's own failures as results: this is the
+                # worker's (its database went away mid-task...). Run it again elsewhere.
+                last_error = f"{worker_name(index)} failed running it: {exc}"[:2000]
+                log.warning("%s", last_error)
             finally:
                 self._inflight[index] -= 1
         return TaskResult(
             task.task_id,
             "failed",
             None,
-            f"every worker it was sent to died ({MAX_REDISPATCH + 1} attempts)",
+            f"no worker could run it ({MAX_REDISPATCH + 1} attempts): {last_error}",
             0,
             "?",
         )

@@ -49,16 +49,27 @@ class WorkflowShard:
         return f"WorkflowShard(index={self._index}/{self._shards}, running={running})"
 
     async def _start(self) -> WorkflowEngine:
-        assert self._settings.database_url
+        """Until it works (Postgres may be restarting too): a shard whose start failed must
+        not stay broken."""
+        delay = 0.5
         while True:
             try:
-                self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
-                break
-            except (OSError, ConnectionError) as exc:  # Postgres restarting: keep trying
-                log.warning(
-                    "%s: database not reachable (%r); retrying", shard_name(self._index), exc
-                )
-                await asyncio.sleep(1.0)
+                return await self._start_once()
+            except Exception as exc:  # noqa: BLE001 - any start failure is retried
+                log.warning("%s: start failed (%r); retrying", shard_name(self._index), exc)
+                if self._engine is not None:
+                    await self._engine.shutdown()
+                    self._engine = None
+                if self._db is not None:
+                    with contextlib.suppress(Exception):
+                        await self._db.close()
+                    self._db = None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _start_once(self) -> WorkflowEngine:
+        assert self._settings.database_url
+        self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
         events = EventStore(self._db.pool)
         store = WorkflowStore(self._db.pool, events)
         router = RayWorkflows(self._settings)
