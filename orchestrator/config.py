@@ -259,6 +259,13 @@ class Settings(BaseSettings):
     timer_clamp_ms: int = Field(60000, ge=1, description="Longest scheduler sleep")
     max_dispatch_per_tick: int = Field(5, ge=1, description="Jobs dispatched per tick")
     schedules_per_page: int = Field(50, ge=1, description="GET /schedules per_page default")
+    catchup_enabled: bool = Field(True, description="Dispatch missed jobs on scheduler start")
+    catchup_window_ms: int = Field(
+        24 * 3600 * 1000, ge=0, description="Missed longer ago than this: not caught up (0: any)"
+    )
+    scheduler_overlap: Literal["skip", "allow", "queue"] = Field(
+        "skip", description="A due job whose run is still going: skip, allow, or queue"
+    )
 
     # --- marketplace and events (SPEC part 8) --------------------------------------------
     marketplace_publish_per_hour: int = Field(10, ge=0, description="Publishes per user per hour")

@@ -1,0 +1,430 @@
+"""Scheduled jobs in Postgres. Every change that matters commits with its event, and wakes
+the scheduler (`NOTIFY orch_scheduler`) so a new, resumed or run-now job is seen at once."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from orchestrator.errors import BadRequest, Conflict, NotFound
+from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.scheduler._schedule import Schedule
+
+WAKE_CHANNEL = "orch_scheduler"
+CREATE_LOCK = 947736  # serialises creations, so max_scheduled_jobs holds under concurrency
+
+_COLUMNS = (
+    "id, name, user_uuid, prompt, model, opts, schedule_type, cron_expr, interval_ms, at_ms,"
+    " tz, overlap, delete_after_run, enabled, next_run, last_run, last_result, last_error,"
+    " consecutive_errors, running, queued, run_requested, paused_reason, created_at, updated_at"
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    name: str
+    prompt: str
+    schedule: Schedule
+    model: str | None = None
+    opts: dict[str, Any] | None = None
+    overlap: str = "skip"
+    delete_after_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: int
+    name: str
+    user_uuid: str
+    prompt: str
+    model: str | None
+    opts: dict[str, Any]
+    schedule: Schedule
+    overlap: str
+    delete_after_run: bool
+    enabled: bool
+    next_run: int | None
+    last_run: int | None
+    last_result: str | None
+    last_error: str | None
+    consecutive_errors: int
+    running: int
+    queued: bool
+    run_requested: bool
+    paused_reason: str | None
+    created_at: int
+    updated_at: int
+
+    def summary(self) -> dict[str, Any]:
+        """SPEC part 2's job fields of a list item."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "schedule_type": self.schedule.type,
+            "enabled": self.enabled,
+            "next_run": self.next_run,
+            "last_run": self.last_run,
+            "consecutive_errors": self.consecutive_errors,
+            "created_at": self.created_at,
+        }
+        if self.schedule.type == "cron":
+            out["cron_expr"] = self.schedule.cron_expr
+        if self.schedule.type == "every":
+            out["interval_ms"] = self.schedule.interval_ms
+        if self.schedule.type == "at":
+            out["at"] = self.schedule.at_ms
+        return out
+
+    def detail(self) -> dict[str, Any]:
+        return {
+            **self.summary(),
+            "prompt": self.prompt,
+            "model": self.model,
+            "last_result": self.last_result,
+            "last_error": self.last_error,
+            "user_uuid": self.user_uuid,
+            "opts": self.opts,
+            "tz": self.schedule.tz,
+            "overlap": self.overlap,
+            "delete_after_run": self.delete_after_run,
+            "running": self.running > 0,
+            "paused_reason": self.paused_reason,
+            "updated_at": self.updated_at,
+        }
+
+
+def _job(row: asyncpg.Record) -> Job:
+    return Job(
+        id=row["id"],
+        name=row["name"],
+        user_uuid=row["user_uuid"],
+        prompt=row["prompt"],
+        model=row["model"],
+        opts=json.loads(row["opts"]) if isinstance(row["opts"], str) else dict(row["opts"]),
+        schedule=Schedule(
+            row["schedule_type"],
+            cron_expr=row["cron_expr"],
+            interval_ms=row["interval_ms"],
+            at_ms=row["at_ms"],
+            tz=row["tz"],
+        ),
+        overlap=row["overlap"],
+        delete_after_run=row["delete_after_run"],
+        enabled=row["enabled"],
+        next_run=row["next_run"],
+        last_run=row["last_run"],
+        last_result=row["last_result"],
+        last_error=row["last_error"],
+        consecutive_errors=row["consecutive_errors"],
+        running=row["running"],
+        queued=row["queued"],
+        run_requested=row["run_requested"],
+        paused_reason=row["paused_reason"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _event(job_id: int, type_: str, user: str, **data: Any) -> NewEvent:
+    return NewEvent(
+        type_, {"job_id": job_id, **{k: v for k, v in data.items() if v is not None}}, user
+    )
+
+
+class JobStore:
+    def __init__(self, pool: asyncpg.Pool, events: EventStore) -> None:
+        self._pool = pool
+        self._events = events
+
+    # --- the API's side -------------------------------------------------------------------
+
+    async def create(self, spec: JobSpec, user_uuid: str, max_active: int) -> Job:
+        ts = now_ms()
+        first = spec.schedule.next_after(ts, ts)
+        async with self._events.transaction() as tx:
+            await tx.conn.execute("SELECT pg_advisory_xact_lock($1)", CREATE_LOCK)
+            active = await tx.conn.fetchval("SELECT count(*) FROM scheduled_jobs WHERE enabled")
+            if active >= max_active:
+                raise Conflict(
+                    f"max_scheduled_jobs reached: {active} active jobs (the limit is "
+                    f"{max_active}); delete or pause some first",
+                    extra={"active": int(active), "limit": max_active},
+                )
+            s = spec.schedule
+            row = await tx.conn.fetchrow(
+                "INSERT INTO scheduled_jobs (name, user_uuid, prompt, model, opts, schedule_type,"
+                " cron_expr, interval_ms, at_ms, tz, overlap, delete_after_run, next_run,"
+                " created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,"
+                f" $12, $13, $14, $14) RETURNING {_COLUMNS}",
+                spec.name,
+                user_uuid,
+                spec.prompt,
+                spec.model,
+                json.dumps(spec.opts or {}),
+                s.type,
+                s.cron_expr,
+                s.interval_ms,
+                s.at_ms,
+                s.tz,
+                spec.overlap,
+                spec.delete_after_run,
+                first,
+                ts,
+            )
+            job = _job(row)
+            await tx.append(
+                [
+                    _event(
+                        job.id,
+                        "scheduler.job_created",
+                        user_uuid,
+                        name=job.name,
+                        schedule_type=s.type,
+                        next_run=first,
+                        user_uuid=user_uuid,
+                    )
+                ]
+            )
+            await self._wake(tx)
+        return job
+
+    async def get(self, job_id: int, conn: Any = None) -> Job | None:
+        row = await (conn or self._pool).fetchrow(
+            f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE id = $1", job_id
+        )
+        return _job(row) if row is not None else None
+
+    async def require(self, job_id: int, conn: Any = None) -> Job:
+        job = await self.get(job_id, conn)
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        return job
+
+    async def page(self, page: int, per_page: int) -> tuple[list[Job], int]:
+        total = await self._pool.fetchval("SELECT count(*) FROM scheduled_jobs")
+        rows = await self._pool.fetch(
+            f"SELECT {_COLUMNS} FROM scheduled_jobs ORDER BY id LIMIT $1 OFFSET $2",
+            per_page,
+            (page - 1) * per_page,
+        )
+        return [_job(r) for r in rows], int(total)
+
+    async def _locked(self, tx: EventTransaction, job_id: int) -> Job:
+        row = await tx.conn.fetchrow(
+            f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE id = $1 FOR UPDATE", job_id
+        )
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        return _job(row)
+
+    @staticmethod
+    async def _wake(tx: EventTransaction) -> None:
+        await tx.conn.execute(f"NOTIFY {WAKE_CHANNEL}")
+
+    async def delete(self, job_id: int) -> None:
+        async with self._events.transaction() as tx:
+            job = await self._locked(tx, job_id)
+            if job.running:
+                raise Conflict(f"job {job_id} is running; try again when it has finished")
+            await tx.conn.execute("DELETE FROM scheduled_jobs WHERE id = $1", job_id)
+            await self._wake(tx)
+
+    async def pause(self, job_id: int, reason: str = "paused by an admin") -> None:
+        async with self._events.transaction() as tx:
+            await self._locked(tx, job_id)
+            await tx.conn.execute(
+                "UPDATE scheduled_jobs SET enabled = false, paused_reason = $2, updated_at = $3"
+                " WHERE id = $1",
+                job_id,
+                reason,
+                now_ms(),
+            )
+            await self._wake(tx)
+
+    async def unpause(self, job_id: int) -> Job:
+        """Active again, with its next run computed from now (an errors count starts over)."""
+        ts = now_ms()
+        async with self._events.transaction() as tx:
+            job = await self._locked(tx, job_id)
+            nxt = job.schedule.next_after(ts, job.created_at)
+            await tx.conn.execute(
+                "UPDATE scheduled_jobs SET enabled = true, paused_reason = NULL, next_run = $2,"
+                " consecutive_errors = 0, updated_at = $3 WHERE id = $1",
+                job_id,
+                nxt,
+                ts,
+            )
+            await self._wake(tx)
+        return await self.require(job_id)
+
+    async def request_run(self, job_id: int) -> None:
+        async with self._events.transaction() as tx:
+            job = await self._locked(tx, job_id)
+            if not job.enabled:
+                raise BadRequest(f"job {job_id} is disabled (paused); unpause it first")
+            if job.running or job.run_requested:
+                raise Conflict(f"job {job_id} is already running")
+            await tx.conn.execute(
+                "UPDATE scheduled_jobs SET run_requested = true, updated_at = $2 WHERE id = $1",
+                job_id,
+                now_ms(),
+            )
+            await self._wake(tx)
+
+    # --- the scheduler's side -------------------------------------------------------------
+
+    async def due(self, now: int, limit: int) -> list[Job]:
+        rows = await self._pool.fetch(
+            f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE enabled AND"
+            " (run_requested OR (next_run IS NOT NULL AND next_run <= $1))"
+            " ORDER BY run_requested DESC, next_run LIMIT $2",
+            now,
+            limit,
+        )
+        return [_job(r) for r in rows]
+
+    async def next_due(self) -> int | None:
+        value = await self._pool.fetchval(
+            "SELECT min(CASE WHEN run_requested THEN 0 ELSE next_run END) FROM scheduled_jobs"
+            " WHERE enabled AND (run_requested OR next_run IS NOT NULL)"
+        )
+        return int(value) if value is not None else None
+
+    async def missed(self, now: int) -> list[Job]:
+        """Enabled jobs whose next run is past, most overdue first."""
+        rows = await self._pool.fetch(
+            f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE enabled AND next_run < $1"
+            " ORDER BY next_run",
+            now,
+        )
+        return [_job(r) for r in rows]
+
+    async def start_run(
+        self, job: Job, now: int, next_run: int | None, *, catchup: bool = False
+    ) -> tuple[int, str]:
+        """Record a dispatch (and the job's next run); the run's id and task id."""
+        async with self._events.transaction() as tx:
+            run_id = await tx.conn.fetchval(
+                "INSERT INTO scheduled_runs (job_id, task_id, catchup, started_at)"
+                " VALUES ($1, '', $2, $3) RETURNING id",
+                job.id,
+                catchup,
+                now,
+            )
+            task_id = f"job-{job.id}-run-{run_id}"
+            await tx.conn.execute(
+                "UPDATE scheduled_runs SET task_id = $2 WHERE id = $1", run_id, task_id
+            )
+            await tx.conn.execute(
+                "UPDATE scheduled_jobs SET running = running + 1, last_run = $2, next_run = $3,"
+                " run_requested = false, queued = false, updated_at = $2 WHERE id = $1",
+                job.id,
+                now,
+                next_run,
+            )
+            await tx.append(
+                [
+                    _event(
+                        job.id,
+                        "scheduler.task_dispatched",
+                        job.user_uuid,
+                        task_id=task_id,
+                        catchup=catchup,
+                        user_uuid=job.user_uuid,
+                        next_run=next_run,
+                    )
+                ]
+            )
+        return int(run_id), task_id
+
+    async def reschedule(self, job: Job, next_run: int | None, *, queue: bool = False) -> None:
+        await self._pool.execute(
+            "UPDATE scheduled_jobs SET next_run = $2, queued = queued OR $3, updated_at = $4"
+            " WHERE id = $1",
+            job.id,
+            next_run,
+            queue,
+            now_ms(),
+        )
+
+    async def finish_run(
+        self,
+        job_id: int,
+        run_id: int,
+        *,
+        result: str,
+        error: str | None,
+        task_id: str,
+        duration_ms: int,
+        max_errors: int,
+    ) -> Job | None:
+        """Record how a run ended; auto-pause after `max_errors` in a row; delete an `at`
+        job marked delete_after_run. The job as it is now (None: deleted or gone)."""
+        ts = now_ms()
+        async with self._events.transaction() as tx:
+            await tx.conn.execute(
+                "UPDATE scheduled_runs SET finished_at = $2, result = $3, error = $4"
+                " WHERE id = $1 AND finished_at IS NULL",
+                run_id,
+                ts,
+                result,
+                error,
+            )
+            row = await tx.conn.fetchrow(
+                f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE id = $1 FOR UPDATE", job_id
+            )
+            if row is None:
+                return None
+            job = _job(row)
+            errors = 0 if result == "ok" else job.consecutive_errors + 1
+            pause = job.enabled and errors >= max_errors
+            reason = (
+                f"auto-paused after {errors} consecutive errors (last: {error})" if pause else None
+            )
+            await tx.conn.execute(
+                "UPDATE scheduled_jobs SET running = greatest(running - 1, 0), last_result = $2,"
+                " last_error = $3, consecutive_errors = $4, enabled = enabled AND NOT $5,"
+                " paused_reason = coalesce($6, paused_reason), updated_at = $7 WHERE id = $1",
+                job_id,
+                result,
+                error,
+                errors,
+                pause,
+                reason,
+                ts,
+            )
+            await tx.append(
+                [
+                    _event(
+                        job_id,
+                        "scheduler.job_executed",
+                        job.user_uuid,
+                        result=result,
+                        error=error,
+                        task_id=task_id,
+                        duration_ms=duration_ms,
+                        consecutive_errors=errors,
+                        auto_paused=pause or None,
+                        reason=reason,
+                    )
+                ]
+            )
+            if job.delete_after_run and job.schedule.type == "at" and job.next_run is None:
+                await tx.conn.execute("DELETE FROM scheduled_jobs WHERE id = $1", job_id)
+                return None
+        return await self.get(job_id)
+
+    async def interrupted_runs(self) -> list[tuple[int, int, str]]:
+        """(run id, job id, task id) of runs that never finished: their scheduler died."""
+        rows = await self._pool.fetch(
+            "SELECT id, job_id, task_id FROM scheduled_runs WHERE finished_at IS NULL ORDER BY id"
+        )
+        return [(r["id"], r["job_id"], r["task_id"]) for r in rows]

@@ -1,0 +1,224 @@
+"""The scheduler loop: one active instance (a Postgres advisory lock held on its own
+connection; a second instance waits for it), woken by `NOTIFY orch_scheduler` or by its
+timer, which never sleeps longer than `timer_clamp_ms`.
+
+On start: runs a crash interrupted are recorded `error` (and counted); then catch-up: jobs
+whose next run passed while nobody was scheduling are missed; up to `max_catchup_runs`, most
+overdue first, are dispatched `catchup_stagger_ms` apart (only those missed within
+`catchup_window_ms`; none with `catchup_enabled` off); every other missed job moves to its
+next future run. Jobs paused at `max_consecutive_errors` stay paused.
+
+A tick dispatches at most `max_dispatch_per_tick` due jobs. A job whose run is still going is
+not dispatched again unless its overlap policy says so: `skip` (default: the slot is skipped),
+`allow` (runs side by side), `queue` (one run waits and starts when the current one ends).
+A dispatched run is an agent task (prompt, model, `opts` mode/tools/timeout) owned by the
+job's creator; its outcome sets `last_result` (`ok`, `error`, `timeout`) and the errors
+count; `max_consecutive_errors` in a row auto-pause the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from orchestrator.agents import AgentTask, TaskDispatcher, TaskResult
+from orchestrator.config import Settings
+from orchestrator.scheduler._jobs import WAKE_CHANNEL, Job, JobStore
+
+log = logging.getLogger(__name__)
+
+LEASE_KEY = 947737
+LEASE_RETRY_S = 1.0
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        store: JobStore,
+        dispatcher: TaskDispatcher,
+        settings: Settings,
+        dsn: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        name: str = "scheduler",
+    ) -> None:
+        self._store = store
+        self._dispatcher = dispatcher
+        self._settings = settings
+        self._dsn = dsn
+        self._clock = clock
+        self.name = name
+        self._wake = asyncio.Event()
+        self._runs: set[asyncio.Task[None]] = set()
+        self._conn: asyncpg.Connection | None = None
+        self.active = False
+        self.dispatched = 0
+
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def run_forever(self) -> None:
+        """Wait for the lease, then schedule until cancelled. A lost database connection
+        gives the lease up; the loop takes it again when it can."""
+        while True:
+            try:
+                await self._hold_lease_and_run()
+            except asyncio.CancelledError:
+                raise
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("%s: database trouble (%r); starting over", self.name, exc)
+                self.active = False
+                await asyncio.sleep(LEASE_RETRY_S)
+            finally:
+                await self._release()
+
+    async def _release(self) -> None:
+        self.active = False
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            self._conn = None
+
+    async def _hold_lease_and_run(self) -> None:
+        self._conn = await asyncpg.connect(self._dsn)
+        # Polled rather than blocking in pg_advisory_lock, so a waiting scheduler can be
+        # cancelled at once and notices a dead connection.
+        while not await self._conn.fetchval(  # noqa: ASYNC110 - polling Postgres, not a flag
+            "SELECT pg_try_advisory_lock($1)", LEASE_KEY
+        ):
+            await asyncio.sleep(LEASE_RETRY_S)  # another scheduler is active
+        await self._conn.add_listener(WAKE_CHANNEL, lambda *_: self._wake.set())
+        self.active = True
+        log.info("%s: active", self.name)
+        await self._recover()
+        await self._catch_up()
+        while True:
+            await self.tick()
+            await self._sleep_until_due()
+            if self._conn.is_closed():
+                raise OSError("the lease connection closed")
+
+    async def _sleep_until_due(self) -> None:
+        clamp = self._settings.timer_clamp_ms
+        nxt = await self._store.next_due()
+        delay_ms = clamp if nxt is None else max(0, min(clamp, nxt - self._now()))
+        self._wake.clear()
+        if delay_ms > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay_ms / 1000)
+
+    async def _recover(self) -> None:
+        for run_id, job_id, task_id in await self._store.interrupted_runs():
+            log.warning("%s: run %s of job %s was interrupted", self.name, run_id, job_id)
+            await self._store.finish_run(
+                job_id,
+                run_id,
+                result="error",
+                error="interrupted: the scheduler stopped while it ran",
+                task_id=task_id,
+                duration_ms=0,
+                max_errors=self._settings.max_consecutive_errors,
+            )
+
+    async def _catch_up(self) -> None:
+        now = self._now()
+        missed = await self._store.missed(now)
+        window = self._settings.catchup_window_ms
+        runnable = [
+            j
+            for j in missed
+            if self._settings.catchup_enabled
+            and j.next_run is not None
+            and (window <= 0 or now - j.next_run <= window)
+        ][: self._settings.max_catchup_runs]
+        chosen = {j.id for j in runnable}
+        for job in missed:
+            if job.id not in chosen:
+                await self._store.reschedule(job, job.schedule.next_after(now, job.created_at))
+        for i, job in enumerate(runnable):
+            if i:
+                await asyncio.sleep(self._settings.catchup_stagger_ms / 1000)
+            fresh = await self._store.get(job.id)
+            if fresh is not None and fresh.enabled:
+                await self._dispatch(fresh, catchup=True)
+
+    async def tick(self) -> int:
+        """Dispatch what is due now (at most max_dispatch_per_tick); how many went out."""
+        now = self._now()
+        sent = 0
+        for job in await self._store.due(now, self._settings.max_dispatch_per_tick):
+            if job.run_requested:
+                await self._dispatch(job, keep_schedule=True)
+                sent += 1
+                continue
+            nxt = job.schedule.next_after(now, job.created_at)
+            if job.running and job.overlap != "allow":
+                # Still going: this slot is skipped (or, with `queue`, waits for the end).
+                await self._store.reschedule(job, nxt, queue=job.overlap == "queue")
+                continue
+            await self._dispatch(job)
+            sent += 1
+        return sent
+
+    async def _dispatch(
+        self, job: Job, *, catchup: bool = False, keep_schedule: bool = False
+    ) -> None:
+        now = self._now()
+        nxt = job.next_run if keep_schedule else job.schedule.next_after(now, job.created_at)
+        run_id, task_id = await self._store.start_run(job, now, nxt, catchup=catchup)
+        self.dispatched += 1
+        task = asyncio.create_task(self._run(job, run_id, task_id))
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+
+    def _task(self, job: Job, task_id: str) -> AgentTask:
+        opts: dict[str, Any] = job.opts
+        tools = opts.get("tools")
+        return AgentTask(
+            task_id=task_id,
+            user_uuid=job.user_uuid,
+            prompt=job.prompt,
+            mode=str(opts.get("mode") or "general"),
+            tools=tuple(tools) if isinstance(tools, list) else None,
+            timeout_s=float(opts["timeout"]) if opts.get("timeout") else None,
+            model=job.model,
+        )
+
+    async def _run(self, job: Job, run_id: int, task_id: str) -> None:
+        started = time.monotonic()
+        try:
+            outcome: TaskResult = await self._dispatcher.run(self._task(job, task_id))
+            result = {"completed": "ok", "timeout": "timeout"}.get(outcome.status, "error")
+            error = outcome.error
+        except asyncio.CancelledError:
+            raise  # the scheduler stops: the next one records this run as interrupted
+        except Exception as exc:  # noqa: BLE001 - a dispatch failure is the run's error
+            result, error = "error", f"dispatch failed: {exc!r}"
+        after = await self._store.finish_run(
+            job.id,
+            run_id,
+            result=result,
+            error=error,
+            task_id=task_id,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            max_errors=self._settings.max_consecutive_errors,
+        )
+        if after is not None and after.queued and after.enabled and not after.running:
+            await self._dispatch(after, keep_schedule=True)
+
+    async def shutdown(self) -> None:
+        for task in list(self._runs):
+            task.cancel()
+        for task in list(self._runs):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._release()
