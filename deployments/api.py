@@ -38,6 +38,7 @@ from orchestrator.observability import (
     prune_heartbeats,
 )
 from orchestrator.providers import Gateway, InferenceLog
+from orchestrator.scheduler import JobStore, SchedulerService
 from orchestrator.workflows import WorkflowEngine, WorkflowStore
 
 log = logging.getLogger("orchestrator.api")
@@ -108,13 +109,16 @@ def create_app(
     echo_request_id: bool = True,
     local_inference: LocalInference | None = None,
     workflow_runner: WorkflowRunner | None = None,
+    run_scheduler: bool = True,
 ) -> FastAPI:
     """Build the HTTP API. `metrics` is the cluster-wide hub and `event_upstream` the live
     event subscription (the Metrics and EventBus actors under Ray; in-process without);
     `echo_request_id` is False under Serve, whose proxy sets X-Request-ID on responses;
     `local_inference` runs inference instances (Ray actors under Serve; without it, POST
     /inference answers 503); `workflow_runner` drives workflows (the WorkflowShard actors
-    under Serve; without it, an engine in this process with an in-process agent runner)."""
+    under Serve; without it, an engine in this process with an in-process agent runner);
+    `run_scheduler` runs the scheduler in this process (under Serve, the Scheduler actor
+    does)."""
     hub = metrics or LocalMetricsHub()
     holder: dict[str, AppContext] = {}
 
@@ -125,16 +129,22 @@ def create_app(
         app.state.ctx = ctx
         ctx.inference = InferenceService(settings, ctx.events, local_inference)
         ctx.workflows = WorkflowStore(ctx.db.pool, ctx.events)
+        ctx.jobs = JobStore(ctx.db.pool, ctx.events)
+        agents = AgentRunner(
+            settings,
+            ctx.gateway,
+            ctx.events,
+            default_registry(),
+            {"pool": ctx.db.pool, "events": ctx.events},
+        )
+        dispatcher = LocalDispatcher(agents, on_busy=ctx.recorder.active_workers)
+        scheduler: SchedulerService | None = None
+        if run_scheduler:
+            scheduler = SchedulerService(
+                ctx.jobs, dispatcher, settings, settings.database_url or ""
+            )
         runner = workflow_runner
         if runner is None:
-            agents = AgentRunner(
-                settings,
-                ctx.gateway,
-                ctx.events,
-                default_registry(),
-                {"pool": ctx.db.pool, "events": ctx.events},
-            )
-            dispatcher = LocalDispatcher(agents, on_busy=ctx.recorder.active_workers)
             engine = WorkflowEngine(ctx.workflows, dispatcher, settings)
             await engine.resume_unfinished()
             runner = engine
@@ -165,6 +175,7 @@ def create_app(
             await heartbeat(ctx.db.pool)
         tasks = [
             asyncio.create_task(_every(METRICS_FLUSH_S, "metrics flush", ctx.flush_metrics)),
+            *([asyncio.create_task(scheduler.run_forever())] if scheduler else []),
             asyncio.create_task(_every(HEARTBEAT_S, "heartbeat", beat)),
         ]
         try:
@@ -178,6 +189,8 @@ def create_app(
             with contextlib.suppress(Exception):
                 await ctx.flush_metrics()
             await ctx.workflow_runner.close()
+            if scheduler is not None:
+                await scheduler.shutdown()
             await ctx.inference_log.drain()
             if local_inference is not None:
                 await local_inference.close()

@@ -14,6 +14,7 @@ from actors.agent_worker import ensure_agent_workers
 from actors.event_bus import ActorEventSource
 from actors.inference import RayLocalInference
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
+from actors.scheduler import get_or_create_scheduler
 from actors.workflow_shard import RayWorkflows
 from deployments.api import create_app
 from orchestrator.config import Settings
@@ -37,6 +38,7 @@ class Api:
         ensure_agent_workers(self._settings)
         workflows = RayWorkflows(self._settings)
         workflows.ensure_started()  # shards resume their unfinished workflows
+        get_or_create_scheduler(self._settings).status.remote()
         return create_app(
             self._settings,
             metrics=hub,
@@ -45,6 +47,7 @@ class Api:
             echo_request_id=False,
             local_inference=RayLocalInference(self._settings),
             workflow_runner=workflows,
+            run_scheduler=False,
         )
 
     def __repr__(self) -> str:

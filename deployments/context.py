@@ -23,6 +23,7 @@ from orchestrator.observability import (
     SloTargets,
 )
 from orchestrator.providers import Gateway, InferenceLog
+from orchestrator.scheduler import JobStore
 from orchestrator.workflows import WorkflowStore
 
 try:
@@ -87,6 +88,7 @@ class AppContext:
     inference_log: InferenceLog = field(init=False)
     inference: InferenceService = field(init=False)
     workflows: WorkflowStore = field(init=False)
+    jobs: JobStore = field(init=False)
     workflow_runner: WorkflowRunner = field(init=False)
     worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)
     started_at: float = field(default_factory=time.time)

@@ -1,5 +1,203 @@
-"""SPEC part 4, scheduler: the endpoints land with their own issue."""
+"""SPEC part 4, scheduler: jobs that dispatch agent tasks on cron, interval or one-time
+schedules. Mutations and the list are admin-only (a non-admin's list is empty); a job's
+detail is visible to admins and to its creator. Jobs live in Postgres; the Scheduler
+(an actor under Ray) is woken by NOTIFY when they change."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from deployments.deps import AdminUser, Ctx, CurrentUser
+from orchestrator.errors import BadRequest, NotFound, ValidationFailed
+from orchestrator.scheduler import InvalidSchedule, JobSpec, Schedule, at, cron, every, natural
 
 router = APIRouter(tags=["scheduler"])
+
+MODES = ("build", "plan", "explore", "review", "general", "coordinate")
+
+
+class JobOpts(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    mode: Literal["build", "plan", "explore", "review", "general", "coordinate"] | None = None
+    tools: list[str] | None = None
+    timeout: float | None = Field(None, gt=0, le=86_400, description="Task timeout, seconds")
+    tz: str | None = Field(None, description="IANA time zone of cron and phrases (UTC)")
+    overlap: Literal["skip", "allow", "queue"] | None = Field(
+        None, description="A due job whose run is still going (scheduler_overlap)"
+    )
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = Field(None, max_length=100_000, description="Required: the task")
+    name: str | None = Field(None, max_length=200)
+    cron: str | None = Field(None, max_length=200, description="5-field cron expression")
+    every: StrictInt | None = Field(None, description="Interval in ms")
+    at: StrictInt | None = Field(None, description="Unix ms, in the future")
+    schedule: str | None = Field(None, max_length=200, description="Natural language")
+    tz: str | None = Field(None, max_length=64, description="Same as opts.tz")
+    model: str | None = Field(None, max_length=256)
+    opts: JobOpts | None = None
+    delete_after_run: StrictBool = Field(False, description="`at` jobs only")
+
+
+class JobCreated(BaseModel):
+    status: Literal["ok"] = "ok"
+    id: int
+    next_run: int | None
+
+
+class JobSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    name: str
+    schedule_type: str
+    enabled: bool
+    next_run: int | None
+    last_run: int | None
+    consecutive_errors: int
+    created_at: int
+    cron_expr: str | None = None
+    interval_ms: int | None = None
+
+
+class JobPage(BaseModel):
+    items: list[JobSummary]
+    total: int
+    page: int
+    per_page: int
+
+
+class JobDetail(JobSummary):
+    prompt: str
+    model: str | None
+    last_result: str | None
+    user_uuid: str
+
+
+class JobStatus(BaseModel):
+    status: str
+    id: int
+    next_run: int | None = None
+
+
+def _bad(field: str, message: str) -> ValidationFailed:
+    return ValidationFailed(
+        f"{field}: {message}", extra={"fields": [{"field": field, "error": message}]}
+    )
+
+
+def _schedule(body: JobCreate) -> Schedule:
+    given = [k for k in ("cron", "every", "at", "schedule") if getattr(body, k) is not None]
+    if len(given) != 1:
+        raise _bad(
+            "schedule",
+            "invalid schedule: give exactly one of cron, every, at or schedule"
+            + (f" (got {', '.join(given)})" if given else ""),
+        )
+    tz = body.tz or (body.opts.tz if body.opts else None)
+    try:
+        if body.cron is not None:
+            return cron(body.cron, tz)
+        if body.every is not None:
+            return every(body.every)
+        if body.at is not None:
+            return at(body.at)
+        assert body.schedule is not None
+        return natural(body.schedule, tz=tz)
+    except InvalidSchedule as exc:
+        field = str(exc).partition(":")[0] or "schedule"
+        raise ValidationFailed(str(exc), extra={"fields": [{"field": field}]}) from exc
+
+
+def _job_id(raw: str) -> int:
+    if not raw.isdigit() or len(raw) > 18:
+        raise BadRequest(f"invalid job id {raw[:40]!r}: a positive integer")
+    return int(raw)
+
+
+JobId = Annotated[str, Path(max_length=40, description="The job's integer id")]
+
+
+@router.post("/schedules", response_model=JobCreated)
+async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> JobCreated:
+    """Admin. `prompt` and exactly one of cron, every, at, schedule (natural language)."""
+    if body.prompt is None or not body.prompt.strip():
+        raise _bad("prompt", "missing prompt")
+    schedule = _schedule(body)
+    if body.delete_after_run and schedule.type != "at":
+        raise _bad("delete_after_run", "only for at jobs")
+    opts = body.opts.model_dump(exclude_none=True) if body.opts else {}
+    name = body.name or body.prompt.strip().splitlines()[0][:60]
+    spec = JobSpec(
+        name=name,
+        prompt=body.prompt,
+        schedule=schedule,
+        model=body.model,
+        opts=opts,
+        overlap=opts.get("overlap") or ctx.settings.scheduler_overlap,
+        delete_after_run=body.delete_after_run,
+    )
+    job = await ctx.jobs.create(spec, caller.user_uuid, ctx.settings.max_scheduled_jobs)
+    return JobCreated(id=job.id, next_run=job.next_run)
+
+
+@router.get("/schedules", response_model=JobPage)
+async def list_jobs(
+    ctx: Ctx,
+    caller: CurrentUser,
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+    per_page: Annotated[int | None, Query(ge=1, le=1000)] = None,
+) -> JobPage:
+    """Admin: every job; anyone else: an empty list."""
+    size = per_page or ctx.settings.schedules_per_page
+    if not caller.is_admin:
+        return JobPage(items=[], total=0, page=page, per_page=size)
+    jobs, total = await ctx.jobs.page(page, size)
+    return JobPage(
+        items=[JobSummary(**j.summary()) for j in jobs], total=total, page=page, per_page=size
+    )
+
+
+@router.get("/schedules/{job_id}", response_model=JobDetail)
+async def get_job(job_id: JobId, ctx: Ctx, caller: CurrentUser) -> Any:
+    """Every field of the job; admins and the job's creator (others: 404)."""
+    job = await ctx.jobs.get(_job_id(job_id))
+    if job is None or not (caller.is_admin or job.user_uuid == caller.user_uuid):
+        raise NotFound(f"job {job_id} not found")
+    return job.detail()
+
+
+@router.delete("/schedules/{job_id}", response_model=JobStatus)
+async def delete_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+    jid = _job_id(job_id)
+    await ctx.jobs.delete(jid)
+    return JobStatus(status="deleted", id=jid)
+
+
+@router.post("/schedules/{job_id}/pause", response_model=JobStatus)
+async def pause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+    jid = _job_id(job_id)
+    await ctx.jobs.pause(jid)
+    return JobStatus(status="paused", id=jid)
+
+
+@router.post("/schedules/{job_id}/unpause", response_model=JobStatus)
+async def unpause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+    jid = _job_id(job_id)
+    job = await ctx.jobs.unpause(jid)
+    return JobStatus(status="active", id=jid, next_run=job.next_run)
+
+
+@router.post("/schedules/{job_id}/run", response_model=JobStatus)
+async def run_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+    """Dispatch now, whatever the schedule (400 paused, 409 running)."""
+    jid = _job_id(job_id)
+    await ctx.jobs.request_run(jid)
+    return JobStatus(status="dispatched", id=jid)

@@ -1,0 +1,72 @@
+"""The `Scheduler` actor (named `scheduler`, detached, restarted by Ray): hosts the
+SchedulerService, whose Postgres lease keeps exactly one scheduler active even if a second
+actor is started (it waits for the lease). Runs go to the AgentWorker pool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+
+from actors import NAMESPACE
+from actors.agent_worker import RayDispatcher
+from orchestrator.config import Settings
+from orchestrator.db import connect
+from orchestrator.events import EventStore
+from orchestrator.scheduler import JobStore, SchedulerService
+
+log = logging.getLogger(__name__)
+
+ACTOR_NAME = "scheduler"
+
+
+@ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=100
+)
+class Scheduler:
+    def __init__(self, settings: Settings, name: str = ACTOR_NAME) -> None:
+        self._settings = settings
+        self._name = name
+        self._service: SchedulerService | None = None
+        self._main = asyncio.get_running_loop().create_task(self._run())
+
+    def __repr__(self) -> str:
+        if self._service is None:
+            return f"Scheduler({self._name}, starting)"
+        s = self._service
+        return f"Scheduler({self._name}, active={s.active}, dispatched={s.dispatched})"
+
+    async def _run(self) -> None:
+        assert self._settings.database_url
+        while True:
+            try:
+                db = await connect(self._settings.database_url, min_size=1, max_size=6)
+                break
+            except Exception as exc:  # noqa: BLE001 - Postgres restarting: keep trying
+                log.warning("%s: database not reachable (%r)", self._name, exc)
+                await asyncio.sleep(1.0)
+        events = EventStore(db.pool)
+        self._service = SchedulerService(
+            JobStore(db.pool, events),
+            RayDispatcher(self._settings, events),
+            self._settings,
+            self._settings.database_url,
+            name=self._name,
+        )
+        await self._service.run_forever()
+
+    async def status(self) -> dict[str, Any]:
+        s = self._service
+        return {
+            "name": self._name,
+            "active": bool(s and s.active),
+            "dispatched": s.dispatched if s else 0,
+        }
+
+
+def get_or_create_scheduler(settings: Settings, name: str = ACTOR_NAME) -> Any:
+    return Scheduler.options(  # type: ignore[attr-defined]
+        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote(settings, name)

@@ -1,0 +1,297 @@
+"""The scheduler over HTTP (the app with its in-process scheduler, real Postgres) against a
+loopback model steered by the prompt: endpoints and errors, firing, run-now, overlap, auto-pause,
+limits, catch-up with stagger, the lease, interrupted runs."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator.agents import AgentTask, TaskResult
+from orchestrator.db import connect
+from orchestrator.events import EventStore
+from orchestrator.scheduler import JobSpec, JobStore, SchedulerService, every
+from tests.conftest import ADMIN_TOKEN, ServedApp
+from tests.fakes.agent_llm import agent_reply
+from tests.fakes.openai_server import OpenAIFake
+from tests.integration.test_workflows_api import agent_settings, user
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[OpenAIFake]:
+    async with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
+        yield server
+
+
+async def _events(c: httpx.AsyncClient, types: str, h: dict[str, str] = ADMIN) -> list[Any]:
+    r = await c.get("/events", headers=h, params={"types": types, "limit": 1000})
+    return list(r.json()["data"])
+
+
+async def _until(check: Any, within: float = 15.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def api(make_settings: Any, llm: OpenAIFake) -> AsyncIterator[httpx.AsyncClient]:
+    settings = agent_settings(make_settings, llm, max_consecutive_errors=3, max_scheduled_jobs=6)
+    async with ServedApp(settings) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as client:
+            yield client
+
+
+async def test_endpoints_and_errors(api: httpx.AsyncClient) -> None:
+    bob = await user(api, "bob")
+    made = await api.post(
+        "/schedules", headers=ADMIN, json={"prompt": "report", "cron": "0 9 * * 1-5"}
+    )
+    assert made.status_code == 200, made.text
+    body = made.json()
+    assert body["status"] == "ok" and isinstance(body["id"], int) and body["next_run"] > 0
+    jid = body["id"]
+    detail = (await api.get(f"/schedules/{jid}", headers=ADMIN)).json()
+    for field in (
+        "id",
+        "name",
+        "schedule_type",
+        "cron_expr",
+        "prompt",
+        "model",
+        "enabled",
+        "next_run",
+        "last_run",
+        "last_result",
+        "consecutive_errors",
+        "user_uuid",
+        "created_at",
+    ):
+        assert field in detail, field
+    assert detail["schedule_type"] == "cron" and detail["cron_expr"] == "0 9 * * 1-5"
+    assert detail["enabled"] is True and detail["user_uuid"] == "admin"
+    listed = (await api.get("/schedules", headers=ADMIN, params={"per_page": 10})).json()
+    assert listed["total"] == 1 and listed["page"] == 1 and listed["per_page"] == 10
+    assert listed["items"][0]["id"] == jid and "prompt" not in listed["items"][0]
+    assert (await api.get("/schedules", headers=bob)).json() == {
+        "items": [],
+        "total": 0,
+        "page": 1,
+        "per_page": 50,
+    }
+    # Non-admins: 403 on every mutation; the detail of a job that is not theirs is 404.
+    for method, path in (
+        ("POST", "/schedules"),
+        ("DELETE", f"/schedules/{jid}"),
+        ("POST", f"/schedules/{jid}/pause"),
+        ("POST", f"/schedules/{jid}/unpause"),
+        ("POST", f"/schedules/{jid}/run"),
+    ):
+        r = await api.request(method, path, headers=bob, json={"prompt": "x", "every": 5000})
+        assert r.status_code == 403, (path, r.text)
+    assert (await api.get(f"/schedules/{jid}", headers=bob)).status_code == 404
+    assert (await api.get("/schedules/abc", headers=ADMIN)).status_code == 400
+    assert (await api.get("/schedules/999999", headers=ADMIN)).status_code == 404
+    for method, path in (
+        ("DELETE", "/schedules/999999"),
+        ("POST", "/schedules/999999/run"),
+        ("POST", "/schedules/999999/pause"),
+    ):
+        assert (await api.request(method, path, headers=ADMIN)).status_code == 404
+    # Pause, run while paused, unpause (next run from now), delete.
+    assert (await api.post(f"/schedules/{jid}/pause", headers=ADMIN)).json()["status"] == "paused"
+    assert (await api.get(f"/schedules/{jid}", headers=ADMIN)).json()["enabled"] is False
+    r = await api.post(f"/schedules/{jid}/run", headers=ADMIN)
+    assert r.status_code == 400 and "unpause" in r.json()["error"]
+    r = await api.post(f"/schedules/{jid}/unpause", headers=ADMIN)
+    assert r.json()["status"] == "active" and r.json()["next_run"] > time.time() * 1000
+    assert (await api.delete(f"/schedules/{jid}", headers=ADMIN)).json()["status"] == "deleted"
+    assert (await api.get(f"/schedules/{jid}", headers=ADMIN)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"every": 5000}, "missing prompt"),
+        ({"prompt": "x"}, "exactly one of"),
+        ({"prompt": "x", "every": 5000, "cron": "* * * * *"}, "exactly one of"),
+        ({"prompt": "x", "cron": "61 * * * *"}, "invalid cron expression"),
+        ({"prompt": "x", "cron": "* * * *"}, "invalid cron expression"),
+        ({"prompt": "x", "every": 0}, "every"),
+        ({"prompt": "x", "every": "5000"}, "every"),
+        ({"prompt": "x", "at": 1000}, "future"),
+        ({"prompt": "x", "schedule": "whenever you like"}, "cannot understand"),
+        ({"prompt": "x", "cron": "0 9 * * *", "delete_after_run": True}, "only for at"),
+        ({"prompt": "x", "cron": "0 9 * * *", "tz": "Nowhere/Else"}, "time zone"),
+    ],
+)
+async def test_create_400s(api: httpx.AsyncClient, body: dict[str, Any], needle: str) -> None:
+    r = await api.post("/schedules", headers=ADMIN, json=body)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]
+
+
+async def test_every_job_fires_as_its_creator_and_run_now(api: httpx.AsyncClient) -> None:
+    made = await api.post("/tokens", headers=ADMIN, json={"user_uuid": "carol", "admin": True})
+    carol = {"Authorization": f"Bearer {made.json()['token']}"}
+    jid = (
+        await api.post("/schedules", headers=carol, json={"prompt": "tick", "every": 1000})
+    ).json()["id"]
+    runs = await _until(lambda: _events(api, "scheduler.job_executed"), within=10)
+    await _until(lambda: _count(api, "scheduler.job_executed", 2), within=10)
+    runs = await _events(api, "scheduler.job_executed")
+    assert all(e["data"]["result"] == "ok" for e in runs)
+    tasks = await _events(api, "task.completed", carol)
+    assert tasks and all(e["data"]["task_id"].startswith(f"job-{jid}-run-") for e in tasks)
+    detail = (await api.get(f"/schedules/{jid}", headers=carol)).json()
+    assert detail["last_result"] == "ok" and detail["last_run"] > 0
+    assert detail["consecutive_errors"] == 0
+    # Run now: a slow job dispatched at once, then 409 while it runs (run and delete).
+    slow = (
+        await api.post(
+            "/schedules", headers=ADMIN, json={"prompt": "[sleep 3]", "cron": "0 0 1 1 *"}
+        )
+    ).json()["id"]
+    assert (await api.post(f"/schedules/{slow}/run", headers=ADMIN)).json()[
+        "status"
+    ] == "dispatched"
+    await _until(lambda: _running(api, slow))
+    assert (await api.post(f"/schedules/{slow}/run", headers=ADMIN)).status_code == 409
+    assert (await api.delete(f"/schedules/{slow}", headers=ADMIN)).status_code == 409
+
+
+async def _count(api: httpx.AsyncClient, types: str, n: int) -> bool:
+    return len(await _events(api, types)) >= n
+
+
+async def _running(api: httpx.AsyncClient, jid: int) -> bool:
+    return bool((await api.get(f"/schedules/{jid}", headers=ADMIN)).json()["running"])
+
+
+async def test_auto_pause_after_consecutive_errors_and_limit(api: httpx.AsyncClient) -> None:
+    jid = (
+        await api.post("/schedules", headers=ADMIN, json={"prompt": "[fail]", "every": 1000})
+    ).json()["id"]
+
+    async def paused() -> bool:
+        return not (await api.get(f"/schedules/{jid}", headers=ADMIN)).json()["enabled"]
+
+    await _until(paused, within=20)
+    detail = (await api.get(f"/schedules/{jid}", headers=ADMIN)).json()
+    assert detail["consecutive_errors"] == 3 and detail["last_result"] == "error"
+    executed = await _events(api, "scheduler.job_executed")
+    assert executed[-1]["data"].get("auto_paused") is True
+    assert "3 consecutive errors" in executed[-1]["data"]["reason"]
+    # max_scheduled_jobs (6 here): paused jobs do not count.
+    for i in range(6):
+        r = await api.post(
+            "/schedules", headers=ADMIN, json={"prompt": f"p{i}", "cron": "0 0 1 1 *"}
+        )
+        assert r.status_code == 200
+    r = await api.post("/schedules", headers=ADMIN, json={"prompt": "one more", "every": 60000})
+    assert r.status_code == 409 and "max_scheduled_jobs" in r.json()["error"]
+
+
+async def test_overlap_skip(api: httpx.AsyncClient) -> None:
+    jid = (
+        await api.post("/schedules", headers=ADMIN, json={"prompt": "[sleep 2.5]", "every": 1000})
+    ).json()["id"]
+    await asyncio.sleep(4.5)
+    dispatched = [
+        e for e in await _events(api, "scheduler.task_dispatched") if e["data"]["job_id"] == jid
+    ]
+    # Fired at ~1 s and again after the first run ended (~3.5 s): the slots at 2 and 3 s
+    # were skipped because the run was still going.
+    assert len(dispatched) == 2, dispatched
+
+
+class _Recorder:
+    """A dispatcher that records when each task came (the runs' agent work is not the
+    point of these tests)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, AgentTask]] = []
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        self.seen.append((time.monotonic(), task))
+        return TaskResult(task.task_id, "completed", "ok", None, 1, "test")
+
+
+async def test_catch_up_lease_and_interrupted_runs(make_settings: Any) -> None:
+    settings = make_settings(catchup_stagger_ms=200, max_catchup_runs=5)
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    try:
+        store = JobStore(db.pool, EventStore(db.pool))
+        ids = []
+        for i in range(8):
+            job = await store.create(
+                JobSpec(name=f"j{i}", prompt=f"p{i}", schedule=every(3_600_000)), "admin", 100
+            )
+            ids.append(job.id)
+        now = int(time.time() * 1000)
+        # Missed: next_run in the past, job i overdue by 8 - i minutes.
+        for i, jid in enumerate(ids):
+            await db.pool.execute(
+                "UPDATE scheduled_jobs SET next_run = $2 WHERE id = $1", jid, now - (8 - i) * 60_000
+            )
+        # One run interrupted by a crash.
+        await db.pool.execute(
+            "INSERT INTO scheduled_runs (job_id, task_id, started_at) VALUES ($1, 'job-x', $2)",
+            ids[7],
+            now - 1000,
+        )
+        await db.pool.execute("UPDATE scheduled_jobs SET running = 1 WHERE id = $1", ids[7])
+        first, second = _Recorder(), _Recorder()
+        one = SchedulerService(store, first, settings, settings.database_url, name="one")
+        two = SchedulerService(store, second, settings, settings.database_url, name="two")
+        tasks = [asyncio.create_task(one.run_forever()), asyncio.create_task(two.run_forever())]
+        try:
+            await _until(lambda: _settled(first, second, 5), within=15)
+            await asyncio.sleep(0.5)
+            assert [one.active, two.active].count(True) == 1
+            fired = first.seen or second.seen
+            assert not (first.seen and second.seen)  # never both
+            assert len(fired) == 5
+            names = [t.prompt for _, t in fired]
+            assert names == ["p0", "p1", "p2", "p3", "p4"]  # most overdue first
+            gaps = [b - a for (a, _), (b, _) in itertools.pairwise(fired)]
+            assert all(g >= 0.19 for g in gaps), gaps
+            later = [await store.get(j) for j in ids[5:]]
+            assert all(j is not None and j.next_run and j.next_run > now for j in later)
+            interrupted = await store.get(ids[7])
+            assert interrupted is not None
+            assert interrupted.last_result == "error" and interrupted.consecutive_errors == 1
+            assert interrupted.running == 0
+            # The active one stops: the other takes the lease over.
+            active, waiting = (one, two) if one.active else (two, one)
+            tasks[[one, two].index(active)].cancel()
+            await _until(lambda: _is_active(waiting), within=10)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await one.shutdown()
+            await two.shutdown()
+    finally:
+        await db.close()
+
+
+async def _settled(a: _Recorder, b: _Recorder, n: int) -> bool:
+    return len(a.seen) + len(b.seen) >= n
+
+
+async def _is_active(s: SchedulerService) -> bool:
+    return s.active
