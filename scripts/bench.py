@@ -5,6 +5,7 @@
     python scripts/bench.py events [--json] [--duration S] [--subscribers 100,1000]
     python scripts/bench.py gateway [--json] [--duration S] [--concurrency C]
     python scripts/bench.py workflows [--json] [--workflows 100] [--sequential 20]
+    python scripts/bench.py scheduler [--json] [--jobs 1000] [--interval-ms 20000]
 
 `ingress` starts `orchestrator serve` (Ray Serve, HAProxy unless --no-haproxy) and, next to
 it, plain uvicorn serving the same FastAPI app against the same Postgres and Redis; then it
@@ -22,6 +23,9 @@ concurrency 32) against calling the same loopback OpenAI-format upstream directl
 `workflows` runs 5-step workflows through `orchestrator serve` against an instant loopback
 model: orchestration overhead per step (step time minus a direct model call, p50/p99) one
 workflow at a time, and steps/s with 100 workflows created at once.
+
+`scheduler` creates 1,000 `every` jobs through the API and measures how late each dispatch
+is against the slot it was due at (p50/p99).
 
 Progress goes to stderr; the result table (or, with --json, exactly one JSON object) goes to
 stdout. The benchmarks live in the `benchmarks` package next to this file (found because
@@ -50,7 +54,7 @@ if _VENV_PYTHON.exists() and Path(sys.prefix).resolve() != _VENV_PYTHON.parents[
 from benchmarks._common import BENCHMARKS, GENERATORS, say  # noqa: E402 (after the venv re-exec)
 
 # Imported for their `@benchmark` registrations, in the order the subcommands are listed.
-for _module in ("ingress", "events", "gateway", "workflows"):
+for _module in ("ingress", "events", "gateway", "workflows", "scheduler"):
     importlib.import_module(f"benchmarks.{_module}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,31 +308,41 @@ class JobStore:
         )
         return [_job(r) for r in rows]
 
-    async def start_run(
-        self, job: Job, now: int, next_run: int | None, *, catchup: bool = False
-    ) -> tuple[int, str]:
-        """Record a dispatch (and the job's next run); the run's id and task id."""
+    async def start_runs(
+        self,
+        runs: Sequence[tuple[Job, int | None, bool]],
+        now: int,
+        extra_events: Callable[[Job, str], Sequence[NewEvent]] | None = None,
+    ) -> list[tuple[int, str]]:
+        """Record dispatches — (job, its next run, catch-up?) each — in one transaction (one
+        commit for a whole tick); each run's id and task id. `extra_events(job, task_id)`
+        commit with them (the task's task.created)."""
+        out: list[tuple[int, str]] = []
+        if not runs:
+            return out
         async with self._events.transaction() as tx:
-            run_id = await tx.conn.fetchval(
+            run_ids = await tx.conn.fetch(
                 "INSERT INTO scheduled_runs (job_id, task_id, catchup, started_at)"
-                " VALUES ($1, '', $2, $3) RETURNING id",
-                job.id,
-                catchup,
+                " SELECT j, '', c, $3 FROM unnest($1::bigint[], $2::boolean[]) AS x(j, c)"
+                " RETURNING id, job_id",
+                [job.id for job, _, _ in runs],
+                [catchup for _, _, catchup in runs],
                 now,
             )
-            task_id = f"job-{job.id}-run-{run_id}"
+            ids = {r["job_id"]: r["id"] for r in run_ids}
             await tx.conn.execute(
-                "UPDATE scheduled_runs SET task_id = $2 WHERE id = $1", run_id, task_id
+                "UPDATE scheduled_runs SET task_id = 'job-' || job_id || '-run-' || id"
+                " WHERE id = ANY($1::bigint[])",
+                list(ids.values()),
             )
-            await tx.conn.execute(
-                "UPDATE scheduled_jobs SET running = running + 1, last_run = $2, next_run = $3,"
-                " run_requested = false, queued = false, updated_at = $2 WHERE id = $1",
-                job.id,
-                now,
-                next_run,
-            )
-            await tx.append(
-                [
+            events: list[NewEvent] = []
+            updates = []
+            for job, next_run, catchup in runs:
+                run_id = ids[job.id]
+                task_id = f"job-{job.id}-run-{run_id}"
+                out.append((run_id, task_id))
+                updates.append((job.id, now, next_run))
+                events.append(
                     _event(
                         job.id,
                         "scheduler.task_dispatched",
@@ -339,11 +350,19 @@ class JobStore:
                         task_id=task_id,
                         catchup=catchup,
                         user_uuid=job.user_uuid,
+                        scheduled_for=None if job.run_requested else job.next_run,
                         next_run=next_run,
                     )
-                ]
+                )
+                if extra_events is not None:
+                    events.extend(extra_events(job, task_id))
+            await tx.conn.executemany(
+                "UPDATE scheduled_jobs SET running = running + 1, last_run = $2, next_run = $3,"
+                " run_requested = false, queued = false, updated_at = $2 WHERE id = $1",
+                updates,
             )
-        return int(run_id), task_id
+            await tx.append(events)
+        return out
 
     async def reschedule(self, job: Job, next_run: int | None, *, queue: bool = False) -> None:
         await self._pool.execute(

@@ -23,12 +23,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
 
-from orchestrator.agents import AgentTask, TaskDispatcher, TaskResult
+from orchestrator.agents import AgentTask, TaskDispatcher, TaskResult, created_event
 from orchestrator.config import Settings
+from orchestrator.events import NewEvent
 from orchestrator.scheduler._jobs import WAKE_CHANNEL, Job, JobStore
 
 log = logging.getLogger(__name__)
@@ -152,33 +154,52 @@ class SchedulerService:
                 await self._dispatch(fresh, catchup=True)
 
     async def tick(self) -> int:
-        """Dispatch what is due now (at most max_dispatch_per_tick); how many went out."""
+        """Dispatch what is due now (at most max_dispatch_per_tick, in one commit); how
+        many went out."""
         now = self._now()
-        sent = 0
+        batch: list[tuple[Job, bool]] = []
         for job in await self._store.due(now, self._settings.max_dispatch_per_tick):
             if job.run_requested:
-                await self._dispatch(job, keep_schedule=True)
-                sent += 1
-                continue
-            nxt = job.schedule.next_after(now, job.created_at)
-            if job.running and job.overlap != "allow":
+                batch.append((job, True))
+            elif job.running and job.overlap != "allow":
                 # Still going: this slot is skipped (or, with `queue`, waits for the end).
+                nxt = job.schedule.next_after(now, job.created_at)
                 await self._store.reschedule(job, nxt, queue=job.overlap == "queue")
-                continue
-            await self._dispatch(job)
-            sent += 1
-        return sent
+            else:
+                batch.append((job, False))
+        await self._dispatch_many(batch)
+        return len(batch)
 
     async def _dispatch(
         self, job: Job, *, catchup: bool = False, keep_schedule: bool = False
     ) -> None:
+        await self._dispatch_many([(job, keep_schedule)], catchup=catchup)
+
+    async def _dispatch_many(self, batch: list[tuple[Job, bool]], *, catchup: bool = False) -> None:
+        if not batch:
+            return
         now = self._now()
-        nxt = job.next_run if keep_schedule else job.schedule.next_after(now, job.created_at)
-        run_id, task_id = await self._store.start_run(job, now, nxt, catchup=catchup)
-        self.dispatched += 1
-        task = asyncio.create_task(self._run(job, run_id, task_id))
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
+        runs = [
+            (
+                job,
+                job.next_run if keep else job.schedule.next_after(now, job.created_at),
+                catchup,
+            )
+            for job, keep in batch
+        ]
+        tasks: dict[str, AgentTask] = {}
+
+        def created(job: Job, task_id: str) -> list[NewEvent]:
+            task = replace(self._task(job, task_id), announced=True)
+            tasks[task_id] = task
+            return [created_event(task, self._settings)]
+
+        started = await self._store.start_runs(runs, now, created)
+        for (job, _, _), (run_id, task_id) in zip(runs, started, strict=True):
+            self.dispatched += 1
+            run = asyncio.create_task(self._run(job, run_id, tasks[task_id]))
+            self._runs.add(run)
+            run.add_done_callback(self._runs.discard)
 
     def _task(self, job: Job, task_id: str) -> AgentTask:
         opts: dict[str, Any] = job.opts
@@ -193,10 +214,11 @@ class SchedulerService:
             model=job.model,
         )
 
-    async def _run(self, job: Job, run_id: int, task_id: str) -> None:
+    async def _run(self, job: Job, run_id: int, task: AgentTask) -> None:
         started = time.monotonic()
+        task_id = task.task_id
         try:
-            outcome: TaskResult = await self._dispatcher.run(self._task(job, task_id))
+            outcome: TaskResult = await self._dispatcher.run(task)
             result = {"completed": "ok", "timeout": "timeout"}.get(outcome.status, "error")
             error = outcome.error
         except asyncio.CancelledError:
