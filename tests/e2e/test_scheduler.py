@@ -117,3 +117,39 @@ def test_every_job_run_now_and_scheduler_kill(service: Orchestrator) -> None:
                 if e["data"]["job_id"] == job_id
             )
             assert all(n == 1 for n in slots.values()), slots
+
+
+def test_error_codes_through_serve(service: Orchestrator) -> None:
+    """SPEC part 7's scheduler errors, through the Serve ingress."""
+    with service.client() as c:
+        made = c.post("/tokens", json={"user_uuid": "erik"}).json()
+        erik = {"Authorization": f"Bearer {made['token']}"}
+        assert c.post("/schedules", json={"every": 1000}).status_code == 400  # no prompt
+        r = c.post("/schedules", json={"prompt": "x", "cron": "99 * * * *"})
+        assert r.status_code == 400 and "invalid cron expression" in r.json()["error"]
+        r = c.post("/schedules", json={"prompt": "x", "schedule": "now and then"})
+        assert r.status_code == 400 and r.json()["code"] == "validation_error"
+        assert (
+            c.post("/schedules", headers=erik, json={"prompt": "x", "every": 1000}).status_code
+            == 403
+        )
+        slow = c.post("/schedules", json={"prompt": "[sleep 4]", "cron": "0 0 1 1 *"}).json()["id"]
+        assert c.get("/schedules/x1").status_code == 400
+        assert c.get("/schedules/987654").status_code == 404
+        assert c.delete(f"/schedules/{slow}", headers=erik).status_code == 403
+        assert c.delete("/schedules/987654").status_code == 404
+        assert c.post("/schedules/987654/run").status_code == 404
+        assert c.post(f"/schedules/{slow}/run").json() == {
+            "status": "dispatched",
+            "id": slow,
+            "next_run": None,
+        }
+        _wait(lambda: c.get(f"/schedules/{slow}").json()["running"], 10)
+        assert c.post(f"/schedules/{slow}/run").status_code == 409
+        assert c.delete(f"/schedules/{slow}").status_code == 409
+        _wait(lambda: not c.get(f"/schedules/{slow}").json()["running"], 15)
+        assert c.post(f"/schedules/{slow}/pause").json()["status"] == "paused"
+        r = c.post(f"/schedules/{slow}/run")
+        assert r.status_code == 400 and "unpause" in r.json()["error"]
+        assert c.get("/schedules", headers=erik).json()["items"] == []
+        assert c.delete(f"/schedules/{slow}").json()["status"] == "deleted"

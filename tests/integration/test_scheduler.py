@@ -295,3 +295,71 @@ async def _settled(a: _Recorder, b: _Recorder, n: int) -> bool:
 
 async def _is_active(s: SchedulerService) -> bool:
     return s.active
+
+
+class _Slow(_Recorder):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.ended: list[float] = []
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        self.seen.append((time.monotonic(), task))
+        await asyncio.sleep(self.seconds)
+        self.ended.append(time.monotonic())
+        return TaskResult(task.task_id, "completed", "ok", None, 1, "test")
+
+
+@pytest.mark.parametrize("overlap", ["allow", "queue"])
+async def test_overlap_allow_and_queue(make_settings: Any, overlap: str) -> None:
+    settings = make_settings()
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    slow = _Slow(2.2)
+    store = JobStore(db.pool, EventStore(db.pool))
+    service = SchedulerService(store, slow, settings, settings.database_url)
+    runner = asyncio.create_task(service.run_forever())
+    try:
+        await store.create(
+            JobSpec(name="o", prompt="p", schedule=every(1000), overlap=overlap), "admin", 10
+        )
+        await asyncio.sleep(4.6)
+        starts = [t for t, _ in slow.seen]
+        if overlap == "allow":
+            assert len(starts) >= 4  # every second, side by side
+        else:
+            # The first run (~1 s) is still going at 2 s: one run waits and starts the moment
+            # the first ends (~3.2 s); nothing else runs meanwhile.
+            assert len(starts) == 2, starts
+            assert abs(starts[1] - slow.ended[0]) < 0.3
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await service.shutdown()
+        await db.close()
+
+
+async def test_catch_up_switched_off(make_settings: Any) -> None:
+    settings = make_settings(catchup_enabled=False)
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    seen = _Recorder()
+    store = JobStore(db.pool, EventStore(db.pool))
+    job = await store.create(JobSpec(name="m", prompt="p", schedule=every(3_600_000)), "admin", 10)
+    now = int(time.time() * 1000)
+    await db.pool.execute(
+        "UPDATE scheduled_jobs SET next_run = $2 WHERE id = $1", job.id, now - 5000
+    )
+    service = SchedulerService(store, seen, settings, settings.database_url)
+    runner = asyncio.create_task(service.run_forever())
+    try:
+        await _until(lambda: _is_active(service))
+        await asyncio.sleep(0.5)
+        assert seen.seen == []
+        later = await store.get(job.id)
+        assert later is not None and later.next_run is not None and later.next_run > now
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await service.shutdown()
+        await db.close()
