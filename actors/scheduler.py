@@ -57,6 +57,9 @@ class Scheduler:
         )
         await self._service.run_forever()
 
+    async def settings(self) -> Settings:
+        return self._settings
+
     async def status(self) -> dict[str, Any]:
         s = self._service
         return {

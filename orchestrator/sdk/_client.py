@@ -19,6 +19,10 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.sdk._models import (
     Health,
+    Job,
+    JobCreated,
+    JobPage,
+    JobStatus,
     Slo,
     TemplateSaved,
     TokenCreated,
@@ -244,6 +248,26 @@ def _templates() -> _Call[WorkflowTemplates]:
     return _Call("GET", "/workflows/templates", _model(WorkflowTemplates))
 
 
+def _create_schedule(prompt: str, fields: dict[str, Any]) -> _Call[JobCreated]:
+    body = {"prompt": prompt, **{k: v for k, v in fields.items() if v is not None}}
+    return _Call("POST", "/schedules", _model(JobCreated), body=body)
+
+
+def _schedules(page: int, per_page: int | None) -> _Call[JobPage]:
+    params = {"page": page, **({"per_page": per_page} if per_page else {})}
+    return _Call("GET", "/schedules", _model(JobPage), params=params)
+
+
+def _schedule(job_id: int) -> _Call[Job]:
+    return _Call("GET", f"/schedules/{int(job_id)}", _model(Job))
+
+
+def _job_action(job_id: int, action: str) -> _Call[JobStatus]:
+    if action == "delete":
+        return _Call("DELETE", f"/schedules/{int(job_id)}", _model(JobStatus))
+    return _Call("POST", f"/schedules/{int(job_id)}/{action}", _model(JobStatus))
+
+
 def _client_options(base_url: str, token: str | None, timeout: float) -> dict[str, Any]:
     headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
     if token:
@@ -334,6 +358,29 @@ class Client:
 
     def templates(self) -> WorkflowTemplates:
         return self._send(_templates())
+
+    def create_schedule(self, prompt: str, **fields: Any) -> JobCreated:
+        """Admin. `fields`: name, and one of cron, every, at, schedule; model, opts, tz,
+        delete_after_run."""
+        return self._send(_create_schedule(prompt, fields))
+
+    def schedules(self, page: int = 1, per_page: int | None = None) -> JobPage:
+        return self._send(_schedules(page, per_page))
+
+    def schedule(self, job_id: int) -> Job:
+        return self._send(_schedule(job_id))
+
+    def delete_schedule(self, job_id: int) -> JobStatus:
+        return self._send(_job_action(job_id, "delete"))
+
+    def pause_schedule(self, job_id: int) -> JobStatus:
+        return self._send(_job_action(job_id, "pause"))
+
+    def unpause_schedule(self, job_id: int) -> JobStatus:
+        return self._send(_job_action(job_id, "unpause"))
+
+    def run_schedule(self, job_id: int) -> JobStatus:
+        return self._send(_job_action(job_id, "run"))
 
     def close(self) -> None:
         self._http.close()
@@ -429,6 +476,29 @@ class AsyncClient:
 
     async def templates(self) -> WorkflowTemplates:
         return await self._send(_templates())
+
+    async def create_schedule(self, prompt: str, **fields: Any) -> JobCreated:
+        """Admin. `fields`: name, and one of cron, every, at, schedule; model, opts, tz,
+        delete_after_run."""
+        return await self._send(_create_schedule(prompt, fields))
+
+    async def schedules(self, page: int = 1, per_page: int | None = None) -> JobPage:
+        return await self._send(_schedules(page, per_page))
+
+    async def schedule(self, job_id: int) -> Job:
+        return await self._send(_schedule(job_id))
+
+    async def delete_schedule(self, job_id: int) -> JobStatus:
+        return await self._send(_job_action(job_id, "delete"))
+
+    async def pause_schedule(self, job_id: int) -> JobStatus:
+        return await self._send(_job_action(job_id, "pause"))
+
+    async def unpause_schedule(self, job_id: int) -> JobStatus:
+        return await self._send(_job_action(job_id, "unpause"))
+
+    async def run_schedule(self, job_id: int) -> JobStatus:
+        return await self._send(_job_action(job_id, "run"))
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -197,3 +197,43 @@ class WorkflowTemplate(ApiModel):
 class WorkflowTemplates(ApiModel):
     ok: bool = True
     data: list[WorkflowTemplate]
+
+
+class JobCreated(ApiModel):
+    status: str
+    id: int
+    next_run: int | None = None
+
+
+class Job(ApiModel):
+    """A scheduled job; the list's items carry the summary fields only (the rest None)."""
+
+    id: int
+    name: str
+    schedule_type: str
+    enabled: bool
+    next_run: int | None = None
+    last_run: int | None = None
+    consecutive_errors: int = 0
+    created_at: int
+    cron_expr: str | None = None
+    interval_ms: int | None = None
+    prompt: str | None = None
+    model: str | None = None
+    last_result: str | None = None
+    last_error: str | None = None
+    user_uuid: str | None = None
+    running: bool | None = None
+
+
+class JobPage(ApiModel):
+    items: list[Job]
+    total: int
+    page: int
+    per_page: int
+
+
+class JobStatus(ApiModel):
+    status: str
+    id: int
+    next_run: int | None = None

@@ -5,7 +5,10 @@ an error, and no slot fires twice."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -16,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.e2e.test_serve import ROOT
 from tests.e2e.test_workflows import MODEL, Orchestrator, _actors
 from tests.fakes.agent_llm import agent_reply
 from tests.fakes.openai_server import OpenAIFake
@@ -153,3 +157,36 @@ def test_error_codes_through_serve(service: Orchestrator) -> None:
         assert r.status_code == 400 and "unpause" in r.json()["error"]
         assert c.get("/schedules", headers=erik).json()["items"] == []
         assert c.delete(f"/schedules/{slow}").json()["status"] == "deleted"
+
+
+def test_a_second_scheduler_actor_waits(service: Orchestrator) -> None:
+    """Start a second Scheduler actor on the service's cluster: it waits for the lease the
+    first one holds, so exactly one is active."""
+    runtime = json.loads((service.work / "data" / "runtime.json").read_text())
+    code = (
+        "import json, time, ray\n"
+        f"ray.init(address={runtime['ray_address']!r}, namespace='orchestrator',"
+        " logging_level='ERROR')\n"
+        "from actors.scheduler import get_or_create_scheduler\n"
+        "from orchestrator.config import Settings\n"
+        "first = ray.get_actor('scheduler')\n"
+        "settings = ray.get(first.settings.remote())\n"
+        "second = get_or_create_scheduler(settings, 'scheduler-b')\n"
+        "time.sleep(4)\n"
+        "print(json.dumps([ray.get(first.status.remote()), ray.get(second.status.remote())]))\n"
+        "ray.kill(second, no_restart=True)\n"
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    out = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env=env,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, second = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first["active"] is True and second["active"] is False
+    assert second["name"] == "scheduler-b"

@@ -48,3 +48,28 @@ async def test_sdk_workflows(make_settings: Any) -> None:
                 with pytest.raises(ApiError) as caught:
                     await api.create_workflow("bad", [])
                 assert caught.value.status == 400 and "steps" in caught.value.message
+
+
+async def test_sdk_schedules(make_settings: Any) -> None:
+    async with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
+        async with ServedApp(agent_settings(make_settings, llm)) as app:
+            async with AsyncClient(app.url, token=ADMIN_TOKEN) as api:
+                made = await api.create_schedule("report", schedule="every day at 9:00")
+                assert made.status == "ok" and made.next_run
+                job = await api.schedule(made.id)
+                assert job.schedule_type == "cron" and job.cron_expr == "0 9 * * *"
+                assert (await api.schedules()).items[0].id == made.id
+                assert (await api.pause_schedule(made.id)).status == "paused"
+                with pytest.raises(ApiError) as caught:
+                    await api.run_schedule(made.id)
+                assert caught.value.status == 400
+                assert (await api.unpause_schedule(made.id)).status == "active"
+                assert (await api.run_schedule(made.id)).status == "dispatched"
+                deadline = time.monotonic() + 15
+                while (await api.schedule(made.id)).last_result != "ok":
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+                assert (await api.delete_schedule(made.id)).status == "deleted"
+                with pytest.raises(ApiError) as caught:
+                    await api.create_schedule("x", cron="not cron")
+                assert caught.value.status == 400
