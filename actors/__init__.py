@@ -1,3 +1,30 @@
 """Ray actors that host the domain services (named, in the `orchestrator` namespace)."""
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 NAMESPACE = "orchestrator"
+
+
+async def until_started(
+    what: str, start: Callable[[], Awaitable[T]], cleanup: Callable[[], Awaitable[None]]
+) -> T:
+    """`start()` until it works, with backoff: an actor whose start failed once (Postgres
+    restarting) must not stay broken for every call made to it afterwards. `cleanup()`
+    undoes a half-done start before the next try."""
+    delay = 0.5
+    while True:
+        try:
+            return await start()
+        except Exception as exc:  # noqa: BLE001 - any start failure is retried
+            log.warning("%s: start failed (%r); retrying in %.1fs", what, exc, delay)
+            with contextlib.suppress(Exception):
+                await cleanup()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)

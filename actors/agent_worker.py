@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors import NAMESPACE
+from actors import NAMESPACE, until_started
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
 from orchestrator.agents import (
     AgentRunner,
@@ -57,20 +57,12 @@ class AgentWorker:
         return f"AgentWorker(id={self._id}, active={self._active}, completed={self._completed})"
 
     async def _start(self) -> AgentRunner:
-        """Until it works: a worker whose start failed once (Postgres restarting) must not
-        stay broken for every task sent to it afterwards."""
-        delay = 0.5
-        while True:
-            try:
-                return await self._start_once()
-            except Exception as exc:  # noqa: BLE001 - any start failure is retried
-                log.warning("%s: start failed (%r); retrying in %.1fs", self._id, exc, delay)
-                if self._db is not None:
-                    with contextlib.suppress(Exception):
-                        await self._db.close()
-                    self._db = None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        return await until_started(self._id, self._start_once, self._undo_start)
+
+    async def _undo_start(self) -> None:
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
 
     async def _start_once(self) -> AgentRunner:
         assert self._settings.database_url

@@ -13,7 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors import NAMESPACE
+from actors import NAMESPACE, until_started
 from actors.agent_worker import RayDispatcher
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
@@ -49,23 +49,15 @@ class WorkflowShard:
         return f"WorkflowShard(index={self._index}/{self._shards}, running={running})"
 
     async def _start(self) -> WorkflowEngine:
-        """Until it works (Postgres may be restarting too): a shard whose start failed must
-        not stay broken."""
-        delay = 0.5
-        while True:
-            try:
-                return await self._start_once()
-            except Exception as exc:  # noqa: BLE001 - any start failure is retried
-                log.warning("%s: start failed (%r); retrying", shard_name(self._index), exc)
-                if self._engine is not None:
-                    await self._engine.shutdown()
-                    self._engine = None
-                if self._db is not None:
-                    with contextlib.suppress(Exception):
-                        await self._db.close()
-                    self._db = None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        return await until_started(shard_name(self._index), self._start_once, self._undo_start)
+
+    async def _undo_start(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await engine.shutdown()
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
 
     async def _start_once(self) -> WorkflowEngine:
         assert self._settings.database_url

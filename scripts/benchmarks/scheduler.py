@@ -13,26 +13,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
 import time
 from typing import Any
 
 import httpx
 
 from benchmarks._common import (
-    BENCH_ENV,
     Result,
     benchmark,
     format_table,
-    make_workdir,
     percentile,
     run_async,
     say,
-    start_serve,
 )
-from benchmarks._upstream import MODEL
-from benchmarks.gateway import UPSTREAM_KEY, start_upstream
+from benchmarks.workflows import serve_with_instant_model
 
 TARGET_P99_MS = 1000.0
 
@@ -90,19 +84,9 @@ async def _measure(url: str, token: str, jobs: int, interval: int, duration: flo
 @benchmark("scheduler", "dispatch lateness of many active jobs", _arguments, duration_s=40)
 def scheduler(args: argparse.Namespace) -> Result:
     with contextlib.ExitStack() as stack:
-        workdir = make_workdir(stack, args.keep)
-        upstream = start_upstream(stack, workdir)
-        providers = {
-            "openai": {"base_url": f"{upstream}/v1", "api_key": UPSTREAM_KEY, "models": [MODEL]}
-        }
-        env = {
-            **os.environ,
-            **BENCH_ENV,
-            "ORCH_PROVIDERS": json.dumps(providers),
-            "ORCH_DEFAULT_MODEL": MODEL,
-            "ORCH_MAX_SCHEDULED_JOBS": str(max(1000, args.jobs)),
-        }
-        service = start_serve(stack, workdir, env)
+        _, service = serve_with_instant_model(
+            stack, args.keep, ORCH_MAX_SCHEDULED_JOBS=str(max(1000, args.jobs))
+        )
         base = run_async(_timer_baseline)
         late = run_async(
             lambda: _measure(

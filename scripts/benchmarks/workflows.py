@@ -27,6 +27,7 @@ import httpx
 from benchmarks._common import (
     BENCH_ENV,
     Result,
+    Service,
     benchmark,
     format_table,
     make_workdir,
@@ -126,23 +127,35 @@ async def _measure(url: str, token: str, sequential: int, concurrent: int) -> di
     return {"single": sorted(single), "loaded": sorted(loaded), "elapsed": elapsed}
 
 
+def serve_with_instant_model(
+    stack: contextlib.ExitStack, keep: bool, **env_extra: str
+) -> tuple[str, Service]:
+    """The loopback upstream (its own process) and `orchestrator serve` using it as the
+    default model for agent tasks; the upstream's URL and the service."""
+    workdir = make_workdir(stack, keep)
+    upstream = start_upstream(stack, workdir)
+    providers = {
+        "openai": {"base_url": f"{upstream}/v1", "api_key": UPSTREAM_KEY, "models": [MODEL]}
+    }
+    env = {
+        **os.environ,
+        **BENCH_ENV,
+        "ORCH_PROVIDERS": json.dumps(providers),
+        "ORCH_DEFAULT_MODEL": MODEL,
+        **env_extra,
+    }
+    return upstream, start_serve(stack, workdir, env)
+
+
 @benchmark("workflows", "orchestration overhead per workflow step", _arguments, duration_s=1)
 def workflows(args: argparse.Namespace) -> Result:
     with contextlib.ExitStack() as stack:
-        workdir = make_workdir(stack, args.keep)
-        upstream = start_upstream(stack, workdir)
-        providers = {
-            "openai": {"base_url": f"{upstream}/v1", "api_key": UPSTREAM_KEY, "models": [MODEL]}
-        }
-        env = {
-            **os.environ,
-            **BENCH_ENV,
-            "ORCH_PROVIDERS": json.dumps(providers),
-            "ORCH_DEFAULT_MODEL": MODEL,
-            "ORCH_AGENT_WORKERS": str(args.agent_workers),
-            "ORCH_WORKFLOW_SHARDS": str(args.shards),
-        }
-        service = start_serve(stack, workdir, env)
+        upstream, service = serve_with_instant_model(
+            stack,
+            args.keep,
+            ORCH_AGENT_WORKERS=str(args.agent_workers),
+            ORCH_WORKFLOW_SHARDS=str(args.shards),
+        )
         say(f"baseline: {BASELINE_CALLS} direct model calls")
         base = run_async(lambda: _baseline(upstream))
         got = run_async(
