@@ -31,6 +31,7 @@ from orchestrator.db import connect
 from orchestrator.events import EventServices, EventStore, Fanout
 from orchestrator.events._fanout import Upstream
 from orchestrator.inference import InferenceService, LocalInference, ready_endpoints
+from orchestrator.memory import MemoryStore
 from orchestrator.observability import (
     MetricsRecorder,
     RouteTemplates,
@@ -130,6 +131,7 @@ def create_app(
         ctx.inference = InferenceService(settings, ctx.events, local_inference)
         ctx.workflows = WorkflowStore(ctx.db.pool, ctx.events)
         ctx.jobs = JobStore(ctx.db.pool, ctx.events)
+        ctx.memory = MemoryStore(ctx.db.pool, ctx.events, ctx.redis, settings.memory_embedding_dim)
         agents = AgentRunner(
             settings,
             ctx.gateway,

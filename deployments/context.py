@@ -14,6 +14,7 @@ from orchestrator.config import Settings
 from orchestrator.db import Database
 from orchestrator.events import EventStore, Fanout
 from orchestrator.inference import InferenceService
+from orchestrator.memory import MemoryStore
 from orchestrator.observability import (
     MetricsPusher,
     MetricsRecorder,
@@ -89,6 +90,7 @@ class AppContext:
     inference: InferenceService = field(init=False)
     workflows: WorkflowStore = field(init=False)
     jobs: JobStore = field(init=False)
+    memory: MemoryStore = field(init=False)
     workflow_runner: WorkflowRunner = field(init=False)
     worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)
     started_at: float = field(default_factory=time.time)

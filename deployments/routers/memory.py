@@ -1,5 +1,172 @@
-"""SPEC part 4, memory: the endpoints land with their own issue."""
+"""SPEC part 4, memory: per-agent key-value entries with full-text search. Non-admins see
+their own entries and ownerless ones; admins all. 503 on every path when memory is disabled.
 
-from fastapi import APIRouter
+Literal paths (`search`, `list`, `reflections`, `clear`) take precedence over keys: an entry
+whose key is one of those words is reachable through list and search, not by its own path."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from deployments.deps import AdminUser, Ctx, CurrentUser
+from orchestrator.errors import ServiceUnavailable
+from orchestrator.memory import REFLECTION_PREFIX, MemoryStore
 
 router = APIRouter(tags=["memory"])
+
+AgentId = Annotated[
+    str, Path(min_length=1, max_length=128, description="Namespace (`default` by convention)")
+]
+Key = Annotated[str, Path(min_length=1, max_length=512)]
+
+
+class StoreBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=512)
+    value: str = Field(max_length=1_000_000)
+    ttl: StrictInt | None = Field(None, ge=0, description="ms; 0 or absent: never expires")
+    embedding: list[float] | None = Field(None, description="memory_embedding_dim numbers")
+
+
+class Ok(BaseModel):
+    status: str = "ok"
+
+
+class Pinned(BaseModel):
+    status: str = "ok"
+    pinned: bool
+
+
+class PinBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pinned: bool = True
+
+
+class EntryOut(BaseModel):
+    key: str
+    value: str
+    created_at: int
+
+
+class Results(BaseModel):
+    results: list[EntryOut]
+
+
+class Entries(BaseModel):
+    entries: list[EntryOut]
+
+
+class Reflection(BaseModel):
+    key: str
+    value: str
+
+
+class Reflections(BaseModel):
+    reflections: list[Reflection]
+
+
+class Cleared(BaseModel):
+    status: str = "ok"
+    cleared: int
+
+
+class Stats(BaseModel):
+    total_entries: int
+    total_agents: int
+    pg_enabled: bool
+    pgvector_enabled: bool
+
+
+def _memory(ctx: Any) -> MemoryStore:
+    if not ctx.settings.memory_enabled:
+        raise ServiceUnavailable("memory is disabled by configuration (memory_enabled)")
+    store: MemoryStore = ctx.memory
+    return store
+
+
+@router.get("/memory/stats", response_model=Stats)
+async def stats(ctx: Ctx, _: AdminUser) -> Stats:
+    """Admin."""
+    return Stats(**await _memory(ctx).stats(ctx.db.pgvector))
+
+
+@router.post("/memory/{agent_id}/store", response_model=Ok)
+async def store(agent_id: AgentId, body: StoreBody, ctx: Ctx, caller: CurrentUser) -> Ok:
+    """Write (or overwrite your own) entry; another user's key is 403."""
+    await _memory(ctx).store(
+        agent_id,
+        body.key,
+        body.value,
+        caller,
+        ttl_ms=body.ttl or None,
+        embedding=body.embedding,
+    )
+    return Ok()
+
+
+@router.get("/memory/{agent_id}/search", response_model=Results)
+async def search(
+    agent_id: AgentId,
+    ctx: Ctx,
+    caller: CurrentUser,
+    q: Annotated[str, Query(min_length=1, max_length=1000)],
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+) -> Results:
+    """Full-text search (English stemming), best match first."""
+    found = await _memory(ctx).search(
+        agent_id, q, caller, limit or ctx.settings.memory_search_limit
+    )
+    return Results(results=[EntryOut(**e.wire()) for e in found])
+
+
+@router.get("/memory/{agent_id}/list", response_model=Entries)
+async def list_entries(
+    agent_id: AgentId,
+    ctx: Ctx,
+    caller: CurrentUser,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Entries:
+    found = await _memory(ctx).entries(
+        agent_id, caller, limit or ctx.settings.memory_list_limit, offset
+    )
+    return Entries(entries=[EntryOut(**e.wire()) for e in found])
+
+
+@router.get("/memory/{agent_id}/reflections", response_model=Reflections)
+async def reflections(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> Reflections:
+    """Entries whose key starts with `reflection:`."""
+    found = await _memory(ctx).entries(agent_id, caller, 1000, 0, prefix=REFLECTION_PREFIX)
+    return Reflections(reflections=[Reflection(key=e.key, value=e.value) for e in found])
+
+
+@router.delete("/memory/{agent_id}/clear", response_model=Cleared)
+async def clear(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> Cleared:
+    """Removes the caller's own entries in this namespace (an admin's: all of them)."""
+    return Cleared(cleared=await _memory(ctx).clear(agent_id, caller))
+
+
+@router.get("/memory/{agent_id}/{key}", response_model=EntryOut)
+async def get_entry(agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser) -> EntryOut:
+    """404 missing (or not yours), 410 expired."""
+    return EntryOut(**(await _memory(ctx).get(agent_id, key, caller)).wire())
+
+
+@router.delete("/memory/{agent_id}/{key}", response_model=Ok)
+async def delete_entry(agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser) -> Ok:
+    await _memory(ctx).delete(agent_id, key, caller)
+    return Ok()
+
+
+@router.post("/memory/{agent_id}/{key}/pin", response_model=Pinned)
+async def pin(
+    agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, body: PinBody | None = None
+) -> Pinned:
+    pinned = body.pinned if body is not None else True
+    await _memory(ctx).pin(agent_id, key, pinned, caller)
+    return Pinned(pinned=pinned)

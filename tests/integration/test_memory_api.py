@@ -1,0 +1,125 @@
+"""Memory over HTTP (the app, real Postgres and Redis): store/get/delete, TTL -> 410, list,
+full-text ranking, ownership, clear, pin, reflections, stats, limits and errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, ServedApp
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+async def api(make_settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with ServedApp(make_settings(rate_limit_per_minute=0)) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as client:
+            yield client
+
+
+async def _user(c: httpx.AsyncClient, name: str) -> dict[str, str]:
+    made = await c.post("/tokens", headers=ADMIN, json={"user_uuid": name})
+    return {"Authorization": f"Bearer {made.json()['token']}"}
+
+
+async def test_store_get_ttl_list_delete(api: httpx.AsyncClient) -> None:
+    ann = await _user(api, "ann")
+    r = await api.post("/memory/default/store", headers=ann, json={"key": "k1", "value": "v1"})
+    assert r.json() == {"status": "ok"}
+    got = (await api.get("/memory/default/k1", headers=ann)).json()
+    assert got["key"] == "k1" and got["value"] == "v1" and got["created_at"] > 0
+    await api.post("/memory/default/store", headers=ann, json={"key": "k1", "value": "v2"})
+    assert (await api.get("/memory/default/k1", headers=ann)).json()[
+        "value"
+    ] == "v2"  # no stale cache
+    await api.post(
+        "/memory/default/store", headers=ann, json={"key": "short", "value": "x", "ttl": 300}
+    )
+    await asyncio.sleep(0.4)
+    r = await api.get("/memory/default/short", headers=ann)
+    assert r.status_code == 410 and r.json()["code"] == "gone"
+    keys = [
+        e["key"] for e in (await api.get("/memory/default/list", headers=ann)).json()["entries"]
+    ]
+    assert keys == ["k1"]
+    assert (await api.delete("/memory/default/k1", headers=ann)).json() == {"status": "ok"}
+    assert (await api.get("/memory/default/k1", headers=ann)).status_code == 404
+    assert (await api.get("/memory/default/nope", headers=ann)).status_code == 404
+
+
+async def test_search_ranks_and_limits(api: httpx.AsyncClient) -> None:
+    for key, value in [
+        ("a", "the deployment failed because the database was down"),
+        ("b", "database database database migration notes"),
+        ("c", "lunch menu for friday"),
+    ]:
+        await api.post("/memory/ops/store", headers=ADMIN, json={"key": key, "value": value})
+    found = (await api.get("/memory/ops/search", headers=ADMIN, params={"q": "databases"})).json()
+    assert [r["key"] for r in found["results"]] == ["b", "a"]  # stemmed; b ranks higher
+    one = (
+        await api.get("/memory/ops/search", headers=ADMIN, params={"q": "database", "limit": 1})
+    ).json()
+    assert len(one["results"]) == 1
+    assert (await api.get("/memory/ops/search", headers=ADMIN)).status_code == 400  # q required
+
+
+async def test_ownership_matrix(api: httpx.AsyncClient) -> None:
+    ann, bob = await _user(api, "ann"), await _user(api, "bob")
+    await api.post("/memory/team/store", headers=ann, json={"key": "secret", "value": "ann's"})
+    # Bob: cannot read, delete or pin it (404), cannot overwrite it (403), does not list it.
+    assert (await api.get("/memory/team/secret", headers=bob)).status_code == 404
+    assert (await api.delete("/memory/team/secret", headers=bob)).status_code == 404
+    assert (
+        await api.post("/memory/team/secret/pin", headers=bob, json={"pinned": True})
+    ).status_code == 404
+    r = await api.post("/memory/team/store", headers=bob, json={"key": "secret", "value": "mine"})
+    assert r.status_code == 403
+    assert (await api.get("/memory/team/list", headers=bob)).json()["entries"] == []
+    # Ann and the admin see it; pin answers the new state.
+    assert (await api.get("/memory/team/secret", headers=ann)).json()["value"] == "ann's"
+    assert (await api.get("/memory/team/secret", headers=ADMIN)).json()["value"] == "ann's"
+    r = await api.post("/memory/team/secret/pin", headers=ann, json={"pinned": True})
+    assert r.json() == {"status": "ok", "pinned": True}
+    # Clear removes only the caller's own entries.
+    await api.post("/memory/team/store", headers=bob, json={"key": "bobs", "value": "b"})
+    assert (await api.delete("/memory/team/clear", headers=bob)).json()["cleared"] == 1
+    assert (await api.get("/memory/team/secret", headers=ann)).status_code == 200
+
+
+async def test_reflections_stats_and_errors(api: httpx.AsyncClient) -> None:
+    ann = await _user(api, "ann")
+    await api.post(
+        "/memory/me/store", headers=ann, json={"key": "reflection:day1", "value": "learnt x"}
+    )
+    await api.post("/memory/me/store", headers=ann, json={"key": "note", "value": "n"})
+    r = (await api.get("/memory/me/reflections", headers=ann)).json()
+    assert r == {"reflections": [{"key": "reflection:day1", "value": "learnt x"}]}
+    events = (await api.get("/events", headers=ann, params={"types": "memory.reflected"})).json()
+    assert events["total"] == 1
+    assert (await api.get("/memory/stats", headers=ann)).status_code == 403
+    stats = (await api.get("/memory/stats", headers=ADMIN)).json()
+    assert stats["total_entries"] == 2 and stats["total_agents"] == 1
+    assert stats["pgvector_enabled"] is True and stats["pg_enabled"] is True
+    assert (
+        await api.post(f"/memory/{'a' * 129}/store", headers=ann, json={"key": "k", "value": "v"})
+    ).status_code == 400
+    r = await api.post("/memory/me/store", headers=ann, json={"key": "k"})
+    assert r.status_code == 400  # value required
+    r = await api.post(
+        "/memory/me/store", headers=ann, json={"key": "k", "value": "v", "embedding": [0.1, 0.2]}
+    )
+    assert r.status_code == 400 and "384" in r.json()["error"]
+    entries = (await api.get("/memory/me/list", headers=ann, params={"limit": 1})).json()["entries"]
+    assert len(entries) == 1
+
+
+async def test_disabled_is_503(make_settings: Any) -> None:
+    async with ServedApp(make_settings(memory_enabled=False)) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1") as c:
+            r = await c.get("/memory/default/k", headers=ADMIN)
+            assert r.status_code == 503
