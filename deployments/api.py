@@ -131,7 +131,14 @@ def create_app(
         ctx.inference = InferenceService(settings, ctx.events, local_inference)
         ctx.workflows = WorkflowStore(ctx.db.pool, ctx.events)
         ctx.jobs = JobStore(ctx.db.pool, ctx.events)
-        ctx.memory = MemoryStore(ctx.db.pool, ctx.events, ctx.redis, settings.memory_embedding_dim)
+        ctx.memory = MemoryStore(
+            ctx.db.pool,
+            ctx.events,
+            ctx.redis,
+            settings.memory_embedding_dim,
+            pgvector=ctx.db.pgvector,
+        )
+        await ctx.memory.prepare()
         agents = AgentRunner(
             settings,
             ctx.gateway,

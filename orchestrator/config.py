@@ -236,6 +236,9 @@ class Settings(BaseSettings):
     memory_search_limit: int = Field(20, ge=1, description="Default (vector) search results")
     memory_vector_threshold: float = Field(0.75, ge=0, le=1, description="Default similarity")
     memory_decay_threshold: float = Field(0.1, ge=0, le=1, description="Forget below this")
+    memory_decay_half_life_days: float = Field(
+        7.0, gt=0, description="Importance halves after this long without access (decay)"
+    )
 
     # --- channels ------------------------------------------------------------------------
     telegram_allowed_cidrs: list[str] = Field(

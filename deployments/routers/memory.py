@@ -12,10 +12,12 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
-from orchestrator.errors import ServiceUnavailable
+from orchestrator.errors import ServiceUnavailable, ValidationFailed
 from orchestrator.memory import REFLECTION_PREFIX, MemoryStore
 
 router = APIRouter(tags=["memory"])
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 AgentId = Annotated[
     str, Path(min_length=1, max_length=128, description="Namespace (`default` by convention)")
@@ -29,7 +31,7 @@ class StoreBody(BaseModel):
     key: str = Field(min_length=1, max_length=512)
     value: str = Field(max_length=1_000_000)
     ttl: StrictInt | None = Field(None, ge=0, description="ms; 0 or absent: never expires")
-    embedding: list[float] | None = Field(None, description="memory_embedding_dim numbers")
+    embedding: list[Finite] | None = Field(None, description="memory_embedding_dim numbers")
 
 
 class Ok(BaseModel):
@@ -82,6 +84,45 @@ class Stats(BaseModel):
     pgvector_enabled: bool
 
 
+class VectorQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = Field(None, min_length=1, max_length=100_000)
+    embedding: list[Finite] | None = None
+    limit: int | None = Field(None, ge=1, le=1000, description="memory_search_limit (20)")
+    threshold: float | None = Field(
+        None, ge=0, le=1, description="Least cosine similarity (memory_vector_threshold)"
+    )
+
+
+class Similar(BaseModel):
+    key: str
+    value: str
+    similarity: float
+
+
+class SimilarResults(BaseModel):
+    results: list[Similar]
+
+
+class ShareBody(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    source: str = Field(alias="from", min_length=1, max_length=128)
+    target: str = Field(alias="to", min_length=1, max_length=128)
+    pattern: str = Field("*", min_length=1, max_length=512, description="Glob over keys")
+
+
+class Forgotten(BaseModel):
+    status: str = "ok"
+    forgotten: int
+
+
+class Copied(BaseModel):
+    status: str = "ok"
+    copied: int
+
+
 def _memory(ctx: Any) -> MemoryStore:
     if not ctx.settings.memory_enabled:
         raise ServiceUnavailable("memory is disabled by configuration (memory_enabled)")
@@ -93,6 +134,50 @@ def _memory(ctx: Any) -> MemoryStore:
 async def stats(ctx: Ctx, _: AdminUser) -> Stats:
     """Admin."""
     return Stats(**await _memory(ctx).stats(ctx.db.pgvector))
+
+
+@router.post("/memory/decay", response_model=Forgotten)
+async def decay(ctx: Ctx, _: AdminUser) -> Forgotten:
+    """Admin: importance halves every `memory_decay_half_life_days` without access;
+    unpinned entries under `memory_decay_threshold` (and expired ones) are forgotten."""
+    s = ctx.settings
+    n = await _memory(ctx).decay(s.memory_decay_half_life_days, s.memory_decay_threshold)
+    return Forgotten(forgotten=n)
+
+
+@router.post("/memory/share", response_model=Copied)
+async def share(body: ShareBody, ctx: Ctx, _: AdminUser) -> Copied:
+    """Admin: copy `from`'s entries whose key matches the glob `pattern` into `to`."""
+    return Copied(copied=await _memory(ctx).share(body.source, body.target, body.pattern))
+
+
+@router.post("/memory/{agent_id}/vector-search", response_model=SimilarResults)
+async def vector_search(
+    agent_id: AgentId, body: VectorQuery, ctx: Ctx, caller: CurrentUser
+) -> SimilarResults:
+    """`embedding` (or `text`, with an embedder configured): most similar first, at least
+    `threshold` cosine similarity. 503 without pgvector."""
+    memory = _memory(ctx)
+    if (body.text is None) == (body.embedding is None):
+        raise ValidationFailed(
+            "give exactly one of text or embedding", extra={"fields": [{"field": "text"}]}
+        )
+    if body.embedding is None:
+        raise ValidationFailed(
+            "text: no embedder is configured (embedder: none); give an embedding",
+            extra={"fields": [{"field": "text"}]},
+        )
+    s = ctx.settings
+    found = await memory.vector_search(
+        agent_id,
+        body.embedding,
+        caller,
+        body.limit or s.memory_search_limit,
+        s.memory_vector_threshold if body.threshold is None else body.threshold,
+    )
+    return SimilarResults(
+        results=[Similar(key=e.key, value=e.value, similarity=round(sim, 6)) for e, sim in found]
+    )
 
 
 @router.post("/memory/{agent_id}/store", response_model=Ok)

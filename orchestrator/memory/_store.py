@@ -22,7 +22,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from orchestrator.auth import Principal
-from orchestrator.errors import Forbidden, Gone, NotFound, ValidationFailed
+from orchestrator.errors import (
+    Forbidden,
+    Gone,
+    NotFound,
+    ServiceUnavailable,
+    ValidationFailed,
+)
 from orchestrator.events import EventStore, NewEvent
 
 log = logging.getLogger(__name__)
@@ -59,14 +65,59 @@ def _visible(principal: Principal, arg: int) -> str:
     return f"(user_uuid IS NULL OR user_uuid = ${arg})"
 
 
+PREPARE_LOCK = 947738
+
+
+def _vector(values: list[float]) -> str:
+    return "[" + ",".join(repr(float(v)) for v in values) + "]"
+
+
+def _like(glob: str) -> str:
+    """A glob (`*`, `?`) as a LIKE pattern (with `\\` escaping LIKE's own wildcards)."""
+    out = []
+    for ch in glob:
+        if ch in "%_\\":
+            out.append("\\" + ch)
+        elif ch == "*":
+            out.append("%")
+        elif ch == "?":
+            out.append("_")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 class MemoryStore:
     def __init__(
-        self, pool: asyncpg.Pool, events: EventStore, redis: aioredis.Redis, dim: int
+        self,
+        pool: asyncpg.Pool,
+        events: EventStore,
+        redis: aioredis.Redis | None,
+        dim: int,
+        *,
+        pgvector: bool = False,
     ) -> None:
         self._pool = pool
         self._events = events
         self._redis = redis
         self._dim = dim
+        self.pgvector = pgvector
+
+    async def prepare(self) -> None:
+        """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
+        created once under a lock (replicas start together)."""
+        if not self.pgvector:
+            return
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", PREPARE_LOCK)
+            await conn.execute(
+                "ALTER TABLE memory_entries ADD COLUMN IF NOT EXISTS embedding "
+                f"vector({int(self._dim)})"
+            )
+            await conn.execute(
+                "CREATE INDEX IF NOT EXISTS memory_entries_embedding ON memory_entries"
+                " USING hnsw (embedding vector_cosine_ops)"
+            )
 
     # --- cache (best effort) --------------------------------------------------------------
 
@@ -75,6 +126,8 @@ class MemoryStore:
         return f"mem:{len(agent_id)}:{agent_id}:{key}"
 
     async def _cached(self, agent_id: str, key: str) -> Entry | None:
+        if self._redis is None:
+            return None
         try:
             raw = await self._redis.get(self._cache_key(agent_id, key))
         except (RedisError, OSError):
@@ -95,13 +148,15 @@ class MemoryStore:
             "expires_at": entry.expires_at,
             "pinned": entry.pinned,
         }
+        if self._redis is None:
+            return
         with contextlib.suppress(RedisError, OSError):
             await self._redis.set(
                 self._cache_key(entry.agent_id, entry.key), json.dumps(data), ex=ttl
             )
 
     async def _forget_cached(self, agent_id: str, *keys: str) -> None:
-        if keys:
+        if keys and self._redis is not None:
             with contextlib.suppress(RedisError, OSError):
                 await self._redis.delete(*(self._cache_key(agent_id, k) for k in keys))
 
@@ -161,6 +216,14 @@ class MemoryStore:
                     NewEvent(
                         "memory.reflected", {"agent_id": agent_id, "key": key}, principal.user_uuid
                     )
+                )
+            if self.pgvector:
+                await tx.conn.execute(
+                    "UPDATE memory_entries SET embedding = $3::text::vector"
+                    " WHERE agent_id = $1 AND key = $2",
+                    agent_id,
+                    key,
+                    _vector(embedding) if embedding is not None else None,
                 )
             await tx.append(events)
         await self._forget_cached(agent_id, key)
@@ -285,6 +348,107 @@ class MemoryStore:
             principal.user_uuid,
         )
         return [_entry(agent_id, r) for r in rows]
+
+    async def vector_search(
+        self,
+        agent_id: str,
+        embedding: list[float],
+        principal: Principal,
+        limit: int,
+        threshold: float,
+    ) -> list[tuple[Entry, float]]:
+        """Cosine similarity (1 - distance), most similar first; entries without an
+        embedding are left out."""
+        if not self.pgvector:
+            raise ServiceUnavailable("vector search needs pgvector, which is not available")
+        if len(embedding) != self._dim:
+            raise ValidationFailed(
+                f"embedding: {len(embedding)} dimensions, this service uses {self._dim}",
+                extra={"fields": [{"field": "embedding"}]},
+            )
+        rows = await self._pool.fetch(
+            "SELECT key, value, user_uuid, created_at, expires_at, pinned, similarity FROM ("
+            " SELECT *, 1 - (embedding <=> $2::text::vector) AS similarity FROM memory_entries"
+            f" WHERE agent_id = $1 AND embedding IS NOT NULL AND {_visible(principal, 6)}"
+            " AND (expires_at IS NULL OR expires_at > $3)"
+            " ORDER BY embedding <=> $2::text::vector LIMIT $4) AS nearest"
+            " WHERE similarity >= $5 ORDER BY similarity DESC",
+            agent_id,
+            _vector(embedding),
+            now_ms(),
+            limit,
+            threshold,
+            principal.user_uuid,
+        )
+        return [(_entry(agent_id, r), float(r["similarity"])) for r in rows]
+
+    async def decay(self, half_life_days: float, threshold: float) -> int:
+        """Importance = 0.5^(days since last access / half_life_days) x (1 + 0.1 x accesses),
+        at most 1; unpinned entries under `threshold` (and expired ones) are forgotten.
+        Returns how many were forgotten."""
+        ts = now_ms()
+        day_ms = 86_400_000.0
+        async with self._events.transaction() as tx:
+            decayed = await tx.conn.fetch(
+                # Recomputed from scratch (not compounded): age since the last access
+                # halves it every half-life; each access adds 10 % (use keeps memories).
+                "UPDATE memory_entries SET importance = least(1.0, power(0.5,"
+                " greatest($1::bigint - accessed_at, 0)::float8 / ($2::float8 * $3::float8))"
+                " * (1 + 0.1 * access_count)) WHERE NOT pinned"
+                " RETURNING agent_id",
+                ts,
+                half_life_days,
+                day_ms,
+            )
+            gone = await tx.conn.fetch(
+                "DELETE FROM memory_entries WHERE NOT pinned AND (importance < $1"
+                " OR (expires_at IS NOT NULL AND expires_at <= $2)) RETURNING agent_id, key,"
+                " user_uuid",
+                threshold,
+                ts,
+            )
+            per_agent: dict[str, int] = {}
+            for r in decayed:
+                per_agent[r["agent_id"]] = per_agent.get(r["agent_id"], 0) + 1
+            forgotten: dict[str, list[str]] = {}
+            for r in gone:
+                forgotten.setdefault(r["agent_id"], []).append(r["key"])
+            events = [
+                NewEvent("memory.decayed", {"agent_id": a, "count": n})
+                for a, n in per_agent.items()
+            ] + [
+                NewEvent(
+                    "memory.forgotten", {"agent_id": a, "keys": keys[:100], "count": len(keys)}
+                )
+                for a, keys in forgotten.items()
+            ]
+            if events:
+                await tx.append(events)
+        for agent, keys in forgotten.items():
+            await self._forget_cached(agent, *keys)
+        return len(gone)
+
+    async def share(self, source: str, target: str, pattern: str) -> int:
+        """Copy `source`'s entries whose key matches the glob into `target` (owners kept;
+        the copies replace same-named keys). Returns how many were copied."""
+        ts = now_ms()
+        vector_col = ", embedding" if self.pgvector else ""
+        rows = await self._pool.fetch(
+            "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at, updated_at,"
+            f" expires_at, pinned, importance, accessed_at, embedding_raw{vector_col})"
+            " SELECT $2, key, value, user_uuid, $4, $4, expires_at, pinned, importance, $4,"
+            f" embedding_raw{vector_col} FROM memory_entries WHERE agent_id = $1"
+            " AND key LIKE $3 AND (expires_at IS NULL OR expires_at > $4)"
+            " ON CONFLICT (agent_id, key) DO UPDATE SET value = EXCLUDED.value,"
+            " updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at"
+            " RETURNING key",
+            source,
+            target,
+            _like(pattern),
+            ts,
+        )
+        await self._forget_cached(target, *(r["key"] for r in rows))
+        return len(rows)
 
     async def stats(self, pgvector: bool) -> dict[str, Any]:
         row = await self._pool.fetchrow(

@@ -123,3 +123,89 @@ async def test_disabled_is_503(make_settings: Any) -> None:
         async with httpx.AsyncClient(base_url=f"{served.url}/api/v1") as c:
             r = await c.get("/memory/default/k", headers=ADMIN)
             assert r.status_code == 503
+
+
+def _unit(i: int, j: int = -1, w: float = 0.0) -> list[float]:
+    """A 384-d vector along axis i, tilted towards axis j by w (then normalised)."""
+    v = [0.0] * 384
+    v[i] = 1.0
+    if j >= 0:
+        v[j] = w
+    norm = sum(x * x for x in v) ** 0.5
+    return [x / norm for x in v]
+
+
+async def test_vector_search_orders_and_thresholds(api: httpx.AsyncClient) -> None:
+    ann, bob = await _user(api, "ann"), await _user(api, "bob")
+    for key, vec in [
+        ("exact", _unit(0)),
+        ("close", _unit(0, 1, 0.3)),  # cos ~0.958
+        ("farther", _unit(0, 1, 1.0)),  # cos ~0.707
+        ("orthogonal", _unit(1)),
+    ]:
+        await api.post(
+            "/memory/v/store", headers=ann, json={"key": key, "value": key, "embedding": vec}
+        )
+    await api.post("/memory/v/store", headers=ann, json={"key": "none", "value": "no vector"})
+    await api.post(
+        "/memory/v/store", headers=bob, json={"key": "bobs", "value": "b", "embedding": _unit(0)}
+    )
+    r = await api.post("/memory/v/vector-search", headers=ann, json={"embedding": _unit(0)})
+    got = r.json()["results"]
+    assert [x["key"] for x in got] == ["exact", "close"]  # default threshold 0.75
+    assert got[0]["similarity"] == pytest.approx(1.0, abs=1e-5)
+    assert got[1]["similarity"] == pytest.approx(0.958, abs=1e-3)
+    r = await api.post(
+        "/memory/v/vector-search",
+        headers=ann,
+        json={"embedding": _unit(0), "threshold": 0.5, "limit": 10},
+    )
+    assert [x["key"] for x in r.json()["results"]] == ["exact", "close", "farther"]
+    r = await api.post(
+        "/memory/v/vector-search", headers=ann, json={"embedding": _unit(0), "limit": 1}
+    )
+    assert [x["key"] for x in r.json()["results"]] == ["exact"]
+    r = await api.post("/memory/v/vector-search", headers=ann, json={"text": "x"})
+    assert r.status_code == 400 and "embedder" in r.json()["error"]
+    r = await api.post("/memory/v/vector-search", headers=ann, json={"embedding": [1.0, 0.0]})
+    assert r.status_code == 400
+
+
+async def test_decay_and_share(api: httpx.AsyncClient, make_settings: Any) -> None:
+    ann = await _user(api, "ann")
+    for key in ("keep:pinned", "keep:fresh", "old:1", "old:2", "doc:a", "doc:b", "misc"):
+        await api.post("/memory/src/store", headers=ann, json={"key": key, "value": key})
+    await api.post("/memory/src/keep:pinned/pin", headers=ann, json={"pinned": True})
+    # Age two entries and the pinned one by a year (a direct write: time is the input here).
+    from orchestrator.db import connect
+
+    settings = make_settings()
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    try:
+        year = 365 * 86_400_000
+        await db.pool.execute(
+            "UPDATE memory_entries SET accessed_at = accessed_at - $1"
+            " WHERE key IN ('old:1', 'old:2', 'keep:pinned')",
+            year,
+        )
+    finally:
+        await db.close()
+    assert (await api.post("/memory/decay", headers=ann)).status_code == 403
+    r = await api.post("/memory/decay", headers=ADMIN)
+    assert r.json() == {"status": "ok", "forgotten": 2}
+    keys = {e["key"] for e in (await api.get("/memory/src/list", headers=ann)).json()["entries"]}
+    assert keys == {"keep:pinned", "keep:fresh", "doc:a", "doc:b", "misc"}
+    forgotten = (
+        await api.get("/events", headers=ADMIN, params={"types": "memory.forgotten"})
+    ).json()
+    assert forgotten["data"][0]["data"]["count"] == 2
+    assert (
+        await api.post("/memory/share", headers=ann, json={"from": "src", "to": "dst"})
+    ).status_code == 403
+    r = await api.post(
+        "/memory/share", headers=ADMIN, json={"from": "src", "to": "dst", "pattern": "doc:*"}
+    )
+    assert r.json() == {"status": "ok", "copied": 2}
+    copied = {e["key"] for e in (await api.get("/memory/dst/list", headers=ann)).json()["entries"]}
+    assert copied == {"doc:a", "doc:b"}  # still Ann's: she sees them
