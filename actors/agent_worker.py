@@ -22,14 +22,15 @@ from orchestrator.agents import (
     AgentTask,
     TaskResult,
     created_event,
-    default_registry,
 )
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore, NewEvent
 from orchestrator.inference import ready_endpoints
+from orchestrator.memory import MemoryStore
 from orchestrator.observability import MetricsPusher, MetricsRecorder
 from orchestrator.providers import Gateway
+from orchestrator.toolset import service_tools
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,15 @@ class AgentWorker:
         events = EventStore(self._db.pool)
         pool = self._db.pool
         gateway = Gateway(self._settings, self._recorder, local=lambda: ready_endpoints(pool))
+        memory = MemoryStore(
+            pool, events, None, self._settings.memory_embedding_dim, pgvector=self._db.pgvector
+        )
         runner = AgentRunner(
-            self._settings, gateway, events, default_registry(), {"pool": pool, "events": events}
+            self._settings,
+            gateway,
+            events,
+            service_tools(),
+            {"pool": pool, "events": events, "memory": memory},
         )
         await events.append(
             [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]

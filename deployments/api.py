@@ -24,7 +24,7 @@ from deployments.context import (
 from deployments.errors import install_error_handlers
 from deployments.middleware import RequestContextMiddleware
 from deployments.routers import ROUTERS
-from orchestrator.agents import AgentRunner, LocalDispatcher, default_registry
+from orchestrator.agents import AgentRunner, LocalDispatcher
 from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
 from orchestrator.config import Settings
 from orchestrator.db import connect
@@ -40,6 +40,7 @@ from orchestrator.observability import (
 )
 from orchestrator.providers import Gateway, InferenceLog
 from orchestrator.scheduler import JobStore, SchedulerService
+from orchestrator.toolset import service_tools
 from orchestrator.workflows import WorkflowEngine, WorkflowStore
 
 log = logging.getLogger("orchestrator.api")
@@ -143,8 +144,8 @@ def create_app(
             settings,
             ctx.gateway,
             ctx.events,
-            default_registry(),
-            {"pool": ctx.db.pool, "events": ctx.events},
+            service_tools(),
+            {"pool": ctx.db.pool, "events": ctx.events, "memory": ctx.memory},
         )
         dispatcher = LocalDispatcher(agents, on_busy=ctx.recorder.active_workers)
         scheduler: SchedulerService | None = None

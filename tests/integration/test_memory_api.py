@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import ADMIN_TOKEN, ServedApp
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+STORE_FACT = '{"key": "fact", "value": "sky is blue"}'
 
 
 @pytest.fixture
@@ -209,3 +210,43 @@ async def test_decay_and_share(api: httpx.AsyncClient, make_settings: Any) -> No
     assert r.json() == {"status": "ok", "copied": 2}
     copied = {e["key"] for e in (await api.get("/memory/dst/list", headers=ann)).json()["entries"]}
     assert copied == {"doc:a", "doc:b"}  # still Ann's: she sees them
+
+
+async def test_agent_memory_tools_act_as_the_task_user(make_settings: Any) -> None:
+    from tests.fakes.agent_llm import agent_reply
+    from tests.fakes.openai_server import OpenAIFake
+    from tests.integration.test_workflows_api import agent_settings, finished
+
+    async with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
+        async with ServedApp(agent_settings(make_settings, llm)) as served:
+            async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
+                ann, bob = await _user(c, "ann"), await _user(c, "bob")
+                await c.post(
+                    "/memory/default/store", headers=bob, json={"key": "b", "value": "bob's"}
+                )
+                r = await c.post(
+                    "/workflows",
+                    headers=ann,
+                    json={
+                        "name": "remember",
+                        "steps": [
+                            {
+                                "name": "put",
+                                "prompt": "[tool memory_store " + STORE_FACT + "]",
+                            },
+                            {"name": "get", "prompt": '[tool memory_get {"key": "fact"}]'},
+                            {"name": "find", "prompt": '[tool memory_search {"query": "sky"}]'},
+                            {"name": "theirs", "prompt": '[tool memory_get {"key": "b"}]'},
+                        ],
+                    },
+                )
+                body = await finished(c, ann, r.json()["id"])
+                results = [s["result"] for s in body["steps"]]
+                assert results[0] == "tool memory_store said: stored"
+                assert results[1] == "tool memory_get said: sky is blue"
+                assert '"key": "fact"' in results[2]
+                assert "not found" in results[3]  # Bob's entry is not Ann's to read
+                assert (await c.get("/memory/default/fact", headers=ann)).json()[
+                    "value"
+                ] == "sky is blue"
+                assert (await c.get("/memory/default/fact", headers=bob)).status_code == 404

@@ -1,0 +1,14 @@
+"""Every tool an agent can be offered, from each part that has some (built-ins, memory;
+the workspace part adds its own here)."""
+
+from __future__ import annotations
+
+from orchestrator.agents import ToolRegistry, default_registry
+from orchestrator.memory import MEMORY_TOOLS
+
+
+def service_tools() -> ToolRegistry:
+    tools = default_registry()
+    for tool in MEMORY_TOOLS:
+        tools.register(tool)
+    return tools
