@@ -102,6 +102,7 @@ class MemoryStore:
         self._redis = redis
         self._dim = dim
         self.pgvector = pgvector
+        self._distrust_until = 0.0
 
     async def prepare(self) -> None:
         """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
@@ -126,7 +127,7 @@ class MemoryStore:
         return f"mem:{len(agent_id)}:{agent_id}:{key}"
 
     async def _cached(self, agent_id: str, key: str) -> Entry | None:
-        if self._redis is None:
+        if self._redis is None or time.monotonic() < self._distrust_until:
             return None
         try:
             raw = await self._redis.get(self._cache_key(agent_id, key))
@@ -157,8 +158,12 @@ class MemoryStore:
 
     async def _forget_cached(self, agent_id: str, *keys: str) -> None:
         if keys and self._redis is not None:
-            with contextlib.suppress(RedisError, OSError):
+            try:
                 await self._redis.delete(*(self._cache_key(agent_id, k) for k in keys))
+            except (RedisError, OSError):
+                # A copy we could not drop may still be in Redis once it is back: read from
+                # Postgres until any such copy has expired.
+                self._distrust_until = time.monotonic() + CACHE_TTL_S
 
     # --- writes -----------------------------------------------------------------------------
 

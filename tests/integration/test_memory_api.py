@@ -250,3 +250,34 @@ async def test_agent_memory_tools_act_as_the_task_user(make_settings: Any) -> No
                     "value"
                 ] == "sky is blue"
                 assert (await c.get("/memory/default/fact", headers=bob)).status_code == 404
+
+
+async def test_redis_outage_loses_nothing(make_settings: Any, tmp_path: Any) -> None:
+    """A Redis of its own, stopped mid-test: reads and writes stay correct (Postgres holds
+    everything), and after Redis comes back the cache is not stale."""
+    from orchestrator.runtime import EmbeddedRedis
+
+    redis = EmbeddedRedis(tmp_path / "own-redis")
+    redis.start()
+    try:
+        settings = make_settings(redis_url=redis.uri(), rate_limit_per_minute=0)
+        async with ServedApp(settings) as served:
+            async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
+                await c.post("/memory/r/store", headers=ADMIN, json={"key": "k", "value": "v1"})
+                assert (await c.get("/memory/r/k", headers=ADMIN)).json()["value"] == "v1"  # cached
+                redis.stop()
+                assert (await c.get("/memory/r/k", headers=ADMIN)).json()["value"] == "v1"
+                r = await c.post("/memory/r/store", headers=ADMIN, json={"key": "k", "value": "v2"})
+                assert r.status_code == 200
+                await c.post("/memory/r/store", headers=ADMIN, json={"key": "k2", "value": "new"})
+                assert (await c.get("/memory/r/k", headers=ADMIN)).json()["value"] == "v2"
+                redis.start()
+                # The copy cached before the outage must not come back: "v2", not "v1".
+                assert (await c.get("/memory/r/k", headers=ADMIN)).json()["value"] == "v2"
+                keys = {
+                    e["key"]
+                    for e in (await c.get("/memory/r/list", headers=ADMIN)).json()["entries"]
+                }
+                assert keys == {"k", "k2"}
+    finally:
+        redis.stop()
