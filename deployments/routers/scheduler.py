@@ -117,7 +117,7 @@ def _schedule(body: JobCreate) -> Schedule:
 
 
 def _job_id(raw: str) -> int:
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise BadRequest(f"invalid job id {raw[:40]!r}: a positive integer")
     return int(raw)
 

@@ -242,8 +242,8 @@ class JobStore:
         async with self._events.transaction() as tx:
             await self._locked(tx, job_id)
             await tx.conn.execute(
-                "UPDATE scheduled_jobs SET enabled = false, paused_reason = $2, updated_at = $3"
-                " WHERE id = $1",
+                "UPDATE scheduled_jobs SET enabled = false, paused_reason = $2, updated_at = $3,"
+                " run_requested = false, queued = false WHERE id = $1",
                 job_id,
                 reason,
                 now_ms(),
@@ -389,9 +389,9 @@ class JobStore:
         job marked delete_after_run. The job as it is now (None: deleted or gone)."""
         ts = now_ms()
         async with self._events.transaction() as tx:
-            await tx.conn.execute(
+            ended = await tx.conn.fetchval(
                 "UPDATE scheduled_runs SET finished_at = $2, result = $3, error = $4"
-                " WHERE id = $1 AND finished_at IS NULL",
+                " WHERE id = $1 AND finished_at IS NULL RETURNING id",
                 run_id,
                 ts,
                 result,
@@ -403,6 +403,8 @@ class JobStore:
             if row is None:
                 return None
             job = _job(row)
+            if ended is None:
+                return job  # already recorded (e.g. as interrupted): count it once
             errors = 0 if result == "ok" else job.consecutive_errors + 1
             pause = job.enabled and errors >= max_errors
             reason = (

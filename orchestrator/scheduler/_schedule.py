@@ -32,6 +32,7 @@ ScheduleType = Literal["cron", "every", "at"]
 
 MIN_EVERY_MS = 1000
 MAX_EVERY_MS = 366 * 24 * 3600 * 1000
+MAX_AHEAD_MS = 10 * 366 * 24 * 3600 * 1000  # an `at` this far ahead at most
 
 
 class InvalidSchedule(ValueError):
@@ -100,6 +101,8 @@ def at(ms: object, now_ms: int | None = None) -> Schedule:
         raise InvalidSchedule("at: a Unix time in milliseconds (an integer)")
     if ms <= now:
         raise InvalidSchedule("at: must be in the future")
+    if ms > now + MAX_AHEAD_MS:
+        raise InvalidSchedule("at: at most ten years ahead")
     return Schedule("at", at_ms=ms)
 
 

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 LEASE_KEY = 947737
 LEASE_RETRY_S = 1.0
+FINISH_ATTEMPTS = 60  # one a second: a Postgres restart is over long before
 
 
 class SchedulerService:
@@ -58,6 +59,7 @@ class SchedulerService:
         self.name = name
         self._wake = asyncio.Event()
         self._runs: set[asyncio.Task[None]] = set()
+        self._inflight: set[int] = set()  # run ids this scheduler is waiting on
         self._conn: asyncpg.Connection | None = None
         self.active = False
         self.dispatched = 0
@@ -78,6 +80,10 @@ class SchedulerService:
                 raise
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("%s: database trouble (%r); starting over", self.name, exc)
+                self.active = False
+                await asyncio.sleep(LEASE_RETRY_S)
+            except Exception:  # a bug must not stop scheduling for good
+                log.exception("%s: unexpected failure; starting over", self.name)
                 self.active = False
                 await asyncio.sleep(LEASE_RETRY_S)
             finally:
@@ -113,15 +119,16 @@ class SchedulerService:
         clamp = self._settings.timer_clamp_ms
         nxt = await self._store.next_due()
         delay_ms = clamp if nxt is None else max(0, min(clamp, nxt - self._now()))
-        self._wake.clear()
         if delay_ms > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay_ms / 1000)
 
     async def _recover(self) -> None:
         for run_id, job_id, task_id in await self._store.interrupted_runs():
+            if run_id in self._inflight:
+                continue  # still ours: the lease came back while it ran
             log.warning("%s: run %s of job %s was interrupted", self.name, run_id, job_id)
-            await self._store.finish_run(
+            after = await self._store.finish_run(
                 job_id,
                 run_id,
                 result="error",
@@ -130,6 +137,12 @@ class SchedulerService:
                 duration_ms=0,
                 max_errors=self._settings.max_consecutive_errors,
             )
+            await self._run_queued(after)
+
+    async def _run_queued(self, after: Job | None) -> None:
+        """A run that waited (overlap `queue`) for the one that just ended goes now."""
+        if after is not None and after.queued and after.enabled and not after.running:
+            await self._dispatch(after, keep_schedule=True)
 
     async def _catch_up(self) -> None:
         now = self._now()
@@ -156,6 +169,8 @@ class SchedulerService:
     async def tick(self) -> int:
         """Dispatch what is due now (at most max_dispatch_per_tick, in one commit); how
         many went out."""
+        # Cleared before reading what is due: a NOTIFY from here on wakes the next sleep.
+        self._wake.clear()
         now = self._now()
         batch: list[tuple[Job, bool]] = []
         for job in await self._store.due(now, self._settings.max_dispatch_per_tick):
@@ -197,6 +212,7 @@ class SchedulerService:
         started = await self._store.start_runs(runs, now, created)
         for (job, _, _), (run_id, task_id) in zip(runs, started, strict=True):
             self.dispatched += 1
+            self._inflight.add(run_id)
             run = asyncio.create_task(self._run(job, run_id, tasks[task_id]))
             self._runs.add(run)
             run.add_done_callback(self._runs.discard)
@@ -218,24 +234,41 @@ class SchedulerService:
         started = time.monotonic()
         task_id = task.task_id
         try:
-            outcome: TaskResult = await self._dispatcher.run(task)
-            result = {"completed": "ok", "timeout": "timeout"}.get(outcome.status, "error")
-            error = outcome.error
-        except asyncio.CancelledError:
-            raise  # the scheduler stops: the next one records this run as interrupted
-        except Exception as exc:  # noqa: BLE001 - a dispatch failure is the run's error
-            result, error = "error", f"dispatch failed: {exc!r}"
-        after = await self._store.finish_run(
-            job.id,
-            run_id,
-            result=result,
-            error=error,
-            task_id=task_id,
-            duration_ms=int((time.monotonic() - started) * 1000),
-            max_errors=self._settings.max_consecutive_errors,
-        )
-        if after is not None and after.queued and after.enabled and not after.running:
-            await self._dispatch(after, keep_schedule=True)
+            try:
+                outcome: TaskResult = await self._dispatcher.run(task)
+                result = {"completed": "ok", "timeout": "timeout"}.get(outcome.status, "error")
+                error = outcome.error
+            except asyncio.CancelledError:
+                raise  # the scheduler stops: the next one records this run as interrupted
+            except Exception as exc:  # noqa: BLE001 - a dispatch failure is the run's error
+                result, error = "error", f"dispatch failed: {exc!r}"
+            after = await self._finish(job.id, run_id, result, error, task_id, started)
+        finally:
+            self._inflight.discard(run_id)
+        await self._run_queued(after)
+
+    async def _finish(
+        self, job_id: int, run_id: int, result: str, error: str | None, task_id: str, t0: float
+    ) -> Job | None:
+        """Record the end of a run, retrying through a database outage (the run is still
+        unfinished in Postgres meanwhile, so a scheduler that takes over records it)."""
+        for attempt in range(FINISH_ATTEMPTS):
+            try:
+                return await self._store.finish_run(
+                    job_id,
+                    run_id,
+                    result=result,
+                    error=error,
+                    task_id=task_id,
+                    duration_ms=int((time.monotonic() - t0) * 1000),
+                    max_errors=self._settings.max_consecutive_errors,
+                )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                if attempt == FINISH_ATTEMPTS - 1:
+                    raise
+                log.warning("%s: recording run %s failed (%r); retrying", self.name, run_id, exc)
+                await asyncio.sleep(LEASE_RETRY_S)
+        return None
 
     async def shutdown(self) -> None:
         for task in list(self._runs):

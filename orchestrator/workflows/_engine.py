@@ -106,11 +106,20 @@ class WorkflowEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await driver
         await self._store.begin_ending(workflow_id, "cancelled", "cancelled by request")
-        for child in await self._store.children(workflow_id):
-            if not child.finished:
-                with contextlib.suppress(Conflict, NotFound):
-                    await self._canceller(child.id)
-        await self.start(workflow_id)
+        try:
+            # Children at once; one that cannot be reached (its shard down, slow to
+            # compensate) is not a reason to leave this workflow undriven.
+            children = [c.id for c in await self._store.children(workflow_id) if not c.finished]
+            outcomes = await asyncio.gather(
+                *(self._canceller(child) for child in children), return_exceptions=True
+            )
+            for child, outcome in zip(children, outcomes, strict=True):
+                if isinstance(outcome, BaseException) and not isinstance(
+                    outcome, Conflict | NotFound
+                ):
+                    log.warning("cancelling child %s of %s: %r", child, workflow_id, outcome)
+        finally:
+            await self.start(workflow_id)
         driver = self._drivers.get(workflow_id)
         if driver is not None:
             with contextlib.suppress(TimeoutError):

@@ -5,10 +5,11 @@ children are resolved too, so a bad child is a 400 at creation, not a failure la
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from orchestrator.errors import NotFound, ValidationFailed
-from orchestrator.workflows._spec import WorkflowSpec, fill_template
+from orchestrator.workflows._spec import StepSpec, WorkflowSpec, fill_template
 
 MAX_DEPTH = 5
 
@@ -48,20 +49,26 @@ async def resolve_request(
             steps = fill_template(steps, variables)
         name = body.get("name")
     spec = WorkflowSpec.parse(name, steps, model=body.get("model"), where=where)
+    steps_out: list[StepSpec] = []
     for i, step in enumerate(spec.steps):
+        resolved: list[dict[str, Any]] = []
         for j, child in enumerate(step.workflows):
             if depth + 1 >= MAX_DEPTH:
                 raise ValidationFailed(
                     f"{where}steps[{i}].workflows: trees are at most {MAX_DEPTH} levels deep"
                 )
-            await resolve_request(
+            done = await resolve_request(
                 templates,
                 child,
                 user_uuid,
                 where=f"{where}steps[{i}].workflows[{j}].",
                 depth=depth + 1,
             )
-    return spec
+            resolved.append(done.to_json())
+        # Children are kept resolved (inline): a template edited or deleted after this
+        # workflow was created does not change what its spawn steps start.
+        steps_out.append(replace(step, workflows=tuple(resolved)) if resolved else step)
+    return replace(spec, steps=tuple(steps_out))
 
 
 async def resolve_child(

@@ -242,6 +242,19 @@ class WorkflowStore:
                 " workflows can be deleted",
                 extra={"status": str(record.status)},
             )
+        busy = await self._pool.fetchval(
+            "WITH RECURSIVE tree(id) AS (SELECT id FROM workflows WHERE parent_id = $1"
+            " UNION ALL SELECT w.id FROM workflows w JOIN tree t ON w.parent_id = t.id)"
+            " SELECT count(*) FROM workflows WHERE id IN (SELECT id FROM tree)"
+            " AND status NOT IN ('completed', 'failed', 'cancelled')",
+            workflow_id,
+        )
+        if busy:
+            raise Conflict(
+                f"workflow {workflow_id} has {busy} descendant workflow(s) still running"
+                " (compensating); delete it once they have ended",
+                extra={"status": str(record.status)},
+            )
         result = await self._pool.execute(
             "DELETE FROM workflows WHERE id = $1 AND status = ANY($2::text[])",
             workflow_id,

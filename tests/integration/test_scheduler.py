@@ -363,3 +363,95 @@ async def test_catch_up_switched_off(make_settings: Any) -> None:
         await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
         await db.close()
+
+
+async def test_lease_lost_mid_run_counts_the_run_once(make_settings: Any) -> None:
+    """The lease connection dies while a run is in flight: the scheduler takes the lease back
+    without calling its own run interrupted, and the run's end is recorded exactly once."""
+    settings = make_settings()
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    slow = _Slow(3.0)
+    store = JobStore(db.pool, EventStore(db.pool))
+    service = SchedulerService(store, slow, settings, settings.database_url)
+    runner = asyncio.create_task(service.run_forever())
+    try:
+        job = await store.create(
+            JobSpec(name="l", prompt="p", schedule=every(3_600_000)), "admin", 10
+        )
+        await _until(lambda: _is_active(service))
+        await store.request_run(job.id)
+        service.poke()
+        await _until(lambda: _started(slow))
+        # Kill the lease connection (the one holding the advisory lock) under it.
+        killed = await db.pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+        )
+        assert killed == 1
+        await _until(lambda: _ended(slow), within=10)
+        await asyncio.sleep(0.5)
+        after = await store.get(job.id)
+        assert after is not None
+        assert after.running == 0 and after.last_result == "ok", after
+        assert after.consecutive_errors == 0
+        runs = await db.pool.fetch("SELECT result FROM scheduled_runs WHERE job_id = $1", job.id)
+        assert [r["result"] for r in runs] == ["ok"]
+        # Recording an end twice changes nothing the second time.
+        run_id = await db.pool.fetchval("SELECT id FROM scheduled_runs WHERE job_id = $1", job.id)
+        twice = await store.finish_run(
+            job.id,
+            run_id,
+            result="error",
+            error="late",
+            task_id="t",
+            duration_ms=1,
+            max_errors=3,
+        )
+        assert twice is not None and twice.last_result == "ok" and twice.consecutive_errors == 0
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await service.shutdown()
+        await db.close()
+
+
+async def test_queued_run_survives_a_scheduler_restart(make_settings: Any) -> None:
+    """A run waiting (overlap `queue`) behind one that a dead scheduler left unfinished goes
+    as soon as the next scheduler records that run as interrupted."""
+    settings = make_settings()
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    seen = _Recorder()
+    store = JobStore(db.pool, EventStore(db.pool))
+    job = await store.create(
+        JobSpec(name="q", prompt="queued", schedule=every(3_600_000), overlap="queue"),
+        "admin",
+        10,
+    )
+    await db.pool.execute(
+        "INSERT INTO scheduled_runs (job_id, task_id, started_at) VALUES ($1, 'job-y', $2)",
+        job.id,
+        int(time.time() * 1000) - 1000,
+    )
+    await db.pool.execute(
+        "UPDATE scheduled_jobs SET running = 1, queued = true WHERE id = $1", job.id
+    )
+    service = SchedulerService(store, seen, settings, settings.database_url)
+    runner = asyncio.create_task(service.run_forever())
+    try:
+        await _until(lambda: _settled(seen, _Recorder(), 1))
+        assert [t.prompt for _, t in seen.seen] == ["queued"]
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await service.shutdown()
+        await db.close()
+
+
+async def _started(s: _Slow) -> bool:
+    return bool(s.seen)
+
+
+async def _ended(s: _Slow) -> bool:
+    return bool(s.ended)

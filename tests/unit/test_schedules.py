@@ -88,6 +88,8 @@ def test_at() -> None:
         at(now - 1, now)
     with pytest.raises(InvalidSchedule, match="at: a Unix time"):
         at("tomorrow", now)
+    with pytest.raises(InvalidSchedule, match="ten years"):
+        at(2**62, now)  # would overflow a bigint once an interval is added
 
 
 NOW = ms(2026, 11, 22, 14, 0)  # a Sunday
@@ -137,6 +139,7 @@ def test_natural_language_in_a_time_zone() -> None:
         ("every funday at 9:00", "unknown day"),
         ("today at 9am", "in the future"),  # 9am has passed at 14:00
         ("in 3 fortnights", "unknown unit"),
+        ("in 99999999999999 days", "ten years"),
         ("", "schedule"),
     ],
 )

@@ -22,6 +22,7 @@ from orchestrator.workflows import (
     fill_template,
     template_variables,
 )
+from orchestrator.workflows._resolve import resolve_request
 
 RESULTS = {"research": "Found: YES, 42 items", "empty": ""}
 STATUS = {"research": "completed", "empty": "completed", "later": "pending"}
@@ -228,3 +229,37 @@ def test_calculator_is_arithmetic_only() -> None:
     for bad in ("__import__('os')", "a+1", "2**1000", "[1]", "1/0"):
         with pytest.raises(ToolFailed):
             evaluate_arithmetic(bad)
+
+
+async def test_spawn_children_are_kept_resolved() -> None:
+    """A child given by template is stored inline at creation: editing the template later
+    does not change what the spawn step starts."""
+
+    class Templates:
+        def __init__(self) -> None:
+            self.steps = [{"name": "t", "prompt": "hello {{who}}"}]
+
+        async def get_template(self, name: str, user_uuid: str) -> dict[str, Any] | None:
+            return {"steps": self.steps} if name == "greet" else None
+
+    source = Templates()
+    body = {
+        "name": "parent",
+        "steps": [
+            {
+                "name": "fan",
+                "type": "spawn",
+                "workflows": [{"template": "greet", "variables": {"who": "ann"}}],
+            }
+        ],
+    }
+    spec = await resolve_request(source, body, "u")
+    source.steps = [{"name": "t", "prompt": "changed"}]
+    child = spec.steps[0].workflows[0]
+    assert "template" not in child
+    assert child["name"] == "greet"
+    assert child["steps"][0]["prompt"] == "hello ann"
+    again = await resolve_request(source, child, "u")  # resolves offline
+    assert again.steps[0].prompt == "hello ann"
+    stored = WorkflowSpec.from_json(spec.to_json())
+    assert stored.steps[0].workflows[0]["steps"][0]["prompt"] == "hello ann"
