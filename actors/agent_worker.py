@@ -31,6 +31,7 @@ from orchestrator.memory import MemoryStore
 from orchestrator.observability import MetricsPusher, MetricsRecorder
 from orchestrator.providers import Gateway
 from orchestrator.toolset import service_tools
+from orchestrator.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +72,26 @@ class AgentWorker:
         events = EventStore(self._db.pool)
         pool = self._db.pool
         gateway = Gateway(self._settings, self._recorder, local=lambda: ready_endpoints(pool))
+        # Entries stored by agents here are embedded by the replicas' fillers.
         memory = MemoryStore(
-            pool, events, None, self._settings.memory_embedding_dim, pgvector=self._db.pgvector
+            pool,
+            events,
+            None,
+            self._settings.memory_embedding_dim,
+            pgvector=self._db.pgvector,
+            auto_embed=self._settings.embedder != "none",
         )
         runner = AgentRunner(
             self._settings,
             gateway,
             events,
             service_tools(),
-            {"pool": pool, "events": events, "memory": memory},
+            {
+                "pool": pool,
+                "events": events,
+                "memory": memory,
+                "workspace": Workspace(self._settings),
+            },
         )
         await events.append(
             [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]

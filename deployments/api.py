@@ -31,7 +31,8 @@ from orchestrator.db import connect
 from orchestrator.events import EventServices, EventStore, Fanout
 from orchestrator.events._fanout import Upstream
 from orchestrator.inference import InferenceService, LocalInference, ready_endpoints
-from orchestrator.memory import MemoryStore
+from orchestrator.marketplace import Marketplace
+from orchestrator.memory import MemoryStore, make_embedder
 from orchestrator.observability import (
     MetricsRecorder,
     RouteTemplates,
@@ -42,6 +43,7 @@ from orchestrator.providers import Gateway, InferenceLog
 from orchestrator.scheduler import JobStore, SchedulerService
 from orchestrator.toolset import service_tools
 from orchestrator.workflows import WorkflowEngine, WorkflowStore
+from orchestrator.workspace import Workspace
 
 log = logging.getLogger("orchestrator.api")
 
@@ -138,14 +140,30 @@ def create_app(
             ctx.redis,
             settings.memory_embedding_dim,
             pgvector=ctx.db.pgvector,
+            embedder=make_embedder(
+                settings.embedder, ctx.gateway, ctx.gateway.http, settings.embedder_threads
+            ),
+            ef_search=settings.memory_hnsw_ef_search,
         )
         await ctx.memory.prepare()
+        ctx.workspace = Workspace(settings)
+        ctx.marketplace = Marketplace(
+            ctx.db.pool,
+            publish_per_hour=settings.marketplace_publish_per_hour,
+            body_max=settings.skill_body_max,
+            browse_limit=settings.marketplace_browse_limit,
+        )
         agents = AgentRunner(
             settings,
             ctx.gateway,
             ctx.events,
             service_tools(),
-            {"pool": ctx.db.pool, "events": ctx.events, "memory": ctx.memory},
+            {
+                "pool": ctx.db.pool,
+                "events": ctx.events,
+                "memory": ctx.memory,
+                "workspace": ctx.workspace,
+            },
         )
         dispatcher = LocalDispatcher(agents, on_busy=ctx.recorder.active_workers)
         scheduler: SchedulerService | None = None
@@ -187,6 +205,7 @@ def create_app(
             asyncio.create_task(_every(METRICS_FLUSH_S, "metrics flush", ctx.flush_metrics)),
             *([asyncio.create_task(scheduler.run_forever())] if scheduler else []),
             asyncio.create_task(_every(HEARTBEAT_S, "heartbeat", beat)),
+            *([asyncio.create_task(ctx.memory.run_filler())] if ctx.memory.embedder else []),
         ]
         try:
             yield

@@ -14,6 +14,7 @@ from orchestrator.config import Settings
 from orchestrator.db import Database
 from orchestrator.events import EventStore, Fanout
 from orchestrator.inference import InferenceService
+from orchestrator.marketplace import Marketplace
 from orchestrator.memory import MemoryStore
 from orchestrator.observability import (
     MetricsPusher,
@@ -26,6 +27,7 @@ from orchestrator.observability import (
 from orchestrator.providers import Gateway, InferenceLog
 from orchestrator.scheduler import JobStore
 from orchestrator.workflows import WorkflowStore
+from orchestrator.workspace import Workspace
 
 try:
     SERVICE_VERSION = version("orchestrator")
@@ -91,6 +93,8 @@ class AppContext:
     workflows: WorkflowStore = field(init=False)
     jobs: JobStore = field(init=False)
     memory: MemoryStore = field(init=False)
+    workspace: Workspace = field(init=False)
+    marketplace: Marketplace = field(init=False)
     workflow_runner: WorkflowRunner = field(init=False)
     worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)
     started_at: float = field(default_factory=time.time)

@@ -229,7 +229,12 @@ class Settings(BaseSettings):
 
     # --- memory --------------------------------------------------------------------------
     memory_enabled: bool = Field(True, description="False: memory endpoints answer 503")
-    embedder: str = Field("none", description="none, local, or provider:<model>")
+    embedder: str = Field(
+        "none",
+        pattern=r"^(none|local|provider:\S.*)$",
+        description="none, local (the [embed] extra), or provider:<model>",
+    )
+    embedder_threads: int = Field(1, ge=1, description="CPU threads of the local embedder")
     memory_embedding_dim: int = Field(384, ge=1, description="Dimension of memory embeddings")
     memory_agent_id_max: int = Field(128, ge=1, description="Longest agent_id")
     memory_list_limit: int = Field(50, ge=1, description="Default list page")
@@ -238,6 +243,9 @@ class Settings(BaseSettings):
     memory_decay_threshold: float = Field(0.1, ge=0, le=1, description="Forget below this")
     memory_decay_half_life_days: float = Field(
         7.0, gt=0, description="Importance halves after this long without access (decay)"
+    )
+    memory_hnsw_ef_search: int = Field(
+        100, ge=1, le=1000, description="HNSW candidates per vector search (recall vs speed)"
     )
 
     # --- channels ------------------------------------------------------------------------

@@ -53,6 +53,9 @@ class ErrorCode(StrEnum):
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     CIRCUIT_OPEN = "circuit_open"
     MODEL_NOT_FOUND = "model_not_found"
+    UNSAFE_PATH = "unsafe_path"
+    NO_MATCH = "no_match"
+    MULTIPLE_MATCHES = "multiple_matches"
 
 
 class OrchestratorError(Exception):

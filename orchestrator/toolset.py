@@ -1,14 +1,15 @@
-"""Every tool an agent can be offered, from each part that has some (built-ins, memory;
-the workspace part adds its own here)."""
+"""Every tool an agent can be offered, from each part that has some (built-ins, memory,
+workspace)."""
 
 from __future__ import annotations
 
 from orchestrator.agents import ToolRegistry, default_registry
 from orchestrator.memory import MEMORY_TOOLS
+from orchestrator.workspace import WORKSPACE_TOOLS
 
 
 def service_tools() -> ToolRegistry:
     tools = default_registry()
-    for tool in MEMORY_TOOLS:
+    for tool in (*MEMORY_TOOLS, *WORKSPACE_TOOLS):
         tools.register(tool)
     return tools

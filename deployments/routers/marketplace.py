@@ -1,5 +1,257 @@
-"""SPEC part 4, marketplace: the endpoints land with their own issue."""
+"""SPEC part 4, marketplace: publishing and discovery of agent skills. Every authenticated
+caller reads every skill; a skill's author is its publisher, who alone (with admins) deletes
+it. Reports and dismissals are admin-only. Rules live in `orchestrator.marketplace`."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.deps import AdminUser, Ctx, CurrentUser
+from orchestrator.errors import ValidationFailed
+from orchestrator.marketplace import Skill, SkillDraft, SkillReport
 
 router = APIRouter(tags=["marketplace"])
+
+Name = Annotated[str, Path(min_length=1, max_length=256, description="Skill name")]
+Author = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=256,
+        description="The author's user_uuid; needed when several authors publish the name",
+    ),
+]
+Limit = Annotated[
+    int | None, Query(ge=1, le=1000, description="Page size (marketplace_browse_limit: 50)")
+]
+Offset = Annotated[int, Query(ge=0)]
+Tags = Annotated[
+    str | None,
+    Query(max_length=2000, description="Comma-separated; skills carrying all of them"),
+]
+
+
+class SkillItem(BaseModel):
+    name: str
+    author: str
+    description: str
+    tags: list[str]
+    downloads: int
+    version: str = Field(description="Starts at 1; each republish adds one")
+
+
+class SkillList(BaseModel):
+    items: list[SkillItem]
+    total: int
+    limit: int
+    offset: int
+    has_more: bool
+
+
+class SkillDetail(SkillItem):
+    body: str
+    created_at: int = Field(description="Unix ms of the first publish")
+    updated_at: int = Field(description="Unix ms of the latest publish")
+
+
+class PublishBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Exact rules (and their messages) are the domain's; these bounds only refuse the absurd.
+    name: str = Field(
+        max_length=256,
+        description="1-64 of a-z 0-9 . _ - (starting with a letter or digit); not one of"
+        " search, reports, dismiss, feature, rate, ratings, browse, detail, publish, delete,"
+        " report",
+    )
+    description: str = Field("", max_length=100_000, description="At most 1000 characters")
+    tags: list[Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=list, max_length=256, description="At most 16; lowercased"
+    )
+    body: str = Field(
+        max_length=1_000_000, description="Skill content, 1 to skill_body_max (4096) characters"
+    )
+
+
+class PublishedSkill(BaseModel):
+    ok: bool = True
+    name: str
+    author: str
+    version: str
+    created: bool = Field(description="False when an existing skill was republished")
+
+
+class DeletedSkill(BaseModel):
+    ok: bool = True
+    name: str
+    author: str
+    deleted: bool = True
+
+
+class ReportBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(max_length=100_000, description="1-1000 characters")
+    author: str | None = Field(
+        None, min_length=1, max_length=256, description="Which author's skill of that name"
+    )
+
+
+class FiledReport(BaseModel):
+    ok: bool = True
+    id: int
+    name: str
+    author: str
+
+
+class ReportItem(BaseModel):
+    id: int
+    name: str
+    author: str
+    reporter: str
+    reason: str
+    created_at: int
+
+
+class ReportList(BaseModel):
+    ok: bool = True
+    reports: list[ReportItem]
+    total: int
+    limit: int
+    offset: int
+    has_more: bool
+
+
+class Dismissed(BaseModel):
+    ok: bool = True
+    name: str
+    author: str
+    dismissed: int = Field(description="Pending reports now dismissed")
+
+
+def _tags(raw: str | None) -> list[str]:
+    return [t for t in (raw or "").split(",") if t.strip()]
+
+
+def _page(items: tuple[Skill, ...], total: int, limit: int, offset: int, more: bool) -> SkillList:
+    return SkillList(
+        items=[SkillItem(**s.item()) for s in items],
+        total=total,
+        limit=limit,
+        offset=offset,
+        has_more=more,
+    )
+
+
+def _report(r: SkillReport) -> ReportItem:
+    return ReportItem(
+        id=r.id,
+        name=r.name,
+        author=r.author,
+        reporter=r.reporter,
+        reason=r.reason,
+        created_at=r.created_at,
+    )
+
+
+@router.get("/marketplace/browse", response_model=SkillList)
+async def browse(
+    ctx: Ctx,
+    _: CurrentUser,
+    sort: Literal["newest", "popular"] = "newest",
+    tags: Tags = None,
+    limit: Limit = None,
+    offset: Offset = 0,
+) -> SkillList:
+    """`newest`: most recently first published first; `popular`: most downloaded first."""
+    page = await ctx.marketplace.browse(sort=sort, tags=_tags(tags), limit=limit, offset=offset)
+    return _page(page.items, page.total, page.limit, page.offset, page.has_more)
+
+
+@router.get("/marketplace/search", response_model=SkillList)
+async def search(
+    ctx: Ctx,
+    _: CurrentUser,
+    q: Annotated[str, Query(min_length=1, max_length=500, description="Web-search syntax")],
+    tags: Tags = None,
+    limit: Limit = None,
+    offset: Offset = 0,
+) -> SkillList:
+    """Full-text over name and description (English stemming), best rank first; name
+    matches rank above description matches."""
+    page = await ctx.marketplace.search(q, tags=_tags(tags), limit=limit, offset=offset)
+    return _page(page.items, page.total, page.limit, page.offset, page.has_more)
+
+
+@router.get("/marketplace/detail/{name}", response_model=SkillDetail)
+async def detail(name: Name, ctx: Ctx, _: CurrentUser, author: Author = None) -> SkillDetail:
+    """Counts a download. A name several authors publish needs `author` (else 409 with
+    `authors`)."""
+    return SkillDetail(**(await ctx.marketplace.detail(name, author)).detail())
+
+
+@router.post("/marketplace/publish", response_model=PublishedSkill)
+async def publish(body: PublishBody, ctx: Ctx, caller: CurrentUser) -> PublishedSkill:
+    """Publish as the caller (the author); publishing your skill again bumps its version.
+    400 reserved or invalid name, body too long; 429 (Retry-After) over
+    marketplace_publish_per_hour."""
+    draft = SkillDraft(
+        name=body.name, body=body.body, description=body.description, tags=tuple(body.tags)
+    )
+    done = await ctx.marketplace.publish(draft, caller)
+    return PublishedSkill(
+        name=done.skill.name,
+        author=done.skill.author,
+        version=str(done.skill.version),
+        created=done.created,
+    )
+
+
+@router.delete("/marketplace/delete/{name}", response_model=DeletedSkill)
+async def delete(name: Name, ctx: Ctx, caller: CurrentUser, author: Author = None) -> DeletedSkill:
+    """Author or admin (403 otherwise). Without `author`: your own skill of that name."""
+    gone = await ctx.marketplace.delete(name, caller, author)
+    return DeletedSkill(name=gone.name, author=gone.author)
+
+
+@router.post("/marketplace/report/{name}", response_model=FiledReport)
+async def report(
+    name: Name, body: ReportBody, ctx: Ctx, caller: CurrentUser, author: Author = None
+) -> FiledReport:
+    """Report a skill for moderation (`author` in the body or the query picks among
+    several authors); reporting it again while pending replaces the reason."""
+    if body.author is not None and author is not None and body.author != author:
+        raise ValidationFailed(
+            "author: the body and the query name different authors",
+            extra={"fields": [{"field": "author", "message": "conflicting values"}]},
+        )
+    filed = await ctx.marketplace.report(name, body.reason, caller, body.author or author)
+    return FiledReport(id=filed.id, name=filed.name, author=filed.author)
+
+
+@router.get("/marketplace/reports", response_model=ReportList)
+async def reports(
+    ctx: Ctx,
+    _: AdminUser,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Offset = 0,
+) -> ReportList:
+    """Admin: pending reports, oldest first."""
+    page = await ctx.marketplace.reports(limit=limit, offset=offset)
+    return ReportList(
+        reports=[_report(r) for r in page.reports],
+        total=page.total,
+        limit=page.limit,
+        offset=page.offset,
+        has_more=page.has_more,
+    )
+
+
+@router.post("/marketplace/dismiss/{name}", response_model=Dismissed)
+async def dismiss(name: Name, ctx: Ctx, caller: AdminUser, author: Author = None) -> Dismissed:
+    """Admin: dismiss every pending report of the skill."""
+    owner, count = await ctx.marketplace.dismiss(name, caller, author)
+    return Dismissed(name=name, author=owner, dismissed=count)

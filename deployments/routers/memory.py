@@ -155,22 +155,28 @@ async def share(body: ShareBody, ctx: Ctx, _: AdminUser) -> Copied:
 async def vector_search(
     agent_id: AgentId, body: VectorQuery, ctx: Ctx, caller: CurrentUser
 ) -> SimilarResults:
-    """`embedding` (or `text`, with an embedder configured): most similar first, at least
-    `threshold` cosine similarity. 503 without pgvector."""
+    """`embedding` (or `text`, embedded by the configured embedder): most similar first, at
+    least `threshold` cosine similarity. 503 without pgvector or when the embedder fails; 400
+    for `text` with `embedder: none`."""
     memory = _memory(ctx)
     if (body.text is None) == (body.embedding is None):
         raise ValidationFailed(
             "give exactly one of text or embedding", extra={"fields": [{"field": "text"}]}
         )
-    if body.embedding is None:
-        raise ValidationFailed(
-            "text: no embedder is configured (embedder: none); give an embedding",
-            extra={"fields": [{"field": "text"}]},
-        )
+    if not memory.pgvector:
+        raise ServiceUnavailable("vector search needs pgvector, which is not available")
+    embedding = body.embedding
+    if embedding is None:
+        if memory.embedder is None:
+            raise ValidationFailed(
+                "text: no embedder is configured (embedder: none); give an embedding",
+                extra={"fields": [{"field": "text"}]},
+            )
+        embedding = await memory.embed_query(body.text or "")  # 503 when it cannot
     s = ctx.settings
     found = await memory.vector_search(
         agent_id,
-        body.embedding,
+        embedding,
         caller,
         body.limit or s.memory_search_limit,
         s.memory_vector_threshold if body.threshold is None else body.threshold,

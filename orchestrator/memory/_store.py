@@ -10,6 +10,7 @@ show in lists or searches.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -30,10 +31,15 @@ from orchestrator.errors import (
     ValidationFailed,
 )
 from orchestrator.events import EventStore, NewEvent
+from orchestrator.memory._embed import Embedder, EmbedderUnavailable
 
 log = logging.getLogger(__name__)
 
 CACHE_TTL_S = 300
+FILL_BATCH = 32
+FILL_POLL_S = 1.0  # entries another process stored (agent workers) are found this fast
+FILL_MAX_ATTEMPTS = 5
+FILL_BACKOFF_MAX_S = 30.0
 REFLECTION_PREFIX = "reflection:"
 
 
@@ -68,6 +74,10 @@ def _visible(principal: Principal, arg: int) -> str:
 PREPARE_LOCK = 947738
 
 
+def _array(values: list[float]) -> str:
+    return "{" + ",".join(repr(float(v)) for v in values) + "}"
+
+
 def _vector(values: list[float]) -> str:
     return "[" + ",".join(repr(float(v)) for v in values) + "]"
 
@@ -96,13 +106,23 @@ class MemoryStore:
         dim: int,
         *,
         pgvector: bool = False,
+        embedder: Embedder | None = None,
+        auto_embed: bool | None = None,
+        ef_search: int = 100,
     ) -> None:
+        """`embedder` makes embeddings here (query texts, and `run_filler`); `auto_embed`
+        marks entries stored without an embedding for a filler to embed (default: when
+        this store has an embedder; agent workers set it without one)."""
         self._pool = pool
         self._events = events
         self._redis = redis
         self._dim = dim
         self.pgvector = pgvector
+        self.embedder = embedder
+        self._auto_embed = embedder is not None if auto_embed is None else auto_embed
+        self._ef_search = int(ef_search)
         self._distrust_until = 0.0
+        self._fill_wake = asyncio.Event()
 
     async def prepare(self) -> None:
         """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
@@ -192,13 +212,21 @@ class MemoryStore:
             )
             if owner is not None and owner != principal.user_uuid and not principal.is_admin:
                 raise Forbidden(f"memory key {key!r} belongs to another user")
+            pending = embedding is None and self._auto_embed
+            # One row version: the pgvector column (when there is one) is written with the rest.
+            vcol, vval, vset = (
+                (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
+                if self.pgvector
+                else ("", "", "")
+            )
             row = await tx.conn.fetchrow(
                 "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
-                " updated_at, expires_at, accessed_at, embedding_raw)"
-                " VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7)"
+                f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
+                f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
                 " ON CONFLICT (agent_id, key) DO UPDATE SET value = EXCLUDED.value,"
                 " updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at,"
-                " embedding_raw = EXCLUDED.embedding_raw, importance = 1.0,"
+                f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
+                " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0,"
                 " user_uuid = coalesce(memory_entries.user_uuid, EXCLUDED.user_uuid)"
                 " RETURNING created_at, user_uuid, pinned",
                 agent_id,
@@ -208,6 +236,7 @@ class MemoryStore:
                 ts,
                 expires,
                 embedding,
+                pending,
             )
             events = [
                 NewEvent(
@@ -222,19 +251,94 @@ class MemoryStore:
                         "memory.reflected", {"agent_id": agent_id, "key": key}, principal.user_uuid
                     )
                 )
-            if self.pgvector:
-                await tx.conn.execute(
-                    "UPDATE memory_entries SET embedding = $3::text::vector"
-                    " WHERE agent_id = $1 AND key = $2",
-                    agent_id,
-                    key,
-                    _vector(embedding) if embedding is not None else None,
-                )
             await tx.append(events)
         await self._forget_cached(agent_id, key)
+        if pending:
+            self._fill_wake.set()
         return Entry(
             agent_id, key, value, row["user_uuid"], row["created_at"], expires, row["pinned"]
         )
+
+    # --- embeddings (best effort, after the write) -----------------------------------------
+
+    async def embed_query(self, text: str) -> list[float]:
+        """The embedding of a search text (503 when no embedder can make one)."""
+        if self.embedder is None:
+            raise ServiceUnavailable(
+                "text: no embedder is configured (embedder: none); give an embedding"
+            )
+        [vector] = await self.embedder.embed([text])
+        if len(vector) != self._dim:
+            raise EmbedderUnavailable(
+                f"{self.embedder.name} makes {len(vector)}-dimension embeddings; this service"
+                f" uses {self._dim} (memory_embedding_dim)"
+            )
+        return vector
+
+    async def fill_embeddings(self, batch: int = FILL_BATCH) -> int:
+        """Embed up to `batch` pending entries (rows locked meanwhile, skipped by other
+        fillers). How many were embedded; EmbedderUnavailable when the embedder failed (the
+        entries' attempts are counted; after FILL_MAX_ATTEMPTS they stay unembedded)."""
+        if self.embedder is None:
+            return 0
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                "SELECT agent_id, key, value, updated_at FROM memory_entries WHERE embed_pending"
+                " ORDER BY updated_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+                batch,
+            )
+            if not rows:
+                return 0
+            try:
+                vectors = await self.embedder.embed([r["value"] for r in rows])
+                wrong = [len(v) for v in vectors if len(v) != self._dim]
+                if wrong:
+                    raise EmbedderUnavailable(
+                        f"{self.embedder.name} makes {wrong[0]}-dimension embeddings; this"
+                        f" service uses {self._dim} (memory_embedding_dim)"
+                    )
+            except EmbedderUnavailable:
+                await conn.execute(
+                    "UPDATE memory_entries SET embed_attempts = embed_attempts + 1,"
+                    " embed_pending = embed_attempts + 1 < $3"
+                    " WHERE (agent_id, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+                    [r["agent_id"] for r in rows],
+                    [r["key"] for r in rows],
+                    FILL_MAX_ATTEMPTS,
+                )
+                raise
+            vector_set = ", embedding = v.raw::real[]::vector" if self.pgvector else ""
+            await conn.execute(
+                "UPDATE memory_entries m SET embedding_raw = v.raw::real[], embed_pending = false"
+                f"{vector_set} FROM unnest($1::text[], $2::text[], $3::text[])"
+                " AS v(agent_id, key, raw) WHERE m.agent_id = v.agent_id AND m.key = v.key",
+                [r["agent_id"] for r in rows],
+                [r["key"] for r in rows],
+                [_array(v) for v in vectors],
+            )
+        return len(rows)
+
+    async def run_filler(self) -> None:
+        """Embed pending entries until cancelled: at once for this store's writes, within
+        FILL_POLL_S for other processes', backing off while the embedder fails."""
+        backoff = FILL_POLL_S
+        while True:
+            try:
+                filled = await self.fill_embeddings()
+                backoff = FILL_POLL_S
+            except EmbedderUnavailable as exc:
+                log.warning("memory embeddings: %s", exc.message)
+                filled = 0
+                backoff = min(FILL_BACKOFF_MAX_S, backoff * 2)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("memory embeddings: database trouble (%r)", exc)
+                filled = 0
+                backoff = min(FILL_BACKOFF_MAX_S, backoff * 2)
+            if filled:
+                continue
+            self._fill_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fill_wake.wait(), backoff)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -371,20 +475,27 @@ class MemoryStore:
                 f"embedding: {len(embedding)} dimensions, this service uses {self._dim}",
                 extra={"fields": [{"field": "embedding"}]},
             )
-        rows = await self._pool.fetch(
-            "SELECT key, value, user_uuid, created_at, expires_at, pinned, similarity FROM ("
-            " SELECT *, 1 - (embedding <=> $2::text::vector) AS similarity FROM memory_entries"
-            f" WHERE agent_id = $1 AND embedding IS NOT NULL AND {_visible(principal, 6)}"
-            " AND (expires_at IS NULL OR expires_at > $3)"
-            " ORDER BY embedding <=> $2::text::vector LIMIT $4) AS nearest"
-            " WHERE similarity >= $5 ORDER BY similarity DESC",
-            agent_id,
-            _vector(embedding),
-            now_ms(),
-            limit,
-            threshold,
-            principal.user_uuid,
-        )
+        async with self._pool.acquire() as conn, conn.transaction():
+            # More candidates than pgvector's default 40 (recall), and iterative scans so a
+            # namespace or owner filter still fills `limit`.
+            await conn.execute(
+                f"SET LOCAL hnsw.ef_search = {self._ef_search};"
+                " SET LOCAL hnsw.iterative_scan = relaxed_order"
+            )
+            rows = await conn.fetch(
+                "SELECT key, value, user_uuid, created_at, expires_at, pinned, similarity FROM ("
+                " SELECT *, 1 - (embedding <=> $2::text::vector) AS similarity FROM memory_entries"
+                f" WHERE agent_id = $1 AND embedding IS NOT NULL AND {_visible(principal, 6)}"
+                " AND (expires_at IS NULL OR expires_at > $3)"
+                " ORDER BY embedding <=> $2::text::vector LIMIT $4) AS nearest"
+                " WHERE similarity >= $5 ORDER BY similarity DESC",
+                agent_id,
+                _vector(embedding),
+                now_ms(),
+                limit,
+                threshold,
+                principal.user_uuid,
+            )
         return [(_entry(agent_id, r), float(r["similarity"])) for r in rows]
 
     async def decay(self, half_life_days: float, threshold: float) -> int:

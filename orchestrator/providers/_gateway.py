@@ -224,6 +224,11 @@ class Gateway:
         return self._local
 
     # --- routing -----------------------------------------------------------------------------
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The upstream HTTP client (pooled connections), for other callers of providers."""
+        return self._http
+
     async def routes(self, model: str) -> list[Route]:
         if not model:
             raise BadRequest("model is required", extra={"fields": {"model": "required"}})

@@ -23,6 +23,10 @@ Routes (`prefix` defaults to "/v1"):
   `usage_on_last_choice` the usage rides on the finish chunk instead (GLM, llama-server).
 - `GET {prefix}/models`: `{object: list, data: [{id, object: model, created, owned_by}]}`,
   status `models_status` (an OpenAI error body when >= 400).
+- `POST {prefix}/embeddings`: OpenAI's `{object: list, data: [{object: embedding, index,
+  embedding}], model, usage: {prompt_tokens, total_tokens}}` for `input` (a string or a list
+  of strings); vectors from `embed(text)` (default: words hashed into `embedding_dim`
+  buckets, L2-normalised, so texts sharing words are close); status `embeddings_status`.
 - `GET /health` and `GET {prefix}/health`: llama-server's `{"status": "ok"}`, or with
   `health_status` 503 its `{"error": {"code": 503, "message": "Loading model", ...}}`.
 
@@ -212,8 +216,12 @@ class OpenAIFake:
         prefix: str = "/v1",
         models: Iterable[str] = ("gpt-4o-mini", "gpt-4o"),
         default_reply: Callable[[Any], FakeReply] = echo_reply,
+        embedding_dim: int = 1536,
     ) -> None:
         self.api_key = api_key
+        self.embedding_dim = embedding_dim
+        self.embeddings_status = 200
+        self.embed: Callable[[str], list[float]] = self.hashed_words
         self.prefix = prefix.rstrip("/")
         self.models = list(models)
         self.default_reply = default_reply
@@ -249,7 +257,15 @@ class OpenAIFake:
         with self._lock:
             self._script.clear()
             self.requests.clear()
-        self.models_status = self.health_status = 200
+        self.models_status = self.health_status = self.embeddings_status = 200
+
+    def hashed_words(self, text: str) -> list[float]:
+        vector = [0.0] * self.embedding_dim
+        for word in text.lower().split():
+            digest = uuid.uuid5(uuid.NAMESPACE_OID, word.strip(".,!?")).int
+            vector[digest % self.embedding_dim] += 1.0
+        norm = sum(v * v for v in vector) ** 0.5 or 1.0
+        return [v / norm for v in vector]
 
     @property
     def pending(self) -> int:
@@ -319,10 +335,34 @@ class OpenAIFake:
             "/chat/completions",
         ):
             await self._chat(send, raw)
+        elif method == "POST" and path == f"{self.prefix}/embeddings":
+            await self._embeddings(send, raw)
         else:
             await self._json(
                 send, 404, {"error": error_object(404, f"Invalid URL ({method} {path})")}
             )
+
+    async def _embeddings(self, send: Send, raw: bytes) -> None:
+        if self.embeddings_status >= 400:
+            await self._json(send, self.embeddings_status, {"error": error_object(500)})
+            return
+        body = json.loads(raw)
+        given = body.get("input")
+        texts = [given] if isinstance(given, str) else list(given or [])
+        tokens = sum(len(t.split()) for t in texts)
+        await self._json(
+            send,
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": self.embed(t)}
+                    for i, t in enumerate(texts)
+                ],
+                "model": body.get("model"),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
 
     async def _json(
         self, send: Send, status: int, obj: Any, extra: Mapping[str, str] | None = None

