@@ -99,6 +99,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, OrchestratorError):
+            # Raised while FastAPI read the body (a body over max_request_bytes): ours.
+            return error_response(exc.__cause__, request_id_of(request))
         cls = ERROR_BY_STATUS.get(
             exc.status_code, BadRequest if exc.status_code < 500 else InternalError
         )

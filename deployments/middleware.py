@@ -13,7 +13,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.errors import error_response, internal_error_response
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, PayloadTooLarge
 from orchestrator.observability import RouteTemplates
 
 CLIENT_CLOSED = 499
@@ -74,7 +74,14 @@ class RequestContextMiddleware:
                 state["principal"] = principal
                 if ctx.rate_limiter.enabled:
                     await ctx.rate_limiter.hit(principal.subject or principal.user_uuid)
-            await self.app(scope, receive, send_with_id)
+            limit = ctx.settings.max_request_bytes
+            declared = _header(scope, b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise PayloadTooLarge(
+                    f"request body of {declared} bytes; at most {limit} (max_request_bytes)",
+                    extra={"size": int(declared), "limit": limit},
+                )
+            await self.app(scope, _capped(receive, limit), send_with_id)
         except OrchestratorError as exc:
             if status is not None:
                 raise  # the answer has begun: nothing else can be sent
@@ -91,6 +98,25 @@ class RequestContextMiddleware:
                 CLIENT_CLOSED if status is None else status,
                 time.perf_counter() - started,
             )
+
+
+def _capped(receive: Receive, limit: int) -> Receive:
+    """`receive` that stops a body (chunked, or longer than it declared) past `limit`."""
+    seen = 0
+
+    async def capped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise PayloadTooLarge(
+                    f"request body over {limit} bytes (max_request_bytes)",
+                    extra={"limit": limit},
+                )
+        return message
+
+    return capped
 
 
 def _credentials(scope: Scope) -> str | None:

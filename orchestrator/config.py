@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     rate_limit_per_minute: int = Field(
         600, ge=0, description="Requests per token per minute; 0 = off"
     )
+    max_request_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body; 413 above (a workspace file in base64 fits)",
+    )
 
     # --- models and inference ------------------------------------------------------------
     default_model: str | None = Field(None, description="Model for tasks that name none")

@@ -212,3 +212,27 @@ async def test_store_down_is_503_not_500(make_settings, tmp_path) -> None:
                 pytest.fail("auth did not recover after Postgres came back")
     finally:
         pg.stop()
+
+
+async def test_request_bodies_over_the_limit_are_413(make_settings) -> None:
+    settings = make_settings(max_request_bytes=4096, rate_limit_per_minute=0)
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url) as c:
+        big = {"path": "a.txt", "content": "x" * 5000}
+        r = await c.post("/api/v1/workspace/write", headers=ADMIN, json=big)  # Content-Length
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+        assert r.json()["limit"] == 4096
+
+        async def chunks():
+            yield b'{"path": "a.txt", "content": "'
+            for _ in range(10):
+                yield b"x" * 1000
+            yield b'"}'
+
+        r = await c.post(  # chunked: no length to judge by, counted as it arrives
+            "/api/v1/workspace/write",
+            headers={**ADMIN, "Content-Type": "application/json"},
+            content=chunks(),
+        )
+        assert r.status_code == 413, r.text
+        small = {"path": "a.txt", "content": "x" * 100}
+        assert (await c.post("/api/v1/workspace/write", headers=ADMIN, json=small)).is_success
