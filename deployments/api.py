@@ -26,6 +26,13 @@ from deployments.middleware import RequestContextMiddleware
 from deployments.routers import ROUTERS
 from orchestrator.agents import AgentRunner, LocalDispatcher
 from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
+from orchestrator.channels import (
+    ChannelRelay,
+    ChannelRunner,
+    ChannelStore,
+    LocalChannels,
+    secret_box,
+)
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventServices, EventStore, Fanout
@@ -114,6 +121,7 @@ def create_app(
     local_inference: LocalInference | None = None,
     workflow_runner: WorkflowRunner | None = None,
     run_scheduler: bool = True,
+    channel_runner: ChannelRunner | None = None,
 ) -> FastAPI:
     """Build the HTTP API. `metrics` is the cluster-wide hub and `event_upstream` the live
     event subscription (the Metrics and EventBus actors under Ray; in-process without);
@@ -122,7 +130,8 @@ def create_app(
     /inference answers 503); `workflow_runner` drives workflows (the WorkflowShard actors
     under Serve; without it, an engine in this process with an in-process agent runner);
     `run_scheduler` runs the scheduler in this process (under Serve, the Scheduler actor
-    does)."""
+    does); `channel_runner` answers channel messages (the ChannelHub actors under Serve;
+    without it, a relay in this process)."""
     hub = metrics or LocalMetricsHub()
     holder: dict[str, AppContext] = {}
 
@@ -179,6 +188,13 @@ def create_app(
         else:
             ctx.worker_pool = settings.agent_workers
         ctx.workflow_runner = runner
+        key = settings.channel_secret_key
+        ctx.channels = ChannelStore(
+            ctx.db.pool, secret_box(key.get_secret_value() if key else None, settings.data_dir)
+        )
+        ctx.channel_runner = channel_runner or LocalChannels(
+            ChannelRelay(ctx.channels, dispatcher, settings, ctx.gateway.http)
+        )
         local_events: EventServices | None = None
         upstream = event_upstream
         if upstream is None:
@@ -218,6 +234,7 @@ def create_app(
             with contextlib.suppress(Exception):
                 await ctx.flush_metrics()
             await ctx.workflow_runner.close()
+            await ctx.channel_runner.close()
             if scheduler is not None:
                 await scheduler.shutdown()
             await ctx.inference_log.drain()

@@ -11,6 +11,7 @@ from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
 from actors.agent_worker import ensure_agent_workers
+from actors.channel_hub import RayChannels
 from actors.event_bus import ActorEventSource
 from actors.inference import RayLocalInference
 from actors.metrics import ActorMetricsHub, get_or_create_metrics
@@ -39,6 +40,8 @@ class Api:
         workflows = RayWorkflows(self._settings)
         workflows.ensure_started()  # shards resume their unfinished workflows
         get_or_create_scheduler(self._settings).status.remote()
+        channels = RayChannels(self._settings)
+        channels.ensure_started()  # hubs pick up what their channels left in the inbox
         return create_app(
             self._settings,
             metrics=hub,
@@ -48,6 +51,7 @@ class Api:
             local_inference=RayLocalInference(self._settings),
             workflow_runner=workflows,
             run_scheduler=False,
+            channel_runner=channels,
         )
 
     def __repr__(self) -> str:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 
 from orchestrator.auth import Authenticator, RateLimiter, TokenStore
+from orchestrator.channels import ChannelRunner, ChannelStore
 from orchestrator.config import Settings
 from orchestrator.db import Database
 from orchestrator.events import EventStore, Fanout
@@ -95,6 +96,9 @@ class AppContext:
     memory: MemoryStore = field(init=False)
     workspace: Workspace = field(init=False)
     marketplace: Marketplace = field(init=False)
+    channels: ChannelStore = field(init=False)
+    channel_runner: ChannelRunner = field(init=False)
+    teams_verifiers: dict[Any, Any] = field(default_factory=dict)
     workflow_runner: WorkflowRunner = field(init=False)
     worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)
     started_at: float = field(default_factory=time.time)

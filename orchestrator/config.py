@@ -266,6 +266,28 @@ class Settings(BaseSettings):
     channel_api_base_urls: dict[str, str] = Field(
         default_factory=dict, description="Platform API base URLs, e.g. {telegram: ...}"
     )
+    channel_secret_key: SecretStr | None = Field(
+        None, description="Encrypts channel secrets; default <data_dir>/channel_key"
+    )
+    channel_history_turns: int = Field(
+        10, ge=0, le=200, description="Earlier turns of a conversation given to the agent"
+    )
+    channel_delivery_attempts: int = Field(
+        5, ge=1, description="Tries to deliver an answer before it is given up"
+    )
+    channel_error_after: int = Field(
+        3, ge=1, description="Failed deliveries in a row that set a channel's status to error"
+    )
+    channel_retry_base_s: float = Field(1.0, gt=0, description="First retry delay (doubles)")
+    channel_sync_timeout_s: float = Field(
+        120.0, gt=0, description="Longest wait for a synchronous generic-webhook answer"
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Proxies whose X-Forwarded-For names the client (Telegram allowlist)",
+    )
+    channel_hubs: int = Field(2, ge=1, le=64, description="ChannelHub actors")
+    channel_hub_cpus: float = Field(0.0, ge=0, description="Ray CPUs per ChannelHub")
 
     # --- scheduler (SPEC part 8) ---------------------------------------------------------
     max_scheduled_jobs: int = Field(1000, ge=1, description="Maximum active jobs")

@@ -1,5 +1,268 @@
-"""SPEC part 4, channels: the endpoints land with their own issue."""
+"""SPEC part 4, channels: CRUD (tenant-scoped, secrets never shown after creation) and the
+webhook receiver, which verifies a delivery by its channel's type, writes the message to the
+inbox (once per platform delivery id) and answers at once; a ChannelHub (or the in-process
+relay) answers it with an agent task run as the channel's owner and delivers the answer."""
 
-from fastapi import APIRouter
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.deps import Ctx, CurrentUser
+from orchestrator.channels import (
+    Challenge,
+    Channel,
+    Inbound,
+    TeamsVerifier,
+    parse_slack,
+    parse_teams,
+    parse_telegram,
+    parse_webhook,
+    reply_of,
+    verify_slack,
+    verify_teams_service_url,
+    verify_telegram,
+)
+from orchestrator.errors import NotFound, ServiceUnavailable, ValidationFailed
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["channels"])
+
+ChannelId = Annotated[str, Path(pattern=r"^ch-\d{1,18}$", description="Channel id (`ch-<n>`)")]
+
+
+class ChannelOut(BaseModel):
+    id: str
+    type: str = Field(description="slack, teams, telegram or webhook")
+    name: str
+    status: str = Field(description="active, paused or error")
+    config: dict[str, Any] = Field(description="Type-specific settings; secrets as `***`")
+    user_uuid: str
+    failures: int = Field(description="Failed deliveries in a row")
+    last_error: str | None
+    created_at: int
+    updated_at: int
+
+
+class CreatedChannel(ChannelOut):
+    webhook_token: str = Field(description="Shown once: the receiver is webhook_path")
+    webhook_path: str
+
+
+class ChannelList(BaseModel):
+    ok: bool = True
+    data: list[ChannelOut]
+
+
+class ChannelCreated(BaseModel):
+    ok: bool = True
+    data: CreatedChannel
+
+
+class ChannelUpdated(BaseModel):
+    ok: bool = True
+    data: ChannelOut
+    webhook_token: str | None = Field(default=None, description="The new token, when rotated")
+    webhook_path: str | None = None
+
+
+class ChannelDeleted(BaseModel):
+    ok: bool = True
+    deleted: str
+
+
+class CreateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Any = Field(description="slack, teams, telegram or webhook (others: 422)")
+    name: Any = Field(description="1-200 characters")
+    config: Any = Field(default_factory=dict)
+
+
+class UpdateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Any = None
+    config: Any = Field(None, description="Merged into the current config; null removes a key")
+    status: Any = Field(None, description="active or paused")
+    rotate_token: bool = False
+
+
+class WebhookAck(BaseModel):
+    ok: bool = True
+    accepted: bool = Field(description="Relayed to the agent (false: ignored or a duplicate)")
+    duplicate: bool = False
+    ignored: str | None = Field(default=None, description="Why nothing was relayed")
+    answer: str | None = Field(default=None, description="Synchronous generic webhooks: the answer")
+
+
+def _path(token: str) -> str:
+    return f"/api/v1/channels/webhook/{token}"
+
+
+@router.get("/channels", response_model=ChannelList)
+async def list_channels(ctx: Ctx, caller: CurrentUser) -> ChannelList:
+    """The caller's channels (an admin's: every channel)."""
+    channels = await ctx.channels.list_for(caller)
+    return ChannelList(data=[ChannelOut(**c.wire()) for c in channels])
+
+
+@router.post("/channels", response_model=ChannelCreated)
+async def create_channel(body: CreateBody, ctx: Ctx, caller: CurrentUser) -> ChannelCreated:
+    """Config by type: slack `signing_secret` and `webhook_url` (or `bot_token`); teams
+    `webhook_url`, `tenant_id` (`app_id`); telegram `bot_token`, `chat_ids`
+    (`secret_token`); webhook (`callback_url`). 400 names a bad field; 422 an unknown type."""
+    channel, token = await ctx.channels.create(caller, body.type, body.name, body.config)
+    return ChannelCreated(
+        data=CreatedChannel(**channel.wire(), webhook_token=token, webhook_path=_path(token))
+    )
+
+
+@router.get("/channels/{channel_id}", response_model=ChannelOut)
+async def get_channel(channel_id: ChannelId, ctx: Ctx, caller: CurrentUser) -> ChannelOut:
+    return ChannelOut(**(await ctx.channels.get(channel_id, caller)).wire())
+
+
+@router.put("/channels/{channel_id}", response_model=ChannelUpdated)
+async def update_channel(
+    body: UpdateBody, channel_id: ChannelId, ctx: Ctx, caller: CurrentUser
+) -> ChannelUpdated:
+    channel, token = await ctx.channels.update(
+        channel_id,
+        caller,
+        name=body.name,
+        config=body.config,
+        status=body.status,
+        rotate_token=body.rotate_token,
+    )
+    return ChannelUpdated(
+        data=ChannelOut(**channel.wire()),
+        webhook_token=token,
+        webhook_path=_path(token) if token else None,
+    )
+
+
+@router.delete("/channels/{channel_id}", response_model=ChannelDeleted)
+async def delete_channel(channel_id: ChannelId, ctx: Ctx, caller: CurrentUser) -> ChannelDeleted:
+    await ctx.channels.delete(channel_id, caller)
+    return ChannelDeleted(deleted=channel_id)
+
+
+# --- the receiver ----------------------------------------------------------------------------
+
+
+def client_ip(request: Request, trusted: list[str]) -> str | None:
+    """The peer's address; behind a trusted proxy, the last X-Forwarded-For hop that is not
+    one of the trusted proxies."""
+    peer = request.client.host if request.client else None
+    nets = [ipaddress.ip_network(n, strict=False) for n in trusted]
+
+    def is_trusted(addr: str | None) -> bool:
+        try:
+            ip = ipaddress.ip_address(addr or "")
+        except ValueError:
+            return False
+        return any(ip in n for n in nets)
+
+    if not is_trusted(peer):
+        return peer
+    hops = [h.strip() for h in request.headers.get("x-forwarded-for", "").split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not is_trusted(hop):
+            return hop
+    return peer
+
+
+def _json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationFailed("body: not JSON") from exc
+
+
+async def _teams_verifier(ctx: Any, channel: Channel) -> TeamsVerifier:
+    s = ctx.settings
+    audience = channel.config.get("app_id") or s.teams_audience
+    key = (s.teams_jwks_url, s.teams_issuer, audience)
+    cache: dict[Any, TeamsVerifier] = ctx.teams_verifiers
+    verifier = cache.get(key)
+    if verifier is None:
+        verifier = cache[key] = TeamsVerifier(s.teams_jwks_url, s.teams_issuer, audience)
+    return verifier
+
+
+@router.post(
+    "/channels/webhook/{token}",
+    response_model=WebhookAck,
+    responses={401: {"description": "verification failed"}, 404: {"description": "no channel"}},
+)
+async def receive(
+    request: Request,
+    ctx: Ctx,
+    token: Annotated[str, Path(min_length=8, max_length=200)],
+    sync: Annotated[
+        bool, Query(description="Generic webhooks: wait and answer in the response")
+    ] = False,
+) -> Response:
+    """A platform's delivery: verified by the channel's type (Slack v0 signature, Teams JWT,
+    Telegram source IP and secret token, generic: the token), then accepted at once. 401 and
+    nothing relayed when verification fails; duplicates (a platform's retries) are accepted
+    and not relayed again."""
+    channel = await ctx.channels.by_token(token)
+    if channel is None:
+        raise NotFound("channel not found")
+    raw = await request.body()
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    s = ctx.settings
+    inbound: Inbound | Challenge | None
+    if channel.type == "slack":
+        verify_slack(channel.secrets.get("signing_secret", ""), headers, raw)
+        inbound = parse_slack(_json_body(raw))
+        if isinstance(inbound, Challenge):
+            return PlainTextResponse(inbound.challenge)
+    elif channel.type == "teams":
+        verifier = await _teams_verifier(ctx, channel)
+        claims = await verifier.verify(headers.get("authorization"))
+        inbound = parse_teams(_json_body(raw))
+        if inbound is not None:
+            verify_teams_service_url(claims, inbound.reply.get("service_url"))
+    elif channel.type == "telegram":
+        verify_telegram(
+            client_ip(request, s.trusted_proxies),
+            s.telegram_allowed_cidrs,
+            channel.secrets.get("secret_token"),
+            headers,
+        )
+        inbound = parse_telegram(_json_body(raw), channel.config.get("chat_ids") or None)
+    else:
+        inbound = parse_webhook(_json_body(raw))
+    if inbound is None:
+        return JSONResponse(WebhookAck(accepted=False, ignored="not a message").model_dump())
+    if channel.status == "paused":
+        return JSONResponse(WebhookAck(accepted=False, ignored="channel paused").model_dump())
+    wait = sync and channel.type == "webhook"
+    inbox_id = await ctx.channels.enqueue(
+        channel.id,
+        delivery_id=inbound.delivery_id,
+        conversation=inbound.conversation,
+        text=inbound.text,
+        sender=inbound.user,
+        reply=reply_of(inbound.reply, wait),
+    )
+    if inbox_id is None:
+        return JSONResponse(WebhookAck(accepted=False, duplicate=True).model_dump())
+    if wait:
+        try:
+            answer = await ctx.channel_runner.answer(channel.id, inbox_id, s.channel_sync_timeout_s)
+        except TimeoutError as exc:
+            raise ServiceUnavailable("no answer in time; it is still being worked on") from exc
+        return JSONResponse(WebhookAck(accepted=True, answer=answer).model_dump())
+    await ctx.channel_runner.submit(channel.id, inbox_id)
+    return JSONResponse(WebhookAck(accepted=True).model_dump())

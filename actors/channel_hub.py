@@ -1,0 +1,138 @@
+"""`ChannelHub` actors (`channel-hub-<i>`, k of them): each relays the messages of the
+channels whose number is `i` modulo k (answer by an agent task on the AgentWorker pool, then
+delivery to the platform with retries), and on (re)start picks up whatever its channels left
+in the inbox. `RayChannels` is how the HTTP replicas hand a just-received message to its hub;
+the message is already in Postgres, so a hub that cannot be reached loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+import ray
+from ray.exceptions import RayActorError
+
+from actors import NAMESPACE, until_started
+from actors.agent_worker import RayDispatcher
+from orchestrator.channels import ChannelRelay, ChannelStore, channel_shard, secret_box
+from orchestrator.config import Settings
+from orchestrator.db import Database, connect
+from orchestrator.events import EventStore
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 10.0
+
+
+def hub_name(index: int) -> str:
+    return f"channel-hub-{index}"
+
+
+@ray.remote(  # type: ignore[call-overload]
+    num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000
+)
+class ChannelHub:
+    def __init__(self, settings: Settings, index: int, shards: int) -> None:
+        self._settings = settings
+        self._index = index
+        self._shards = shards
+        self._db: Database | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._relay: ChannelRelay | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._boot = asyncio.get_running_loop().create_task(self._start())
+
+    def __repr__(self) -> str:
+        done = self._relay.processed if self._relay is not None else "booting"
+        return f"ChannelHub(index={self._index}/{self._shards}, processed={done})"
+
+    async def _start(self) -> ChannelRelay:
+        return await until_started(hub_name(self._index), self._start_once, self._undo_start)
+
+    async def _undo_start(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
+
+    async def _start_once(self) -> ChannelRelay:
+        s = self._settings
+        assert s.database_url
+        self._db = await connect(s.database_url, min_size=1, max_size=4)
+        key = s.channel_secret_key.get_secret_value() if s.channel_secret_key else None
+        store = ChannelStore(self._db.pool, secret_box(key, s.data_dir))
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        relay = ChannelRelay(
+            store,
+            RayDispatcher(s, EventStore(self._db.pool)),
+            s,
+            self._http,
+            shard=self._index,
+            shards=self._shards,
+        )
+        self._relay = relay
+        self._loop_task = asyncio.get_running_loop().create_task(relay.run_forever())
+        log.info("%s: relaying", hub_name(self._index))
+        return relay
+
+    async def ready(self) -> str:
+        await self._boot
+        return repr(self)
+
+    async def submit(self, inbox_id: int) -> None:
+        relay = await self._boot
+        relay.submit(inbox_id)
+
+    async def answer(self, inbox_id: int, within: float) -> str | None:
+        relay = await self._boot
+        return await relay.answer(inbox_id, within)
+
+
+class RayChannels:
+    """Caller side: hands an inbox item to the hub of its channel; creates missing hubs."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._shards = max(1, settings.channel_hubs)
+        self._actors: dict[int, Any] = {}
+
+    def _actor(self, index: int) -> Any:
+        actor = self._actors.get(index)
+        if actor is None:
+            actor = ChannelHub.options(  # type: ignore[attr-defined]
+                name=hub_name(index),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=self._settings.channel_hub_cpus,
+            ).remote(self._settings, index, self._shards)
+            self._actors[index] = actor
+        return actor
+
+    def ensure_started(self) -> None:
+        """Every hub exists (and so picks up what its channels left in the inbox)."""
+        for index in range(self._shards):
+            self._actor(index).ready.remote()
+
+    async def submit(self, channel_id: str, inbox_id: int) -> None:
+        index = channel_shard(channel_id, self._shards)
+        try:
+            await asyncio.wait_for(self._actor(index).submit.remote(inbox_id), CALL_TIMEOUT_S)
+        except (RayActorError, TimeoutError) as exc:
+            # In the inbox already: the hub picks it up when it is back.
+            self._actors.pop(index, None)
+            log.warning("channel hub %d unreachable (%r); item %d waits", index, exc, inbox_id)
+
+    async def answer(self, channel_id: str, inbox_id: int, within: float) -> str | None:
+        index = channel_shard(channel_id, self._shards)
+        result: str | None = await asyncio.wait_for(
+            self._actor(index).answer.remote(inbox_id, within), within + 5
+        )
+        return result
+
+    async def close(self) -> None:
+        """Hubs are detached: they keep running while replicas come and go."""

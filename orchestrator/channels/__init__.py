@@ -1,0 +1,66 @@
+"""Channels: messaging-platform integrations (Slack-style, Teams-style, Telegram-style,
+generic webhook): verification of inbound deliveries, platform formats, the channel store
+and inbox, and the relay that answers messages with agent tasks and delivers the answers."""
+
+from orchestrator.channels._platforms import (
+    Challenge,
+    DeliveryFailed,
+    Inbound,
+    parse_slack,
+    parse_teams,
+    parse_telegram,
+    parse_webhook,
+    send_slack,
+    send_teams,
+    send_telegram,
+    send_webhook,
+    telegram_chat_allowed,
+)
+from orchestrator.channels._relay import ChannelRelay, ChannelRunner, LocalChannels, reply_of
+from orchestrator.channels._store import (
+    CHANNEL_TYPES,
+    Channel,
+    ChannelStore,
+    InboxItem,
+    channel_shard,
+    secret_box,
+    validate_config,
+)
+from orchestrator.channels._verify import (
+    TeamsVerifier,
+    VerificationFailed,
+    verify_slack,
+    verify_teams_service_url,
+    verify_telegram,
+)
+
+__all__ = [
+    "CHANNEL_TYPES",
+    "Challenge",
+    "Channel",
+    "ChannelRelay",
+    "ChannelRunner",
+    "ChannelStore",
+    "DeliveryFailed",
+    "Inbound",
+    "InboxItem",
+    "LocalChannels",
+    "TeamsVerifier",
+    "VerificationFailed",
+    "channel_shard",
+    "parse_slack",
+    "parse_teams",
+    "parse_telegram",
+    "parse_webhook",
+    "reply_of",
+    "secret_box",
+    "send_slack",
+    "send_teams",
+    "send_telegram",
+    "send_webhook",
+    "telegram_chat_allowed",
+    "validate_config",
+    "verify_slack",
+    "verify_teams_service_url",
+    "verify_telegram",
+]

@@ -1,0 +1,255 @@
+"""The channel relay: each inbox item is answered by an agent task run as the channel owner
+(with the conversation's last turns as context), then delivered back to the platform, with
+retries and backoff. A ChannelHub actor runs one relay per shard of channels; without Ray,
+the API process runs one for all.
+
+Durable at every step: the item is in Postgres before the webhook was answered; its answer and
+the conversation turns are written in one transaction before delivery starts; a relay that
+restarts picks up whatever is still `pending` (answer again) or `sending` (deliver again).
+Items of one conversation are handled in order, one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import httpx
+
+from orchestrator.agents import AgentTask, TaskDispatcher
+from orchestrator.channels._platforms import (
+    DeliveryFailed,
+    send_slack,
+    send_teams,
+    send_telegram,
+    send_webhook,
+)
+from orchestrator.channels._store import Channel, ChannelStore, InboxItem
+from orchestrator.config import Settings
+
+log = logging.getLogger(__name__)
+
+POLL_CLAMP_S = 5.0
+MAX_RETRY_S = 300.0
+
+Sender = Callable[..., Awaitable[None]]
+SENDERS: dict[str, Sender] = {
+    "slack": send_slack,
+    "teams": send_teams,
+    "telegram": send_telegram,
+    "webhook": send_webhook,
+}
+
+
+class ChannelRunner(Protocol):
+    """Where the API hands a just-received inbox item: the ChannelHub actors under Ray, a
+    relay in the API process without."""
+
+    async def submit(self, channel_id: str, inbox_id: int) -> None: ...
+
+    async def answer(self, channel_id: str, inbox_id: int, within: float) -> str | None: ...
+
+    async def close(self) -> None: ...
+
+
+class ChannelRelay:
+    def __init__(
+        self,
+        store: ChannelStore,
+        dispatcher: TaskDispatcher,
+        settings: Settings,
+        http: httpx.AsyncClient,
+        *,
+        shard: int = 0,
+        shards: int = 1,
+    ) -> None:
+        self._store = store
+        self._dispatcher = dispatcher
+        self._settings = settings
+        self._http = http
+        self._shard = shard
+        self._shards = shards
+        self._wake = asyncio.Event()
+        self._inflight: dict[int, asyncio.Task[str | None]] = {}
+        self._conversations: dict[tuple[str, str], asyncio.Lock] = {}
+        self.processed = 0
+
+    # --- entry points ----------------------------------------------------------------------
+
+    def submit(self, inbox_id: int) -> None:
+        """Handle this item soon (it is already in the inbox)."""
+        self._start(inbox_id)
+
+    async def answer(self, inbox_id: int, within: float) -> str | None:
+        """Handle the item and wait for its answer (synchronous generic webhooks)."""
+        task = self._start(inbox_id)
+        return await asyncio.wait_for(asyncio.shield(task), within)
+
+    async def run_forever(self) -> None:
+        """Pick up due items (new ones, retries, leftovers of a restart) until cancelled."""
+        while True:
+            try:
+                for inbox_id in await self._store.due(self._shard, self._shards):
+                    self._start(inbox_id)
+                nxt = await self._store.next_due(self._shard, self._shards)
+            except Exception as exc:  # noqa: BLE001 - the database may be restarting
+                log.warning("channel relay %s: %r", self._shard, exc)
+                nxt = None
+            delay = POLL_CLAMP_S
+            if nxt is not None:
+                delay = max(0.05, min(POLL_CLAMP_S, (nxt - time.time() * 1000) / 1000))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def close(self) -> None:
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- one item --------------------------------------------------------------------------
+
+    def _start(self, inbox_id: int) -> asyncio.Task[str | None]:
+        task = self._inflight.get(inbox_id)
+        if task is None:
+            task = asyncio.create_task(self._guarded(inbox_id), name=f"channel item {inbox_id}")
+            self._inflight[inbox_id] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(inbox_id, None))
+        return task
+
+    async def _guarded(self, inbox_id: int) -> str | None:
+        try:
+            return await self._process(inbox_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the item stays in the inbox: a later pass retries it
+            log.exception("channel item %s", inbox_id)
+            return None
+        finally:
+            self._wake.set()
+
+    async def _process(self, inbox_id: int) -> str | None:
+        item = await self._store.item(inbox_id)
+        if item is None or item.state in ("done", "failed"):
+            return item.answer if item is not None else None
+        lock = self._conversations.setdefault((item.channel_id, item.conversation), asyncio.Lock())
+        async with lock:
+            item = await self._store.item(inbox_id)  # fresh, now that it is our turn
+            if item is None:
+                return None
+            channel = await self._store.load(item.channel_id)
+            if channel is None:
+                return None  # deleted meanwhile: its inbox went with it
+            if item.state == "pending":
+                item = await self._answer(channel, item)
+            if item.state == "sending":
+                await self._deliver(channel, item)
+            self.processed += 1
+            return item.answer
+
+    async def _answer(self, channel: Channel, item: InboxItem) -> InboxItem:
+        history = await self._store.history(
+            channel.id, item.conversation, self._settings.channel_history_turns
+        )
+        context: list[tuple[str, str]] = []
+        if history:
+            context.append(
+                ("Conversation so far (oldest first)", "\n".join(f"{r}: {t}" for r, t in history))
+            )
+        who = f" from {item.sender}" if item.sender else ""
+        context.append(("Channel", f"{channel.type} channel {channel.name!r}; message{who}"))
+        task_id = f"chan-{item.id}"
+        result = await self._dispatcher.run(
+            AgentTask(
+                task_id=task_id,
+                user_uuid=channel.user_uuid,
+                prompt=item.text,
+                context=tuple(context),
+                idempotency_key=task_id,
+            )
+        )
+        if result.ok and result.result:
+            answer = result.result
+        else:
+            answer = "Sorry, I could not answer that just now."
+            log.warning(
+                "channel %s item %s: task %s %s", channel.id, item.id, task_id, result.error
+            )
+        # A generic webhook without a callback has nowhere to send to: its answers are in the
+        # task's events (or, with ?sync=true, in the webhook's own response).
+        deliver = not item.reply.get("sync") and not (
+            channel.type == "webhook" and not channel.config.get("callback_url")
+        )
+        await self._store.answered(item, answer, task_id, deliver=deliver)
+        fresh = await self._store.item(item.id)
+        assert fresh is not None
+        return fresh
+
+    async def _deliver(self, channel: Channel, item: InboxItem) -> None:
+        assert item.answer is not None
+        sender = SENDERS[channel.type]
+        base = self._settings.channel_api_base_urls.get(channel.type)
+        try:
+            await sender(
+                self._http, channel.config, channel.secrets, item.reply, item.answer, base_url=base
+            )
+        except DeliveryFailed as exc:
+            await self._failed(channel, item, exc)
+            return
+        await self._store.sent(item.id)
+        await self._store.delivered(channel.id)
+
+    async def _failed(self, channel: Channel, item: InboxItem, exc: DeliveryFailed) -> None:
+        s = self._settings
+        message = str(exc)
+        attempt = item.attempts + 1
+        if exc.retryable and attempt < s.channel_delivery_attempts:
+            delay = min(MAX_RETRY_S, s.channel_retry_base_s * 2 ** (attempt - 1))
+            if exc.retry_after is not None:
+                delay = max(delay, min(MAX_RETRY_S, exc.retry_after))
+            await self._store.retry_later(item.id, message, delay)
+            log.warning(
+                "channel %s: delivery of item %s failed (%s); retry %d in %.1fs",
+                channel.id,
+                item.id,
+                message,
+                attempt,
+                delay,
+            )
+        else:
+            await self._store.give_up(item.id, message)
+            log.warning("channel %s: item %s not delivered: %s", channel.id, item.id, message)
+        status = await self._store.delivery_failed(channel.id, message, s.channel_error_after)
+        if status == "error":
+            log.error("channel %s is in error after repeated delivery failures", channel.id)
+
+
+def reply_of(inbound_reply: Mapping[str, Any], sync: bool) -> dict[str, Any]:
+    out = dict(inbound_reply)
+    if sync:
+        out["sync"] = True
+    return out
+
+
+class LocalChannels:
+    """Without Ray: one relay in the API process for every channel."""
+
+    def __init__(self, relay: ChannelRelay) -> None:
+        self._relay = relay
+        self._task = asyncio.get_running_loop().create_task(relay.run_forever())
+
+    async def submit(self, channel_id: str, inbox_id: int) -> None:
+        self._relay.submit(inbox_id)
+
+    async def answer(self, channel_id: str, inbox_id: int, within: float) -> str | None:
+        return await self._relay.answer(inbox_id, within)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._relay.close()

@@ -1,0 +1,587 @@
+"""Channels in Postgres: per-type config validation, secrets encrypted at rest (Fernet), the
+webhook token kept as a hash, the inbox of inbound messages (deduplicated by the platform's
+delivery id) and each conversation's turns.
+
+A channel belongs to its creator (`user_uuid`): others get a 404, admins see every channel.
+Secrets (`signing_secret`, `bot_token`, `secret_token`) are never returned: reads show them as
+`"***"`. The webhook token is shown once, when the channel is created (or its token rotated).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets as pysecrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+from cryptography.fernet import Fernet, InvalidToken
+
+from orchestrator.auth import Principal
+from orchestrator.errors import NotFound, Unprocessable, ValidationFailed
+
+CHANNEL_TYPES = ("slack", "teams", "telegram", "webhook")
+STATUSES = ("active", "paused", "error")
+SECRET_KEYS = frozenset({"signing_secret", "bot_token", "secret_token"})
+REDACTED = "***"
+KEY_FILE = "channel_key"
+TOKEN_PREFIX = "chw_"
+MAX_NAME = 200
+
+_TELEGRAM_TOKEN = re.compile(r"^\d{1,20}:[A-Za-z0-9_-]{20,100}$")
+_TELEGRAM_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def channel_shard(channel_id: str, shards: int) -> int:
+    """The hub of a channel (`ch-<n>`: n modulo the hub count), as the inbox queries it."""
+    return int(channel_id[3:]) % max(1, shards)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+# --- the encryption key ------------------------------------------------------------------
+
+
+def secret_box(configured: str | None, data_dir: Path) -> Fernet:
+    """The Fernet box for channel secrets: from `channel_secret_key` (any string: hashed to a
+    key), else `<data_dir>/channel_key` (created, mode 0600, on first use)."""
+    if configured:
+        return Fernet(base64.urlsafe_b64encode(hashlib.sha256(configured.encode()).digest()))
+    path = data_dir / KEY_FILE
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process made it first
+        else:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(Fernet.generate_key() + b"\n")
+    return Fernet(path.read_bytes().strip())
+
+
+# --- config validation -------------------------------------------------------------------
+
+
+def _bad(field_name: str, message: str) -> ValidationFailed:
+    return ValidationFailed(
+        f"config.{field_name}: {message}",
+        extra={"fields": [{"field": f"config.{field_name}", "message": message}]},
+    )
+
+
+def _url(config: Mapping[str, Any], key: str, *, required: bool) -> None:
+    value = config.get(key)
+    if value is None:
+        if required:
+            raise _bad(key, "required (an http or https URL)")
+        return
+    if not isinstance(value, str) or len(value) > 2048:
+        raise _bad(key, "an http or https URL")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise _bad(key, "an http or https URL")
+
+
+def _string(config: Mapping[str, Any], key: str, *, required: bool, max_len: int = 512) -> None:
+    value = config.get(key)
+    if value is None:
+        if required:
+            raise _bad(key, "required")
+        return
+    if not isinstance(value, str) or not value.strip() or len(value) > max_len:
+        raise _bad(key, f"a non-empty string of at most {max_len} characters")
+
+
+_ALLOWED: dict[str, frozenset[str]] = {
+    "slack": frozenset({"webhook_url", "signing_secret", "bot_token"}),
+    "teams": frozenset({"webhook_url", "tenant_id", "app_id"}),
+    "telegram": frozenset({"bot_token", "chat_ids", "secret_token"}),
+    "webhook": frozenset({"callback_url"}),
+}
+
+
+def check_type(kind: Any) -> str:
+    if not isinstance(kind, str) or kind not in CHANNEL_TYPES:
+        raise Unprocessable(
+            f"unsupported channel type {kind!r}: one of {', '.join(CHANNEL_TYPES)}",
+            extra={"fields": [{"field": "type", "message": "unsupported channel type"}]},
+        )
+    return kind
+
+
+def validate_config(kind: str, config: Any) -> dict[str, Any]:
+    """The config checked for its type (400 naming the field); `chat_ids` normalised to
+    strings."""
+    if not isinstance(config, dict):
+        raise ValidationFailed(
+            "config: an object", extra={"fields": [{"field": "config", "message": "an object"}]}
+        )
+    unknown = sorted(set(config) - _ALLOWED[kind])
+    if unknown:
+        raise _bad(
+            unknown[0], f"not a {kind} setting (allowed: {', '.join(sorted(_ALLOWED[kind]))})"
+        )
+    out = dict(config)
+    if kind == "slack":
+        _string(out, "signing_secret", required=True)
+        _string(out, "bot_token", required=False)
+        _url(out, "webhook_url", required="bot_token" not in out)
+    elif kind == "teams":
+        _url(out, "webhook_url", required=True)
+        _string(out, "tenant_id", required=True, max_len=128)
+        _string(out, "app_id", required=False, max_len=128)
+    elif kind == "telegram":
+        token = out.get("bot_token")
+        if not isinstance(token, str) or not _TELEGRAM_TOKEN.match(token):
+            raise _bad("bot_token", "required: a Telegram bot token (<digits>:<35 characters>)")
+        chats = out.get("chat_ids")
+        if chats is not None:
+            if not isinstance(chats, list) or len(chats) > 1000:
+                raise _bad("chat_ids", "an array of chat ids (strings)")
+            normal: list[str] = []
+            for chat in chats:
+                if isinstance(chat, bool) or not isinstance(chat, str | int):
+                    raise _bad("chat_ids", "an array of chat ids (strings)")
+                text = str(chat).strip()
+                if not re.fullmatch(r"-?\d{1,20}|@[A-Za-z0-9_]{1,64}", text):
+                    raise _bad("chat_ids", f"{text!r} is not a chat id")
+                normal.append(text)
+            out["chat_ids"] = normal
+        secret = out.get("secret_token")
+        if secret is not None and (
+            not isinstance(secret, str) or not _TELEGRAM_SECRET.match(secret)
+        ):
+            raise _bad("secret_token", "1-256 characters of A-Z a-z 0-9 _ -")
+    else:
+        _url(out, "callback_url", required=False)
+    return out
+
+
+# --- records -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Channel:
+    id: str
+    user_uuid: str
+    type: str
+    name: str
+    config: dict[str, Any]  # plain settings, no secrets
+    secrets: dict[str, str] = field(repr=False)
+    status: str
+    failures: int
+    last_error: str | None
+    created_at: int
+    updated_at: int
+
+    def wire(self) -> dict[str, Any]:
+        """As the API shows it: secrets redacted, the receiver path without its token."""
+        shown = dict(self.config)
+        for key in self.secrets:
+            shown[key] = REDACTED
+        return {
+            "id": self.id,
+            "type": self.type,
+            "name": self.name,
+            "status": self.status,
+            "config": shown,
+            "user_uuid": self.user_uuid,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    id: int
+    channel_id: str
+    delivery_id: str | None
+    conversation: str
+    text: str
+    sender: str | None
+    reply: dict[str, Any]
+    state: str
+    answer: str | None
+    task_id: str | None
+    attempts: int
+    error: str | None
+
+
+_CHANNEL_COLUMNS = (
+    "id, user_uuid, type, name, config, secrets, status, failures, last_error, created_at,"
+    " updated_at"
+)
+_INBOX_COLUMNS = (
+    "id, channel_id, delivery_id, conversation, text, sender, reply, state, answer, task_id,"
+    " attempts, error"
+)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+class ChannelStore:
+    def __init__(self, pool: asyncpg.Pool, box: Fernet) -> None:
+        self._pool = pool
+        self._box = box
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
+    # --- secrets ---------------------------------------------------------------------------
+
+    def _seal(self, values: Mapping[str, str]) -> bytes | None:
+        return self._box.encrypt(json.dumps(dict(values)).encode()) if values else None
+
+    def _open(self, sealed: bytes | None) -> dict[str, str]:
+        if not sealed:
+            return {}
+        try:
+            data: dict[str, str] = json.loads(self._box.decrypt(bytes(sealed)))
+        except InvalidToken as exc:
+            raise RuntimeError(
+                "channel secrets cannot be decrypted: channel_secret_key (or"
+                " <data_dir>/channel_key) is not the key they were stored with"
+            ) from exc
+        return data
+
+    def _channel(self, row: asyncpg.Record) -> Channel:
+        return Channel(
+            id=row["id"],
+            user_uuid=row["user_uuid"],
+            type=row["type"],
+            name=row["name"],
+            config=_json(row["config"]),
+            secrets=self._open(row["secrets"]),
+            status=row["status"],
+            failures=row["failures"],
+            last_error=row["last_error"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+    @staticmethod
+    def _split(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        plain = {k: v for k, v in config.items() if k not in SECRET_KEYS}
+        hidden = {k: str(v) for k, v in config.items() if k in SECRET_KEYS}
+        return plain, hidden
+
+    # --- CRUD ------------------------------------------------------------------------------
+
+    async def create(
+        self, principal: Principal, kind: Any, name: Any, config: Any
+    ) -> tuple[Channel, str]:
+        """The new channel and its webhook token (shown this once)."""
+        kind = check_type(kind)
+        name = _name(name)
+        plain, hidden = self._split(validate_config(kind, config))
+        token = TOKEN_PREFIX + pysecrets.token_urlsafe(32)
+        ts = now_ms()
+        row = await self._pool.fetchrow(
+            "INSERT INTO channels (id, user_uuid, type, name, config, secrets, token_hash,"
+            " created_at, updated_at) VALUES ('ch-' || nextval('channel_seq'), $1, $2, $3,"
+            f" $4::jsonb, $5, $6, $7, $7) RETURNING {_CHANNEL_COLUMNS}",
+            principal.user_uuid,
+            kind,
+            name,
+            json.dumps(plain),
+            self._seal(hidden),
+            hash_token(token),
+            ts,
+        )
+        return self._channel(row), token
+
+    async def list_for(self, principal: Principal) -> list[Channel]:
+        if principal.is_admin:
+            rows = await self._pool.fetch(
+                f"SELECT {_CHANNEL_COLUMNS} FROM channels ORDER BY created_at, id"
+            )
+        else:
+            rows = await self._pool.fetch(
+                f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE user_uuid = $1"
+                " ORDER BY created_at, id",
+                principal.user_uuid,
+            )
+        return [self._channel(r) for r in rows]
+
+    async def load(self, channel_id: str) -> Channel | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE id = $1", channel_id
+        )
+        return self._channel(row) if row is not None else None
+
+    async def get(self, channel_id: str, principal: Principal) -> Channel:
+        channel = await self.load(channel_id)
+        if channel is None or not (principal.is_admin or channel.user_uuid == principal.user_uuid):
+            raise NotFound(f"channel {channel_id} not found")
+        return channel
+
+    async def update(
+        self,
+        channel_id: str,
+        principal: Principal,
+        *,
+        name: Any = None,
+        config: Any = None,
+        status: Any = None,
+        rotate_token: bool = False,
+    ) -> tuple[Channel, str | None]:
+        """Name, config (merged key by key; `null` removes a key; secrets given again are
+        replaced, `"***"` keeps them), status (`active` or `paused`; `active` also clears an
+        `error`), and a new webhook token on request."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE id = $1 FOR UPDATE", channel_id
+            )
+            current = self._channel(row) if row is not None else None
+            if current is None or not (
+                principal.is_admin or current.user_uuid == principal.user_uuid
+            ):
+                raise NotFound(f"channel {channel_id} not found")
+            merged: dict[str, Any] = {**current.config, **current.secrets}
+            if config is not None:
+                if not isinstance(config, dict):
+                    raise ValidationFailed(
+                        "config: an object",
+                        extra={"fields": [{"field": "config", "message": "an object"}]},
+                    )
+                for key, value in config.items():
+                    if value is None:
+                        merged.pop(key, None)
+                    elif not (key in SECRET_KEYS and value == REDACTED):
+                        merged[key] = value
+            plain, hidden = self._split(validate_config(current.type, merged))
+            new_status = current.status
+            failures = current.failures
+            if status is not None:
+                if status not in ("active", "paused"):
+                    raise ValidationFailed(
+                        "status: active or paused",
+                        extra={"fields": [{"field": "status", "message": "active or paused"}]},
+                    )
+                new_status = status
+                if status == "active":
+                    failures = 0
+            token = TOKEN_PREFIX + pysecrets.token_urlsafe(32) if rotate_token else None
+            row = await conn.fetchrow(
+                "UPDATE channels SET name = $2, config = $3::jsonb, secrets = $4, status = $5,"
+                " failures = $6, token_hash = coalesce($7, token_hash), updated_at = $8"
+                f" WHERE id = $1 RETURNING {_CHANNEL_COLUMNS}",
+                channel_id,
+                current.name if name is None else _name(name),
+                json.dumps(plain),
+                self._seal(hidden),
+                new_status,
+                failures,
+                hash_token(token) if token else None,
+                now_ms(),
+            )
+        return self._channel(row), token
+
+    async def delete(self, channel_id: str, principal: Principal) -> None:
+        await self.get(channel_id, principal)
+        await self._pool.execute("DELETE FROM channels WHERE id = $1", channel_id)
+
+    async def by_token(self, token: str) -> Channel | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE token_hash = $1", hash_token(token)
+        )
+        return self._channel(row) if row is not None else None
+
+    # --- delivery health -------------------------------------------------------------------
+
+    async def delivered(self, channel_id: str) -> None:
+        await self._pool.execute(
+            "UPDATE channels SET failures = 0, last_error = NULL,"
+            " status = CASE WHEN status = 'error' THEN 'active' ELSE status END,"
+            " updated_at = $2 WHERE id = $1 AND (failures <> 0 OR status = 'error')",
+            channel_id,
+            now_ms(),
+        )
+
+    async def delivery_failed(self, channel_id: str, error: str, error_after: int) -> str:
+        """Count a failed delivery; the channel's status afterwards (`error` after
+        `error_after` in a row)."""
+        status: str | None = await self._pool.fetchval(
+            "UPDATE channels SET failures = failures + 1, last_error = $2,"
+            " status = CASE WHEN failures + 1 >= $3 AND status = 'active' THEN 'error'"
+            " ELSE status END, updated_at = $4 WHERE id = $1 RETURNING status",
+            channel_id,
+            error[:1000],
+            error_after,
+            now_ms(),
+        )
+        return status or "deleted"
+
+    # --- the inbox -------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        channel_id: str,
+        *,
+        delivery_id: str | None,
+        conversation: str,
+        text: str,
+        sender: str | None,
+        reply: Mapping[str, Any],
+    ) -> int | None:
+        """The inbox id of a new message; None when that delivery was seen before."""
+        ts = now_ms()
+        inbox_id: int | None = await self._pool.fetchval(
+            "INSERT INTO channel_inbox (channel_id, delivery_id, conversation, text, sender,"
+            " reply, next_attempt_at, created_at, updated_at)"
+            " VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $7, $7)"
+            " ON CONFLICT (channel_id, delivery_id) DO NOTHING RETURNING id",
+            channel_id,
+            delivery_id,
+            conversation[:512],
+            text,
+            sender,
+            json.dumps(dict(reply)),
+            ts,
+        )
+        return inbox_id
+
+    async def item(self, inbox_id: int) -> InboxItem | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {_INBOX_COLUMNS} FROM channel_inbox WHERE id = $1", inbox_id
+        )
+        return _item(row) if row is not None else None
+
+    async def due(self, shard: int, shards: int, limit: int = 100) -> list[int]:
+        """Inbox items of this shard's channels waiting to be answered or (re)sent now."""
+        rows = await self._pool.fetch(
+            "SELECT id FROM channel_inbox WHERE state IN ('pending', 'sending')"
+            " AND next_attempt_at <= $1 AND substr(channel_id, 4)::bigint % $2 = $3"
+            " ORDER BY id LIMIT $4",
+            now_ms(),
+            max(1, shards),
+            shard,
+            limit,
+        )
+        return [r["id"] for r in rows]
+
+    async def next_due(self, shard: int, shards: int) -> int | None:
+        value: int | None = await self._pool.fetchval(
+            "SELECT min(next_attempt_at) FROM channel_inbox WHERE state IN ('pending', 'sending')"
+            " AND substr(channel_id, 4)::bigint % $1 = $2",
+            max(1, shards),
+            shard,
+        )
+        return value
+
+    async def answered(
+        self,
+        item: InboxItem,
+        answer: str,
+        task_id: str,
+        *,
+        deliver: bool,
+    ) -> None:
+        """Record the answer and the conversation's two turns (one transaction)."""
+        ts = now_ms()
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE channel_inbox SET answer = $2, task_id = $3, state = $4,"
+                " updated_at = $5 WHERE id = $1",
+                item.id,
+                answer,
+                task_id,
+                "sending" if deliver else "done",
+                ts,
+            )
+            await conn.executemany(
+                "INSERT INTO channel_turns (channel_id, conversation, role, text, created_at)"
+                " VALUES ($1, $2, $3, $4, $5)",
+                [
+                    (item.channel_id, item.conversation, "user", item.text, ts),
+                    (item.channel_id, item.conversation, "assistant", answer, ts),
+                ],
+            )
+
+    async def sent(self, inbox_id: int) -> None:
+        await self._pool.execute(
+            "UPDATE channel_inbox SET state = 'done', updated_at = $2, error = NULL WHERE id = $1",
+            inbox_id,
+            now_ms(),
+        )
+
+    async def retry_later(self, inbox_id: int, error: str, delay_s: float) -> None:
+        ts = now_ms()
+        await self._pool.execute(
+            "UPDATE channel_inbox SET attempts = attempts + 1, error = $2,"
+            " next_attempt_at = $3, updated_at = $4 WHERE id = $1",
+            inbox_id,
+            error[:1000],
+            ts + int(delay_s * 1000),
+            ts,
+        )
+
+    async def give_up(self, inbox_id: int, error: str) -> None:
+        await self._pool.execute(
+            "UPDATE channel_inbox SET state = 'failed', attempts = attempts + 1, error = $2,"
+            " updated_at = $3 WHERE id = $1",
+            inbox_id,
+            error[:1000],
+            now_ms(),
+        )
+
+    async def history(
+        self, channel_id: str, conversation: str, turns: int
+    ) -> list[tuple[str, str]]:
+        """The conversation's last `turns` turns, oldest first: (role, text)."""
+        if turns <= 0:
+            return []
+        rows = await self._pool.fetch(
+            "SELECT role, text FROM channel_turns WHERE channel_id = $1 AND conversation = $2"
+            " ORDER BY id DESC LIMIT $3",
+            channel_id,
+            conversation,
+            turns,
+        )
+        return [(r["role"], r["text"]) for r in reversed(rows)]
+
+
+def _name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
+        raise ValidationFailed(
+            f"name: a non-empty string of at most {MAX_NAME} characters",
+            extra={"fields": [{"field": "name", "message": "required"}]},
+        )
+    return name.strip()
+
+
+def _item(row: asyncpg.Record) -> InboxItem:
+    return InboxItem(
+        id=row["id"],
+        channel_id=row["channel_id"],
+        delivery_id=row["delivery_id"],
+        conversation=row["conversation"],
+        text=row["text"],
+        sender=row["sender"],
+        reply=_json(row["reply"]),
+        state=row["state"],
+        answer=row["answer"],
+        task_id=row["task_id"],
+        attempts=row["attempts"],
+        error=row["error"],
+    )

@@ -1,0 +1,62 @@
+"""What the Slack, Teams and Telegram fakes share on top of `LoopbackServer`: a synchronous
+lifecycle (for module-scoped fixtures) and scripted failures of the next requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tests.fakes._loopback import LoopbackServer
+
+__all__ = ["ChannelFake", "Failure"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One scripted failure: answer `status` (each fake renders its platform's error body),
+    with the platform's retry delay when `retry_after` is set, after `delay_s`."""
+
+    status: int = 500
+    retry_after: int | None = None
+    error: str | None = None  # the platform's error code or description
+    delay_s: float = 0.0
+
+
+class ChannelFake(LoopbackServer):
+    def fail_next(
+        self,
+        n: int = 1,
+        status: int = 500,
+        *,
+        retry_after: int | None = None,
+        error: str | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        """Make the next `n` message requests fail this way."""
+        self.script(*[Failure(status, retry_after, error, delay_s)] * n)
+
+    async def next_failure(self) -> Failure | None:
+        failure = self.next_reply()
+        if isinstance(failure, Failure) and failure.delay_s:
+            await asyncio.sleep(failure.delay_s)
+        return failure if isinstance(failure, Failure) else None
+
+    def reset(self) -> None:
+        with self._lock:
+            self._script.clear()
+        self.requests.clear()
+
+    def __enter__(self) -> Any:
+        self.thread.start()
+        deadline = time.monotonic() + 5
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.label} server failed to start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

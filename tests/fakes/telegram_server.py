@@ -1,0 +1,193 @@
+"""A real loopback HTTP server that plays the Telegram Bot API for channel tests.
+
+    with TelegramFake() as tg:                              # or `async with`
+        ...  # send_telegram(..., secrets={"bot_token": tg.bot_token}, base_url=tg.url)
+        tg.sent[-1]            # the sendMessage bodies accepted, in order
+        tg.requests[-1]        # every request: method, path, headers, raw body
+
+Routes:
+- `POST /bot<token>/sendMessage` (JSON or form): with another token, Telegram's `401
+  {"ok": false, "error_code": 401, "description": "Unauthorized"}`; no `chat_id`, empty
+  `text` or a text over 4096 characters (UTF-16 units): `400 Bad Request: ...`; otherwise
+  `{"ok": true, "result": {message_id, from, chat, date, text[, reply_to_message]}}`.
+- anything else: `404 {"ok": false, "error_code": 404, "description": "Not Found"}`.
+
+Failures: `fail_next(n, status, retry_after=, error=)` makes the next n sendMessage calls
+fail with Telegram's error body (`error` as description); 429 carries
+`parameters.retry_after`; 502 answers nginx's HTML page, as Telegram's front does.
+
+`text_update(text, ...)` builds an `Update` with a text message; `photo_update` and
+`edited_update` build updates without a new text message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any
+from urllib.parse import parse_qsl
+
+from tests.fakes._channel_fake import ChannelFake
+from tests.fakes._loopback import RecordedRequest, Send
+
+__all__ = ["TOKEN", "TelegramFake", "edited_update", "photo_update", "text_update"]
+
+TOKEN = "110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+_updates = itertools.count(10000)
+_messages = itertools.count(1365)
+_NGINX_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.18.0</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
+
+
+def _chat(chat_id: int, chat_type: str) -> dict[str, Any]:
+    if chat_type == "private":
+        return {
+            "id": chat_id,
+            "first_name": "Test",
+            "last_name": "Lastname",
+            "username": "testuser",
+            "type": "private",
+        }
+    return {"id": chat_id, "title": "Ops team", "type": chat_type}
+
+
+def _message(text: str | None, chat_id: int, chat_type: str, user_id: int) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "message_id": next(_messages),
+        "from": {
+            "id": user_id,
+            "is_bot": False,
+            "first_name": "Test",
+            "last_name": "Lastname",
+            "username": "testuser",
+            "language_code": "en",
+        },
+        "chat": _chat(chat_id, chat_type),
+        "date": int(time.time()),
+    }
+    if text is not None:
+        message["text"] = text
+    return message
+
+
+def text_update(
+    text: str,
+    *,
+    chat_id: int = 1111111,
+    chat_type: str = "private",
+    user_id: int = 1111111,
+    update_id: int | None = None,
+) -> Any:
+    """An Update with a new text message (`chat_type`: private, group, supergroup)."""
+    return {
+        "update_id": next(_updates) if update_id is None else update_id,
+        "message": _message(text, chat_id, chat_type, user_id),
+    }
+
+
+def photo_update(*, chat_id: int = 1111111) -> Any:
+    message = _message(None, chat_id, "private", chat_id)
+    message["photo"] = [
+        {
+            "file_id": "AgACAgIAAxkBAAIBZ2Zl",
+            "file_unique_id": "AQADr7gxG",
+            "file_size": 1453,
+            "width": 90,
+            "height": 67,
+        }
+    ]
+    return {"update_id": next(_updates), "message": message}
+
+
+def edited_update(text: str, *, chat_id: int = 1111111) -> Any:
+    message = _message(text, chat_id, "private", chat_id)
+    message["edit_date"] = message["date"] + 5
+    return {"update_id": next(_updates), "edited_message": message}
+
+
+def _units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+class TelegramFake(ChannelFake):
+    label = "Telegram"
+
+    def __init__(self, *, bot_token: str = TOKEN) -> None:
+        super().__init__()
+        self.bot_token = bot_token
+        self.bot_id = int(bot_token.split(":", 1)[0])
+        self.sent: list[dict[str, Any]] = []
+
+    def reset(self) -> None:
+        super().reset()
+        self.sent.clear()
+
+    @staticmethod
+    async def _error(send: Send, code: int, description: str, **parameters: Any) -> None:
+        body: dict[str, Any] = {"ok": False, "error_code": code, "description": description}
+        if parameters:
+            body["parameters"] = parameters
+        await TelegramFake.send_json(send, code, body)
+
+    async def handle(self, request: RecordedRequest, send: Send) -> None:
+        prefix, _, method = request.path.rpartition("/")
+        if not prefix.startswith("/bot") or request.method not in ("GET", "POST"):
+            await self._error(send, 404, "Not Found")
+        elif prefix != f"/bot{self.bot_token}":
+            await self._error(send, 401, "Unauthorized")
+        elif method == "sendMessage":
+            await self._send_message(request, send)
+        else:
+            await self._error(send, 404, "Not Found")
+
+    async def _send_message(self, request: RecordedRequest, send: Send) -> None:
+        failure = await self.next_failure()
+        if failure is not None:
+            if failure.status == 502:
+                await self.send_body(send, 502, _NGINX_502, [("content-type", "text/html")])
+            elif failure.status == 429:
+                after = failure.retry_after or 1
+                description = failure.error or f"Too Many Requests: retry after {after}"
+                await self._error(send, 429, description, retry_after=after)
+            else:
+                await self._error(send, failure.status, failure.error or "Internal Server Error")
+            return
+        if request.headers.get("content-type", "").startswith("application/json"):
+            body = json.loads(request.raw or b"{}")
+        else:
+            body = dict(parse_qsl(request.raw.decode()))
+        chat_id, text = body.get("chat_id"), body.get("text")
+        if chat_id in (None, ""):
+            await self._error(send, 400, "Bad Request: chat_id is empty")
+            return
+        if not isinstance(text, str) or not text.strip():
+            await self._error(send, 400, "Bad Request: message text is empty")
+            return
+        if _units(text) > 4096:
+            await self._error(send, 400, "Bad Request: message is too long")
+            return
+        self.sent.append(body)
+        chat_type = "private" if int(chat_id) > 0 else "supergroup"
+        result: dict[str, Any] = {
+            "message_id": next(_messages),
+            "from": {
+                "id": self.bot_id,
+                "is_bot": True,
+                "first_name": "Test Bot",
+                "username": "test_orchestrator_bot",
+            },
+            "chat": _chat(int(chat_id), chat_type),
+            "date": int(time.time()),
+            "text": text,
+        }
+        if body.get("reply_to_message_id") is not None:
+            result["reply_to_message"] = {
+                "message_id": int(body["reply_to_message_id"]),
+                "chat": _chat(int(chat_id), chat_type),
+                "date": int(time.time()) - 1,
+            }
+        await self.send_json(send, 200, {"ok": True, "result": result})

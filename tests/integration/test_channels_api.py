@@ -1,0 +1,269 @@
+"""Channels over HTTP (the app with its in-process relay, real Postgres; the agent's model and
+every platform played by loopback servers speaking their wire formats): CRUD and its errors,
+secrets never shown, and for each type an inbound message answered by an agent task run as
+the channel owner and delivered to the platform; duplicates and replays processed once;
+verification failures are 401 and relay nothing; delivery retries and the error status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, ServedApp
+from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
+from tests.fakes.agent_llm import agent_reply
+from tests.fakes.openai_server import OpenAIFake
+from tests.integration.test_workflows_api import agent_settings
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+BOT_TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0"
+
+
+class Callback(LoopbackServer):
+    """A generic webhook's callback URL: records what it is sent; `fail` answers 503."""
+
+    label = "callback"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = 0
+
+    async def handle(self, request: RecordedRequest, send: Send) -> None:
+        if self.fail:
+            self.fail -= 1
+            await self.send_body(send, 503, b"busy", [("content-type", "text/plain")])
+            return
+        await self.send_body(send, 200, b'{"ok": true}', [("content-type", "application/json")])
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[OpenAIFake]:
+    async with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
+        yield server
+
+
+@pytest.fixture
+async def callback() -> AsyncIterator[Callback]:
+    async with Callback() as server:
+        yield server
+
+
+async def _user(c: httpx.AsyncClient, name: str) -> dict[str, str]:
+    made = await c.post("/tokens", headers=ADMIN, json={"user_uuid": name})
+    return {"Authorization": f"Bearer {made.json()['token']}"}
+
+
+async def _until(check: Any, within: float = 15.0) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def _settings(make_settings: Any, llm: OpenAIFake, **kw: Any) -> Any:
+    return agent_settings(make_settings, llm, channel_retry_base_s=0.1, **kw)
+
+
+@pytest.fixture
+async def api(make_settings: Any, llm: OpenAIFake) -> AsyncIterator[httpx.AsyncClient]:
+    async with ServedApp(_settings(make_settings, llm)) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as client:
+            yield client
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"type": "irc", "name": "x", "config": {}}, 422, "type"),
+        (
+            {"type": "slack", "name": "x", "config": {"webhook_url": "https://h/x"}},
+            400,
+            "signing_secret",
+        ),
+        ({"type": "slack", "name": "x", "config": {"signing_secret": "s"}}, 400, "webhook_url"),
+        (
+            {
+                "type": "slack",
+                "name": "x",
+                "config": {"signing_secret": "s", "webhook_url": "ftp://x"},
+            },
+            400,
+            "webhook_url",
+        ),
+        (
+            {"type": "teams", "name": "x", "config": {"webhook_url": "https://h/x"}},
+            400,
+            "tenant_id",
+        ),
+        ({"type": "telegram", "name": "x", "config": {"bot_token": "nope"}}, 400, "bot_token"),
+        (
+            {"type": "telegram", "name": "x", "config": {"bot_token": BOT_TOKEN, "chat_ids": "1"}},
+            400,
+            "chat_ids",
+        ),
+        ({"type": "webhook", "name": "x", "config": {"colour": "red"}}, 400, "colour"),
+        ({"type": "webhook", "name": "", "config": {}}, 400, "name"),
+        ({"type": "webhook", "name": "x", "config": []}, 400, "config"),
+    ],
+)
+async def test_create_errors(
+    api: httpx.AsyncClient, body: dict[str, Any], status: int, field: str
+) -> None:
+    r = await api.post("/channels", headers=ADMIN, json=body)
+    assert r.status_code == status, r.text
+    assert field in r.json()["error"]
+
+
+async def test_crud_tenancy_and_secrets(api: httpx.AsyncClient) -> None:
+    ann, bob = await _user(api, "ann"), await _user(api, "bob")
+    r = await api.post(
+        "/channels",
+        headers=ann,
+        json={
+            "type": "telegram",
+            "name": "ops",
+            "config": {"bot_token": BOT_TOKEN, "chat_ids": [42, "-100"], "secret_token": "s3cr3t"},
+        },
+    )
+    assert r.status_code == 200, r.text
+    made = r.json()["data"]
+    token = made["webhook_token"]
+    assert made["webhook_path"] == f"/api/v1/channels/webhook/{token}"
+    assert made["status"] == "active" and made["user_uuid"] == "ann"
+    assert made["config"] == {"bot_token": "***", "chat_ids": ["42", "-100"], "secret_token": "***"}
+    cid = made["id"]
+    listed = (await api.get("/channels", headers=ann)).json()
+    assert listed["ok"] is True and [c["id"] for c in listed["data"]] == [cid]
+    assert (await api.get("/channels", headers=bob)).json()["data"] == []
+    assert cid in [c["id"] for c in (await api.get("/channels", headers=ADMIN)).json()["data"]]
+    assert (await api.get(f"/channels/{cid}", headers=bob)).status_code == 404
+    assert (await api.put(f"/channels/{cid}", headers=bob, json={"name": "x"})).status_code == 404
+    assert (await api.delete(f"/channels/{cid}", headers=bob)).status_code == 404
+    assert (await api.get("/channels/ch-999999", headers=ann)).status_code == 404
+    assert (await api.get("/channels/nope", headers=ann)).status_code == 400
+    # Update: name, a config key, secrets kept with "***", status, token rotation.
+    r = await api.put(
+        f"/channels/{cid}",
+        headers=ann,
+        json={
+            "name": "ops2",
+            "config": {"chat_ids": ["7"], "bot_token": "***"},
+            "status": "paused",
+        },
+    )
+    body = r.json()
+    assert body["data"]["name"] == "ops2" and body["data"]["status"] == "paused"
+    assert body["data"]["config"]["chat_ids"] == ["7"] and body["webhook_token"] is None
+    r = await api.put(f"/channels/{cid}", headers=ann, json={"status": "broken"})
+    assert r.status_code == 400
+    r = await api.put(f"/channels/{cid}", headers=ann, json={"config": {"bot_token": "bad"}})
+    assert r.status_code == 400 and "bot_token" in r.json()["error"]
+    r = await api.put(f"/channels/{cid}", headers=ann, json={"rotate_token": True})
+    fresh = r.json()["webhook_token"]
+    assert fresh and fresh != token
+    old = await api.post(f"/channels/webhook/{token}", json={})
+    assert old.status_code == 404  # the old token is retired
+    # Secrets never appear in any answer.
+    everything = json.dumps(
+        [
+            (await api.get("/channels", headers=ann)).json(),
+            (await api.get(f"/channels/{cid}", headers=ann)).json(),
+            (await api.get("/channels", headers=ADMIN)).json(),
+        ]
+    )
+    assert BOT_TOKEN not in everything and "s3cr3t" not in everything
+    r = await api.delete(f"/channels/{cid}", headers=ann)
+    assert r.json() == {"ok": True, "deleted": cid}
+    assert (await api.get(f"/channels/{cid}", headers=ann)).status_code == 404
+    assert (await api.get("/channels")).status_code == 401
+
+
+async def test_generic_webhook_relays_as_the_owner(
+    api: httpx.AsyncClient, callback: Callback
+) -> None:
+    ann = await _user(api, "ann")
+    made = (
+        await api.post(
+            "/channels",
+            headers=ann,
+            json={"type": "webhook", "name": "hook", "config": {"callback_url": callback.url}},
+        )
+    ).json()["data"]
+    hook = f"/channels/webhook/{made['webhook_token']}"
+    r = await api.post(
+        hook, json={"text": "[answer hi there]", "user": "zed", "metadata": {"message_id": "m1"}}
+    )
+    assert r.status_code == 200 and r.json()["accepted"] is True
+    await _until(lambda: _has(callback, 1))
+    sent = callback.requests[0].json
+    assert sent["text"] == "hi there"
+    # The agent task ran as the channel owner: its events are Ann's, not Bob's.
+    bob = await _user(api, "bob")
+
+    async def owned(h: dict[str, str]) -> list[str]:
+        r = await api.get("/events", headers=h, params={"types": "task.completed"})
+        return [e["aggregate_id"] for e in r.json()["data"]]
+
+    assert [t for t in await owned(ann) if t.startswith("chan-")] != []
+    assert [t for t in await owned(bob) if t.startswith("chan-")] == []
+    # The same delivery again: acknowledged, not relayed.
+    r = await api.post(
+        hook, json={"text": "[answer hi there]", "user": "zed", "metadata": {"message_id": "m1"}}
+    )
+    assert r.json()["duplicate"] is True
+    # Synchronous mode answers in the response and sends nothing to the callback.
+    r = await api.post(f"{hook}?sync=true", json={"text": "[answer right away]"})
+    assert r.json()["answer"] == "right away"
+    await asyncio.sleep(0.3)
+    assert len(callback.requests) == 1
+    # Bad bodies, unknown tokens.
+    assert (await api.post(hook, json={"user": "zed"})).status_code == 400
+    assert (await api.post(hook, content=b"not json")).status_code == 400
+    assert (await api.post("/channels/webhook/chw_unknown-token", json={})).status_code == 404
+
+
+async def test_delivery_retries_then_error_status(
+    make_settings: Any, llm: OpenAIFake, callback: Callback
+) -> None:
+    settings = _settings(make_settings, llm, channel_delivery_attempts=4, channel_error_after=3)
+    async with ServedApp(settings) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as api:
+            ann = await _user(api, "ann")
+            made = (
+                await api.post(
+                    "/channels",
+                    headers=ann,
+                    json={"type": "webhook", "name": "h", "config": {"callback_url": callback.url}},
+                )
+            ).json()["data"]
+            hook = f"/channels/webhook/{made['webhook_token']}"
+            callback.fail = 2  # two 503s, then it works
+            await api.post(hook, json={"text": "[answer eventually]"})
+            await _until(lambda: _has(callback, 3))
+            assert callback.requests[-1].json["text"] == "eventually"
+            chan = (await api.get(f"/channels/{made['id']}", headers=ann)).json()
+            assert chan["status"] == "active" and chan["failures"] == 0
+            callback.fail = 100  # now it keeps failing: error after 3, given up after 4
+            await api.post(hook, json={"text": "[answer lost]"})
+            await _until(lambda: _has(callback, 7))
+
+            async def errored() -> bool:
+                c = (await api.get(f"/channels/{made['id']}", headers=ann)).json()
+                return bool(c["status"] == "error" and "503" in (c["last_error"] or ""))
+
+            await _until(errored)
+            await asyncio.sleep(1.0)
+            assert len(callback.requests) == 7  # 3 + 4 attempts, no more
+
+
+async def _has(server: LoopbackServer, n: int) -> bool:
+    return len(server.requests) >= n
