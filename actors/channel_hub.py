@@ -35,6 +35,8 @@ def hub_name(index: int) -> str:
 )
 class ChannelHub:
     def __init__(self, settings: Settings, index: int, shards: int) -> None:
+        # httpx logs request URLs at INFO, and a Telegram URL holds the bot token.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         self._settings = settings
         self._index = index
         self._shards = shards

@@ -20,6 +20,7 @@ from orchestrator.channels import (
     Channel,
     Inbound,
     TeamsVerifier,
+    VerificationFailed,
     parse_slack,
     parse_teams,
     parse_telegram,
@@ -233,6 +234,9 @@ async def receive(
         inbound = parse_teams(_json_body(raw))
         if inbound is not None:
             verify_teams_service_url(claims, inbound.reply.get("service_url"))
+            tenant = inbound.metadata.get("tenant_id")
+            if tenant and tenant != channel.config.get("tenant_id"):
+                raise VerificationFailed("teams activity: from another tenant than the channel's")
     elif channel.type == "telegram":
         verify_telegram(
             client_ip(request, s.trusted_proxies),

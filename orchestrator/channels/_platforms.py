@@ -433,11 +433,11 @@ async def _post(
         return await http.post(url, content=body, headers=sent)
     except httpx.TimeoutException as exc:
         raise DeliveryFailed(f"{what}: timed out ({type(exc).__name__})", True) from None
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL):
+        raise DeliveryFailed(f"{what}: the configured URL is not valid", False) from None
     except httpx.TransportError as exc:
         # str(exc) may name the URL (which holds a token for Telegram and Slack webhooks).
         raise DeliveryFailed(f"{what}: connection failed ({type(exc).__name__})", True) from None
-    except httpx.InvalidURL:
-        raise DeliveryFailed(f"{what}: the configured URL is not valid", False) from None
 
 
 def _status_failure(response: httpx.Response, what: str, code: str | None) -> DeliveryFailed:

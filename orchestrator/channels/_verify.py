@@ -42,6 +42,7 @@ __all__ = [
 
 SLACK_SIGNATURE_VERSION = "v0"
 _TIMESTAMP = re.compile(r"\d{1,15}")
+_ALG_NAME = re.compile(r"[A-Za-z0-9]{1,16}")  # echoed in errors: nothing else from a token
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -151,6 +152,7 @@ class TeamsVerifier:
         refetch_cooldown_s: float = 30.0,
         fetch_timeout_s: float = 10.0,
     ) -> None:
+        # `cooldown_duration` needs PyJWT >= 2.14.
         self._jwks = jwt.PyJWKClient(
             jwks_url,
             cache_jwk_set=True,
@@ -175,7 +177,7 @@ class TeamsVerifier:
             raise VerificationFailed("teams token: malformed JWT") from exc
         alg = unverified.get("alg")
         if alg not in self.ALGORITHMS:
-            shown = alg if isinstance(alg, str) and len(alg) <= 16 else "?"
+            shown = alg if isinstance(alg, str) and _ALG_NAME.fullmatch(alg) else "?"
             raise VerificationFailed(f"teams token: algorithm {shown} not accepted (RS256 only)")
         kid = unverified.get("kid")
         if not isinstance(kid, str) or not kid:

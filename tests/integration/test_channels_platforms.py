@@ -181,6 +181,11 @@ async def test_teams(api: httpx.AsyncClient, fakes: tuple[Any, Any, Any]) -> Non
         assert r.status_code == 401, r.text
     r = await api.post(hook, json=other)
     assert r.status_code == 401
+    # A valid token for an activity of another tenant than the channel's: refused.
+    foreign = teams.message_activity("[answer no]", tenant="00000000-0000-0000-0000-000000000bad")
+    token = t.mint({"serviceurl": foreign["serviceUrl"]})
+    r = await api.post(hook, json=foreign, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 401 and "tenant" in r.json()["error"]
     await _until(lambda: _quiet())
     assert len(t.posted) == 1
 

@@ -710,3 +710,8 @@ async def test_webhook_callback_unreachable_or_missing(http: httpx.AsyncClient) 
     assert exc.retryable is True and "connection failed" in exc.message
     exc = await failure(send_webhook(http, {}, {}, {}, "hi"))
     assert (exc.message, exc.retryable) == ("webhook callback: no callback_url configured", False)
+    exc = await failure(send_webhook(http, {"callback_url": "ftp://example.com/x"}, {}, {}, "hi"))
+    assert (exc.message, exc.retryable) == (
+        "webhook callback: the configured URL is not valid",
+        False,
+    )
