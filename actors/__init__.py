@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -28,3 +28,15 @@ async def until_started(
                 await cleanup()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+def detached(actor_class: Any, name: str, num_cpus: float, *args: Any) -> Any:
+    """The named, detached actor `name` in our namespace: the running one, else a new one
+    built with `args` (replicas and other actors share it; it outlives them)."""
+    return actor_class.options(
+        name=name,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        num_cpus=num_cpus,
+    ).remote(*args)

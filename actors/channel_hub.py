@@ -14,7 +14,7 @@ import httpx
 import ray
 from ray.exceptions import RayActorError
 
-from actors import NAMESPACE, until_started
+from actors import detached, until_started
 from actors.agent_worker import RayDispatcher
 from orchestrator.channels import ChannelRelay, ChannelStore, channel_shard, secret_box
 from orchestrator.config import Settings
@@ -105,13 +105,14 @@ class RayChannels:
     def _actor(self, index: int) -> Any:
         actor = self._actors.get(index)
         if actor is None:
-            actor = ChannelHub.options(  # type: ignore[attr-defined]
-                name=hub_name(index),
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=self._settings.channel_hub_cpus,
-            ).remote(self._settings, index, self._shards)
+            actor = detached(
+                ChannelHub,
+                hub_name(index),
+                self._settings.channel_hub_cpus,
+                self._settings,
+                index,
+                self._shards,
+            )
             self._actors[index] = actor
         return actor
 

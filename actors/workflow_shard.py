@@ -13,7 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors import NAMESPACE, until_started
+from actors import detached, until_started
 from actors.agent_worker import RayDispatcher
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
@@ -102,13 +102,14 @@ class RayWorkflows:
     def _actor(self, index: int) -> Any:
         actor = self._actors.get(index)
         if actor is None:
-            actor = WorkflowShard.options(  # type: ignore[attr-defined]
-                name=shard_name(index),
-                namespace=NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=self._settings.workflow_shard_cpus,
-            ).remote(self._settings, index, self._shards)
+            actor = detached(
+                WorkflowShard,
+                shard_name(index),
+                self._settings.workflow_shard_cpus,
+                self._settings,
+                index,
+                self._shards,
+            )
             self._actors[index] = actor
         return actor
 

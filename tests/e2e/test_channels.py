@@ -14,9 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.e2e.test_workflows import MODEL, Orchestrator, _actors
+from tests.e2e.test_workflows import Orchestrator, _actors, agent_config, running
 from tests.fakes import slack_server as slack
 from tests.fakes import teams_server as teams
 from tests.fakes import telegram_server as telegram
@@ -42,33 +41,16 @@ def service(
     s, t, g = platforms
     work = tmp_path_factory.mktemp("channels-e2e")
     with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
-        config = work / "orchestrator.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "rate_limit_per_minute": 0,
-                    "providers": {
-                        "openai": {
-                            "base_url": llm.base_url,
-                            "api_key": "sk-agent",
-                            "models": [MODEL],
-                        }
-                    },
-                    "default_model": MODEL,
-                    "teams_jwks_url": t.jwks_url,
-                    "teams_audience": t.app_id,
-                    "channel_api_base_urls": {"telegram": g.url, "slack": s.api_url},
-                    "trusted_proxies": ["127.0.0.1/32"],
-                    "channel_retry_base_s": 0.2,
-                }
-            )
+        settings = agent_config(
+            llm,
+            teams_jwks_url=t.jwks_url,
+            teams_audience=t.app_id,
+            channel_api_base_urls={"telegram": g.url, "slack": s.api_url},
+            trusted_proxies=["127.0.0.1/32"],
+            channel_retry_base_s=0.2,
         )
-        orch = Orchestrator(work, config)
-        orch.start()
-        try:
+        with running(work, settings) as orch:
             yield orch
-        finally:
-            orch.stop()
 
 
 def _wait(check: Any, within: float = 30) -> Any:

@@ -13,10 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from orchestrator.memory import LocalEmbedder
-from tests.e2e.test_workflows import MODEL, Orchestrator
+from tests.e2e.test_workflows import Orchestrator, agent_config, running
 from tests.fakes.agent_llm import agent_reply
 from tests.fakes.openai_server import OpenAIFake
 
@@ -33,30 +32,9 @@ pytestmark = [
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     work = tmp_path_factory.mktemp("data-e2e")
     with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
-        config = work / "orchestrator.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "rate_limit_per_minute": 0,
-                    "embedder": "local",
-                    "marketplace_publish_per_hour": 3,
-                    "providers": {
-                        "openai": {
-                            "base_url": llm.base_url,
-                            "api_key": "sk-agent",
-                            "models": [MODEL],
-                        }
-                    },
-                    "default_model": MODEL,
-                }
-            )
-        )
-        orch = Orchestrator(work, config)
-        orch.start()
-        try:
+        settings = agent_config(llm, embedder="local", marketplace_publish_per_hour=3)
+        with running(work, settings) as orch:
             yield orch
-        finally:
-            orch.stop()
 
 
 def _token(c: httpx.Client, user: str) -> dict[str, str]:

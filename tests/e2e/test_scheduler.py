@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -17,10 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.e2e.test_serve import ROOT
-from tests.e2e.test_workflows import MODEL, Orchestrator, _actors
+from tests.e2e.test_workflows import Orchestrator, _actors, agent_config, running
 from tests.fakes.agent_llm import agent_reply
 from tests.fakes.openai_server import OpenAIFake
 
@@ -31,29 +29,8 @@ pytestmark = pytest.mark.e2e
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     work = tmp_path_factory.mktemp("scheduler-e2e")
     with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
-        config = work / "orchestrator.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "providers": {
-                        "openai": {
-                            "base_url": llm.base_url,
-                            "api_key": "sk-agent",
-                            "models": [MODEL],
-                        }
-                    },
-                    "default_model": MODEL,
-                    "rate_limit_per_minute": 0,
-                }
-            )
-        )
-        orch = Orchestrator(work, config)
-        orch.start()
-        try:
+        with running(work, agent_config(llm)) as orch:
             yield orch
-        finally:
-            orch.stop()
-            sys.stdout.write((work / "serve.log").read_text(errors="replace")[-3000:])
 
 
 def _events(c: httpx.Client, types: str, **kw: Any) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ unfinished workflows."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,24 +90,23 @@ def llm() -> Iterator[OpenAIFake]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
-    work = tmp_path_factory.mktemp("workflows-e2e")
+def agent_config(llm: OpenAIFake, **extra: Any) -> dict[str, Any]:
+    """Settings of a service whose agents use the loopback model `llm` (rate limit off)."""
+    return {
+        "providers": {
+            "openai": {"base_url": llm.base_url, "api_key": "sk-agent", "models": [MODEL]}
+        },
+        "default_model": MODEL,
+        "rate_limit_per_minute": 0,
+        **extra,
+    }
+
+
+@contextlib.contextmanager
+def running(work: Path, settings: dict[str, Any]) -> Iterator[Orchestrator]:
+    """`scripts/serve` with these settings in `work`, stopped (its log tail printed) after."""
     config = work / "orchestrator.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "providers": {
-                    "openai": {"base_url": llm.base_url, "api_key": "sk-agent", "models": [MODEL]}
-                },
-                "default_model": MODEL,
-                "rate_limit_per_minute": 0,
-                "provider_retries": 0,
-                "agent_workers": 2,
-                "workflow_shards": 2,
-            }
-        )
-    )
+    config.write_text(yaml.safe_dump(settings))
     orch = Orchestrator(work, config)
     orch.start()
     try:
@@ -114,6 +114,14 @@ def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterat
     finally:
         orch.stop()
         sys.stdout.write((work / "serve.log").read_text(errors="replace")[-3000:])
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
+    work = tmp_path_factory.mktemp("workflows-e2e")
+    settings = agent_config(llm, provider_retries=0, agent_workers=2, workflow_shards=2)
+    with running(work, settings) as orch:
+        yield orch
 
 
 def _wait_all(c: httpx.Client, ids: list[str], within: float) -> dict[str, Any]:
