@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import httpx
 import ray
 from ray.exceptions import RayActorError
 
-from actors import detached, until_started
+from actors import Shards, until_started
 from actors.agent_worker import RayDispatcher
 from orchestrator.channels import ChannelRelay, ChannelStore, channel_shard, secret_box
 from orchestrator.config import Settings
@@ -98,42 +97,28 @@ class RayChannels:
     """Caller side: hands an inbox item to the hub of its channel; creates missing hubs."""
 
     def __init__(self, settings: Settings) -> None:
-        self._settings = settings
         self._shards = max(1, settings.channel_hubs)
-        self._actors: dict[int, Any] = {}
-
-    def _actor(self, index: int) -> Any:
-        actor = self._actors.get(index)
-        if actor is None:
-            actor = detached(
-                ChannelHub,
-                hub_name(index),
-                self._settings.channel_hub_cpus,
-                self._settings,
-                index,
-                self._shards,
-            )
-            self._actors[index] = actor
-        return actor
+        self._pool = Shards(
+            settings, ChannelHub, "channel-hub", self._shards, settings.channel_hub_cpus
+        )
 
     def ensure_started(self) -> None:
         """Every hub exists (and so picks up what its channels left in the inbox)."""
-        for index in range(self._shards):
-            self._actor(index).ready.remote()
+        self._pool.ensure_started()
 
     async def submit(self, channel_id: str, inbox_id: int) -> None:
         index = channel_shard(channel_id, self._shards)
         try:
-            await asyncio.wait_for(self._actor(index).submit.remote(inbox_id), CALL_TIMEOUT_S)
+            await asyncio.wait_for(self._pool.actor(index).submit.remote(inbox_id), CALL_TIMEOUT_S)
         except (RayActorError, TimeoutError) as exc:
             # In the inbox already: the hub picks it up when it is back.
-            self._actors.pop(index, None)
+            self._pool.forget(index)
             log.warning("channel hub %d unreachable (%r); item %d waits", index, exc, inbox_id)
 
     async def answer(self, channel_id: str, inbox_id: int, within: float) -> str | None:
         index = channel_shard(channel_id, self._shards)
         result: str | None = await asyncio.wait_for(
-            self._actor(index).answer.remote(inbox_id, within), within + 5
+            self._pool.actor(index).answer.remote(inbox_id, within), within + 5
         )
         return result
 

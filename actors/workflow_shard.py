@@ -13,7 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors import detached, until_started
+from actors import Shards, until_started
 from actors.agent_worker import RayDispatcher
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
@@ -97,38 +97,25 @@ class RayWorkflows:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._shards = max(1, settings.workflow_shards)
-        self._actors: dict[int, Any] = {}
-
-    def _actor(self, index: int) -> Any:
-        actor = self._actors.get(index)
-        if actor is None:
-            actor = detached(
-                WorkflowShard,
-                shard_name(index),
-                self._settings.workflow_shard_cpus,
-                self._settings,
-                index,
-                self._shards,
-            )
-            self._actors[index] = actor
-        return actor
+        self._pool = Shards(
+            settings, WorkflowShard, "workflow-shard", self._shards, settings.workflow_shard_cpus
+        )
 
     def ensure_started(self) -> None:
         """Every shard exists (and so resumes its unfinished workflows)."""
-        for index in range(self._shards):
-            self._actor(index).ready.remote()
+        self._pool.ensure_started()
 
     async def _call(self, workflow_id: str, method: str) -> Any:
         index = shard_of(workflow_id, self._shards)
         for attempt in range(3):
-            actor = self._actor(index)
+            actor = self._pool.actor(index)
             try:
                 return await asyncio.wait_for(
                     getattr(actor, method).remote(workflow_id), CALL_TIMEOUT_S
                 )
             except RayActorError:
                 # Restarting, or killed for good: look it up (or create it) again.
-                self._actors.pop(index, None)
+                self._pool.forget(index)
                 if attempt == 2:
                     raise
                 await asyncio.sleep(0.5 * (attempt + 1))
