@@ -32,9 +32,9 @@ class Metrics:
         self._pushes += 1
         self._state.apply(snapshot)
 
-    def render(self) -> bytes:
+    def render(self, event_totals: dict[str, int] | None = None) -> bytes:
         self._state.forget_stale_sources(STALE_SOURCE_S)
-        return self._state.render()
+        return self._state.render(event_totals)
 
     def slo(self, query: SloQuery) -> dict[str, Any]:
         return self._state.slo(query.targets, query.uptime_ratio)
@@ -62,8 +62,8 @@ class ActorMetricsHub:
     async def push(self, snapshot: MetricsSnapshot) -> None:
         await self._actor.push.remote(snapshot)
 
-    async def render(self) -> bytes:
-        return await self._actor.render.remote()  # type: ignore[no-any-return]
+    async def render(self, event_totals: dict[str, int] | None = None) -> bytes:
+        return await self._actor.render.remote(event_totals)  # type: ignore[no-any-return]
 
     async def slo(self, query: SloQuery) -> dict[str, Any]:
         return await self._actor.slo.remote(query)  # type: ignore[no-any-return]

@@ -49,7 +49,7 @@ class MetricsHub(Protocol):
     """Where a replica's metric deltas go and the cluster-wide view comes from."""
 
     async def push(self, snapshot: MetricsSnapshot) -> None: ...
-    async def render(self) -> bytes: ...
+    async def render(self, event_totals: dict[str, int] | None = None) -> bytes: ...
     async def slo(self, query: SloQuery) -> dict[str, Any]: ...
     async def gauges(self) -> dict[str, int]: ...
 
@@ -63,8 +63,8 @@ class LocalMetricsHub:
     async def push(self, snapshot: MetricsSnapshot) -> None:
         self.state.apply(snapshot)
 
-    async def render(self) -> bytes:
-        return self.state.render()
+    async def render(self, event_totals: dict[str, int] | None = None) -> bytes:
+        return self.state.render(event_totals)
 
     async def slo(self, query: SloQuery) -> dict[str, Any]:
         return self.state.slo(query.targets, query.uptime_ratio)

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from deployments.context import SERVICE_VERSION, AppContext
 from deployments.deps import Ctx
+from orchestrator.events import EventTypeCounts
 from orchestrator.observability import SloQuery, uptime_ratio
 
 router = APIRouter(tags=["operations"])
@@ -131,7 +132,14 @@ async def ready() -> PlainTextResponse:
 async def metrics(ctx: Ctx) -> Response:
     # Push this replica's latest deltas first, so a scrape sees the requests just served here.
     await ctx.flush_metrics()
-    return Response(await ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # svc_event_total from the durable projection (exact across EventBus restarts: counts
+    # the bus had not pushed yet when it died are not lost); the pushed counts without it.
+    totals: dict[str, int] | None = None
+    try:
+        totals = await EventTypeCounts.read(ctx.db.pool)
+    except Exception as exc:  # noqa: BLE001 - a scrape must not fail with the store down
+        log.warning("event counts unavailable: %r", exc)
+    return Response(await ctx.metrics.render(totals), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/slo", response_model=Slo)

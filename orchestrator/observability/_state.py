@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,12 +135,14 @@ class MetricsState:
                     latest[provider] = (state, at)
         return {provider: state for provider, (state, _) in latest.items()}
 
-    def render(self) -> bytes:
-        """Prometheus text exposition of every family, with HELP/TYPE even when empty."""
+    def render(self, event_totals: Mapping[str, int] | None = None) -> bytes:
+        """Prometheus text exposition of every family, with HELP/TYPE even when empty.
+        `event_totals` (the durable per-type counts of committed events) is what
+        svc_event_total shows when given; else the counts reported to this state."""
         # A private registry per call: the default one would mix in process metrics of
         # the actor, and a stored registry (it holds a lock) would not pickle.
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self))
+        registry.register(_Collector(self, event_totals))
         return generate_latest(registry)
 
     def slo(
@@ -202,8 +204,9 @@ def _quantile(q: float, buckets: list[int]) -> float:
 class _Collector(Collector):
     """Adapts a MetricsState to prometheus_client's collector protocol."""
 
-    def __init__(self, state: MetricsState) -> None:
+    def __init__(self, state: MetricsState, event_totals: Mapping[str, int] | None) -> None:
         self._state = state
+        self._event_totals = event_totals
 
     def collect(self) -> Iterator[Metric]:
         state = self._state
@@ -246,6 +249,7 @@ class _Collector(Collector):
         )
 
         events = CounterMetricFamily("svc_event_total", "Events on the bus", labels=("type",))
-        for type_, n in sorted(state._events.items()):
+        totals = self._event_totals if self._event_totals is not None else state._events
+        for type_, n in sorted(totals.items()):
             events.add_metric((type_,), n)
         yield events
