@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 
 from deployments.context import AppContext
 from orchestrator.auth import Principal
@@ -35,3 +35,7 @@ async def admin_principal(principal: Annotated[Principal, Depends(current_princi
 Ctx = Annotated[AppContext, Depends(get_context)]
 CurrentUser = Annotated[Principal, Depends(current_principal)]
 AdminUser = Annotated[Principal, Depends(admin_principal)]
+
+BIGINT_MAX = 2**63 - 1  # Postgres bigint: larger values are a 400, not an overflow
+Offset = Annotated[int, Query(ge=0, le=BIGINT_MAX, description="Items to skip")]
+Position = Annotated[int, Query(ge=0, le=BIGINT_MAX)]

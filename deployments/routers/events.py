@@ -12,7 +12,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from deployments.deps import Ctx, CurrentUser
+from deployments.deps import BIGINT_MAX, Ctx, CurrentUser, Offset, Position
 from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest, Forbidden
 from orchestrator.events import CATALOG, EventQuery, Fanout, StreamFilter, SubscriberTooSlow
@@ -133,7 +133,7 @@ UserQ = Annotated[str | None, Query(max_length=128)]
 TypeQ = Annotated[str | None, Query(alias="type", max_length=2000)]
 TypesQ = Annotated[str | None, Query(max_length=2000)]
 LastIdHeader = Annotated[str | None, Header(alias="Last-Event-ID")]
-LastIdQ = Annotated[int | None, Query(ge=0)]
+LastIdQ = Annotated[int | None, Query(ge=0, le=BIGINT_MAX)]
 
 
 @router.get("/events", response_model=EventPage)
@@ -143,9 +143,9 @@ async def list_events(
     caller: CurrentUser,
     aggregate: AggregateQ = "all",
     user_uuid: UserQ = None,
-    from_seq: Annotated[int, Query(ge=0)] = 0,
+    from_seq: Position = 0,
     limit: Annotated[int | None, Query(ge=1)] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     type_: TypeQ = None,
     types: TypesQ = None,
     last_event_id: LastIdQ = None,
@@ -178,7 +178,7 @@ async def sync_events(
     caller: CurrentUser,
     aggregate: AggregateQ = "all",
     user_uuid: UserQ = None,
-    from_seq: Annotated[int, Query(ge=0)] = 0,
+    from_seq: Position = 0,
     type_: TypeQ = None,
     types: TypesQ = None,
     last_event_id: LastIdQ = None,

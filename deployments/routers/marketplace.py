@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.deps import AdminUser, Ctx, CurrentUser
+from deployments.deps import AdminUser, Ctx, CurrentUser, Offset
 from orchestrator.errors import ValidationFailed
 from orchestrator.marketplace import Skill, SkillDraft, SkillReport
 
@@ -27,7 +27,6 @@ Author = Annotated[
 Limit = Annotated[
     int | None, Query(ge=1, le=1000, description="Page size (marketplace_browse_limit: 50)")
 ]
-Offset = Annotated[int, Query(ge=0)]
 Tags = Annotated[
     str | None,
     Query(max_length=2000, description="Comma-separated; skills carrying all of them"),

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from deployments.deps import AdminUser, Ctx, CurrentUser
+from deployments.deps import AdminUser, Ctx, CurrentUser, Offset
 from orchestrator.errors import ServiceUnavailable, ValidationFailed
 from orchestrator.memory import REFLECTION_PREFIX, MemoryStore
 
@@ -221,7 +221,7 @@ async def list_entries(
     ctx: Ctx,
     caller: CurrentUser,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> Entries:
     found = await _memory(ctx).entries(
         agent_id, caller, limit or ctx.settings.memory_list_limit, offset

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from deployments.deps import Ctx, CurrentUser
+from deployments.deps import Ctx, CurrentUser, Offset
 from orchestrator.errors import Forbidden
 from orchestrator.workflows import (
     WorkflowSpec,
@@ -171,7 +171,7 @@ async def list_workflows(
     status: StatusQ = None,
     parent: ParentQ = None,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> WorkflowPage:
     """The caller's workflows, newest first (admins: everyone's)."""
     limit = limit or ctx.settings.workflow_list_limit
