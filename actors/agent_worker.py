@@ -13,6 +13,7 @@ import socket
 from typing import Any
 
 import ray
+import redis.asyncio as aioredis
 from ray.exceptions import RayActorError, RayTaskError
 
 from actors import NAMESPACE, until_started
@@ -47,6 +48,7 @@ def worker_name(index: int) -> str:
 class AgentWorker:
     def __init__(self, settings: Settings, index: int) -> None:
         self._settings = settings
+        self._redis: aioredis.Redis | None = None
         self._id = worker_name(index)
         self._active = 0
         self._completed = 0
@@ -62,6 +64,9 @@ class AgentWorker:
         return await until_started(self._id, self._start_once, self._undo_start)
 
     async def _undo_start(self) -> None:
+        if self._redis is not None:
+            redis, self._redis = self._redis, None
+            await redis.aclose()
         if self._db is not None:
             db, self._db = self._db, None
             await db.close()
@@ -72,11 +77,19 @@ class AgentWorker:
         events = EventStore(self._db.pool)
         pool = self._db.pool
         gateway = Gateway(self._settings, self._recorder, local=lambda: ready_endpoints(pool))
-        # Entries stored by agents here are embedded by the replicas' fillers.
+        # Entries stored by agents here are embedded by the replicas' fillers; writes drop
+        # the replicas' cached copies in the shared Redis.
+        self._redis = (
+            aioredis.from_url(
+                self._settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+            )
+            if self._settings.redis_url
+            else None
+        )
         memory = MemoryStore(
             pool,
             events,
-            None,
+            self._redis,
             self._settings.memory_embedding_dim,
             pgvector=self._db.pgvector,
             auto_embed=self._settings.embedder != "none",

@@ -190,7 +190,9 @@ def create_app(
         ctx.workflow_runner = runner
         key = settings.channel_secret_key
         ctx.channels = ChannelStore(
-            ctx.db.pool, secret_box(key.get_secret_value() if key else None, settings.data_dir)
+            ctx.db.pool,
+            secret_box(key.get_secret_value() if key else None, settings.data_dir),
+            teams_audience=settings.teams_audience,
         )
         ctx.channel_runner = channel_runner or LocalChannels(
             ChannelRelay(ctx.channels, dispatcher, settings, ctx.gateway.http)

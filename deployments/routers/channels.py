@@ -104,6 +104,20 @@ class WebhookAck(BaseModel):
     answer: str | None = Field(default=None, description="Synchronous generic webhooks: the answer")
 
 
+MAX_INBOUND_TEXT = 20_000
+
+
+def _clean(value: Any) -> Any:
+    """Without NUL characters (Postgres text and jsonb refuse them), at any depth."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _path(token: str) -> str:
     return f"/api/v1/channels/webhook/{token}"
 
@@ -191,6 +205,8 @@ def _json_body(raw: bytes) -> Any:
 async def _teams_verifier(ctx: Any, channel: Channel) -> TeamsVerifier:
     s = ctx.settings
     audience = channel.config.get("app_id") or s.teams_audience
+    if not audience:
+        raise VerificationFailed("teams channel has no app_id (the token audience) to check")
     key = (s.teams_jwks_url, s.teams_issuer, audience)
     cache: dict[Any, TeamsVerifier] = ctx.teams_verifiers
     verifier = cache.get(key)
@@ -235,7 +251,7 @@ async def receive(
         if inbound is not None:
             verify_teams_service_url(claims, inbound.reply.get("service_url"))
             tenant = inbound.metadata.get("tenant_id")
-            if tenant and tenant != channel.config.get("tenant_id"):
+            if tenant != channel.config.get("tenant_id"):
                 raise VerificationFailed("teams activity: from another tenant than the channel's")
     elif channel.type == "telegram":
         verify_telegram(
@@ -254,11 +270,11 @@ async def receive(
     wait = sync and channel.type == "webhook"
     inbox_id = await ctx.channels.enqueue(
         channel.id,
-        delivery_id=inbound.delivery_id,
-        conversation=inbound.conversation,
-        text=inbound.text,
-        sender=inbound.user,
-        reply=reply_of(inbound.reply, wait),
+        delivery_id=_clean(inbound.delivery_id),
+        conversation=_clean(inbound.conversation),
+        text=_clean(inbound.text)[:MAX_INBOUND_TEXT],
+        sender=_clean(inbound.user),
+        reply=_clean(reply_of(inbound.reply, wait)),
     )
     if inbox_id is None:
         return JSONResponse(WebhookAck(accepted=False, duplicate=True).model_dump())

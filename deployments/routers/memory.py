@@ -17,19 +17,28 @@ from orchestrator.memory import REFLECTION_PREFIX, MemoryStore
 
 router = APIRouter(tags=["memory"])
 
-Finite = Annotated[float, Field(allow_inf_nan=False)]
+FLOAT32_MAX = 3.4028234663852886e38
+# Stored as real (float32): larger magnitudes are a 400, not an overflow in Postgres.
+Finite = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refused (400) at the door
 
 AgentId = Annotated[
-    str, Path(min_length=1, max_length=128, description="Namespace (`default` by convention)")
+    str,
+    Path(
+        min_length=1,
+        max_length=128,
+        pattern=NO_NUL,
+        description="Namespace (`default` by convention)",
+    ),
 ]
-Key = Annotated[str, Path(min_length=1, max_length=512)]
+Key = Annotated[str, Path(min_length=1, max_length=512, pattern=NO_NUL)]
 
 
 class StoreBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(min_length=1, max_length=512)
-    value: str = Field(max_length=1_000_000)
+    key: str = Field(min_length=1, max_length=512, pattern=NO_NUL)
+    value: str = Field(max_length=1_000_000, pattern=NO_NUL)
     ttl: StrictInt | None = Field(None, ge=0, description="ms; 0 or absent: never expires")
     embedding: list[Finite] | None = Field(None, description="memory_embedding_dim numbers")
 
@@ -87,7 +96,7 @@ class Stats(BaseModel):
 class VectorQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    text: str | None = Field(None, min_length=1, max_length=100_000)
+    text: str | None = Field(None, min_length=1, max_length=100_000, pattern=NO_NUL)
     embedding: list[Finite] | None = None
     limit: int | None = Field(None, ge=1, le=1000, description="memory_search_limit (20)")
     threshold: float | None = Field(
@@ -108,9 +117,11 @@ class SimilarResults(BaseModel):
 class ShareBody(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
-    source: str = Field(alias="from", min_length=1, max_length=128)
-    target: str = Field(alias="to", min_length=1, max_length=128)
-    pattern: str = Field("*", min_length=1, max_length=512, description="Glob over keys")
+    source: str = Field(alias="from", min_length=1, max_length=128, pattern=NO_NUL)
+    target: str = Field(alias="to", min_length=1, max_length=128, pattern=NO_NUL)
+    pattern: str = Field(
+        "*", min_length=1, max_length=512, pattern=NO_NUL, description="Glob over keys"
+    )
 
 
 class Forgotten(BaseModel):
@@ -205,7 +216,7 @@ async def search(
     agent_id: AgentId,
     ctx: Ctx,
     caller: CurrentUser,
-    q: Annotated[str, Query(min_length=1, max_length=1000)],
+    q: Annotated[str, Query(min_length=1, max_length=1000, pattern=NO_NUL)],
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
 ) -> Results:
     """Full-text search (English stemming), best match first."""

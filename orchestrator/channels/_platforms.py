@@ -435,6 +435,8 @@ async def _post(
         raise DeliveryFailed(f"{what}: timed out ({type(exc).__name__})", True) from None
     except (httpx.UnsupportedProtocol, httpx.InvalidURL):
         raise DeliveryFailed(f"{what}: the configured URL is not valid", False) from None
+    except (UnicodeError, ValueError) as exc:  # e.g. a header value that is not ASCII
+        raise DeliveryFailed(f"{what}: cannot be sent ({type(exc).__name__})", False) from None
     except httpx.TransportError as exc:
         # str(exc) may name the URL (which holds a token for Telegram and Slack webhooks).
         raise DeliveryFailed(f"{what}: connection failed ({type(exc).__name__})", True) from None

@@ -75,6 +75,7 @@ class ChannelRelay:
         self._wake = asyncio.Event()
         self._inflight: dict[int, asyncio.Task[str | None]] = {}
         self._conversations: dict[tuple[str, str], asyncio.Lock] = {}
+        self._waiting: dict[tuple[str, str], int] = {}
         self.processed = 0
 
     # --- entry points ----------------------------------------------------------------------
@@ -126,8 +127,14 @@ class ChannelRelay:
             return await self._process(inbox_id)
         except asyncio.CancelledError:
             raise
-        except Exception:  # the item stays in the inbox: a later pass retries it
+        except Exception as exc:
+            # Retried later with backoff and counted like a failed delivery (given up after
+            # channel_delivery_attempts): never at once, so a poisoned item cannot spin.
             log.exception("channel item %s", inbox_id)
+            with contextlib.suppress(Exception):  # the database itself may be down
+                item = await self._store.item(inbox_id)
+                if item is not None:
+                    await self._charge(item, DeliveryFailed(type(exc).__name__, retryable=True))
             return None
         finally:
             self._wake.set()
@@ -136,20 +143,31 @@ class ChannelRelay:
         item = await self._store.item(inbox_id)
         if item is None or item.state in ("done", "failed"):
             return item.answer if item is not None else None
-        lock = self._conversations.setdefault((item.channel_id, item.conversation), asyncio.Lock())
-        async with lock:
-            item = await self._store.item(inbox_id)  # fresh, now that it is our turn
-            if item is None:
-                return None
-            channel = await self._store.load(item.channel_id)
-            if channel is None:
-                return None  # deleted meanwhile: its inbox went with it
-            if item.state == "pending":
-                item = await self._answer(channel, item)
-            if item.state == "sending":
-                await self._deliver(channel, item)
-            self.processed += 1
-            return item.answer
+        key = (item.channel_id, item.conversation)
+        lock = self._conversations.setdefault(key, asyncio.Lock())
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            async with lock:
+                return await self._process_locked(inbox_id)
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:  # nobody else waits on this conversation
+                del self._waiting[key]
+                self._conversations.pop(key, None)
+
+    async def _process_locked(self, inbox_id: int) -> str | None:
+        item = await self._store.item(inbox_id)  # fresh, now that it is our turn
+        if item is None or item.state in ("done", "failed"):
+            return item.answer if item is not None else None
+        channel = await self._store.load(item.channel_id)
+        if channel is None:
+            return None  # deleted meanwhile: its inbox went with it
+        if item.state == "pending":
+            item = await self._answer(channel, item)
+        if item.state == "sending":
+            await self._deliver(channel, item)
+        self.processed += 1
+        return item.answer
 
     async def _answer(self, channel: Channel, item: InboxItem) -> InboxItem:
         history = await self._store.history(
@@ -194,17 +212,21 @@ class ChannelRelay:
         sender = SENDERS[channel.type]
         base = self._settings.channel_api_base_urls.get(channel.type)
         try:
+            # webhook_url is kept with the secrets (it is a credential): senders see it all.
+            config = {**channel.config, **channel.secrets}
             await sender(
-                self._http, channel.config, channel.secrets, item.reply, item.answer, base_url=base
+                self._http, config, channel.secrets, item.reply, item.answer, base_url=base
             )
         except DeliveryFailed as exc:
-            await self._failed(channel, item, exc)
+            await self._charge(item, exc)
             return
         await self._store.sent(item.id)
         await self._store.delivered(channel.id)
 
-    async def _failed(self, channel: Channel, item: InboxItem, exc: DeliveryFailed) -> None:
+    async def _charge(self, item: InboxItem, exc: DeliveryFailed) -> None:
+        """Retry later with backoff, or give up; count it against the channel."""
         s = self._settings
+        channel_id = item.channel_id
         message = str(exc)
         attempt = item.attempts + 1
         if exc.retryable and attempt < s.channel_delivery_attempts:
@@ -214,7 +236,7 @@ class ChannelRelay:
             await self._store.retry_later(item.id, message, delay)
             log.warning(
                 "channel %s: delivery of item %s failed (%s); retry %d in %.1fs",
-                channel.id,
+                channel_id,
                 item.id,
                 message,
                 attempt,
@@ -222,10 +244,10 @@ class ChannelRelay:
             )
         else:
             await self._store.give_up(item.id, message)
-            log.warning("channel %s: item %s not delivered: %s", channel.id, item.id, message)
-        status = await self._store.delivery_failed(channel.id, message, s.channel_error_after)
+            log.warning("channel %s: item %s not delivered: %s", channel_id, item.id, message)
+        status = await self._store.delivery_failed(channel_id, message, s.channel_error_after)
         if status == "error":
-            log.error("channel %s is in error after repeated delivery failures", channel.id)
+            log.error("channel %s is in error after repeated delivery failures", channel_id)
 
 
 def reply_of(inbound_reply: Mapping[str, Any], sync: bool) -> dict[str, Any]:

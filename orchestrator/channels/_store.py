@@ -30,7 +30,8 @@ from orchestrator.errors import NotFound, Unprocessable, ValidationFailed
 
 CHANNEL_TYPES = ("slack", "teams", "telegram", "webhook")
 STATUSES = ("active", "paused", "error")
-SECRET_KEYS = frozenset({"signing_secret", "bot_token", "secret_token"})
+# `webhook_url` too: a Slack or Teams incoming-webhook URL lets anyone post to the channel.
+SECRET_KEYS = frozenset({"signing_secret", "bot_token", "secret_token", "webhook_url"})
 REDACTED = "***"
 KEY_FILE = "channel_key"
 TOKEN_PREFIX = "chw_"
@@ -90,10 +91,14 @@ def _url(config: Mapping[str, Any], key: str, *, required: bool) -> None:
         if required:
             raise _bad(key, "required (an http or https URL)")
         return
-    if not isinstance(value, str) or len(value) > 2048:
+    if not isinstance(value, str) or len(value) > 2048 or not value.isprintable():
         raise _bad(key, "an http or https URL")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise _bad(key, "an http or https URL") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc or not parts.hostname:
         raise _bad(key, "an http or https URL")
 
 
@@ -105,7 +110,11 @@ def _string(config: Mapping[str, Any], key: str, *, required: bool, max_len: int
         return
     if not isinstance(value, str) or not value.strip() or len(value) > max_len:
         raise _bad(key, f"a non-empty string of at most {max_len} characters")
+    if not value.isprintable() or (key in _HEADER_VALUES and not value.isascii()):
+        raise _bad(key, "printable characters only" + (" (ASCII)" if key in _HEADER_VALUES else ""))
 
+
+_HEADER_VALUES = frozenset({"bot_token", "signing_secret"})  # sent in or keyed on headers
 
 _ALLOWED: dict[str, frozenset[str]] = {
     "slack": frozenset({"webhook_url", "signing_secret", "bot_token"}),
@@ -239,9 +248,19 @@ def _json(value: Any) -> Any:
 
 
 class ChannelStore:
-    def __init__(self, pool: asyncpg.Pool, box: Fernet) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, box: Fernet, *, teams_audience: str | None = None
+    ) -> None:
         self._pool = pool
         self._box = box
+        self._teams_audience = teams_audience
+
+    def _check_teams(self, kind: str, config: Mapping[str, Any]) -> None:
+        if kind == "teams" and not config.get("app_id") and not self._teams_audience:
+            raise _bad(
+                "app_id",
+                "required: the bot's app id (the token audience), unless teams_audience is set",
+            )
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -293,7 +312,9 @@ class ChannelStore:
         """The new channel and its webhook token (shown this once)."""
         kind = check_type(kind)
         name = _name(name)
-        plain, hidden = self._split(validate_config(kind, config))
+        checked = validate_config(kind, config)
+        self._check_teams(kind, checked)
+        plain, hidden = self._split(checked)
         token = TOKEN_PREFIX + pysecrets.token_urlsafe(32)
         ts = now_ms()
         row = await self._pool.fetchrow(
@@ -369,7 +390,9 @@ class ChannelStore:
                         merged.pop(key, None)
                     elif not (key in SECRET_KEYS and value == REDACTED):
                         merged[key] = value
-            plain, hidden = self._split(validate_config(current.type, merged))
+            checked = validate_config(current.type, merged)
+            self._check_teams(current.type, checked)
+            plain, hidden = self._split(checked)
             new_status = current.status
             failures = current.failures
             if status is not None:
@@ -498,6 +521,7 @@ class ChannelStore:
         deliver: bool,
     ) -> None:
         """Record the answer and the conversation's two turns (one transaction)."""
+        answer = answer.replace("\x00", "")  # Postgres text cannot hold NUL
         ts = now_ms()
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
@@ -562,7 +586,12 @@ class ChannelStore:
 
 
 def _name(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or len(name) > MAX_NAME
+        or not name.isprintable()
+    ):
         raise ValidationFailed(
             f"name: a non-empty string of at most {MAX_NAME} characters",
             extra={"fields": [{"field": "name", "message": "required"}]},

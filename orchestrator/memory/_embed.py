@@ -165,8 +165,13 @@ class ProviderEmbedder:
                 r.raise_for_status()
                 data = sorted(r.json()["data"], key=lambda d: d["index"])
                 vectors = [[float(x) for x in d["embedding"]] for d in data]
+            except httpx.HTTPStatusError as exc:
+                log.warning("%s: %s answered %r", self.name, route.provider, exc)
+                errors.append(f"{route.provider} answered {exc.response.status_code}")
+                continue
             except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-                errors.append(f"{route.provider}: {exc!r}")
+                log.warning("%s: %s failed: %r", self.name, route.provider, exc)
+                errors.append(f"{route.provider}: {type(exc).__name__}")
                 continue
             if len(vectors) != len(texts):
                 errors.append(f"{route.provider}: {len(vectors)} embeddings for {len(texts)}")

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,9 @@ FILL_BATCH = 32
 FILL_POLL_S = 1.0  # entries another process stored (agent workers) are found this fast
 FILL_MAX_ATTEMPTS = 5
 FILL_BACKOFF_MAX_S = 30.0
+PROBE_TEXT = "hello"
+EMBED_MAX_CHARS = 8000  # longer values are embedded by their start (models cap their input)
+FLOAT32_MAX = 3.4028234663852886e38
 REFLECTION_PREFIX = "reflection:"
 
 
@@ -72,6 +76,14 @@ def _visible(principal: Principal, arg: int) -> str:
 
 
 PREPARE_LOCK = 947738
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    parts = []
+    for piece in (text or "0").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
 
 
 def _array(values: list[float]) -> str:
@@ -123,6 +135,7 @@ class MemoryStore:
         self._ef_search = int(ef_search)
         self._distrust_until = 0.0
         self._fill_wake = asyncio.Event()
+        self._iterative = False
 
     async def prepare(self) -> None:
         """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
@@ -139,6 +152,11 @@ class MemoryStore:
                 "CREATE INDEX IF NOT EXISTS memory_entries_embedding ON memory_entries"
                 " USING hnsw (embedding vector_cosine_ops)"
             )
+            version = await conn.fetchval(
+                "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+            )
+        # hnsw.iterative_scan exists from pgvector 0.8; setting it on older ones is an error.
+        self._iterative = _version(version) >= (0, 8)
 
     # --- cache (best effort) --------------------------------------------------------------
 
@@ -267,56 +285,86 @@ class MemoryStore:
             raise ServiceUnavailable(
                 "text: no embedder is configured (embedder: none); give an embedding"
             )
-        [vector] = await self.embedder.embed([text])
-        if len(vector) != self._dim:
-            raise EmbedderUnavailable(
-                f"{self.embedder.name} makes {len(vector)}-dimension embeddings; this service"
-                f" uses {self._dim} (memory_embedding_dim)"
-            )
+        [vector] = await self._embed_checked([text[:EMBED_MAX_CHARS]])
         return vector
 
     async def fill_embeddings(self, batch: int = FILL_BATCH) -> int:
-        """Embed up to `batch` pending entries (rows locked meanwhile, skipped by other
-        fillers). How many were embedded; EmbedderUnavailable when the embedder failed (the
-        entries' attempts are counted; after FILL_MAX_ATTEMPTS they stay unembedded)."""
+        """Embed up to `batch` pending entries, oldest first; how many were embedded.
+
+        No transaction is held while the embedder works (a provider call can take long):
+        the rows are read, embedded, and written back only where they are unchanged since
+        (`updated_at`), so a store meanwhile wins. When a batch fails, its entries are tried
+        one at a time: if some succeed, the embedder works and each failing entry is
+        charged an attempt (given up after FILL_MAX_ATTEMPTS), so one bad entry never blocks
+        the others; if none succeeds and a known-good text fails too, the embedder is down:
+        EmbedderUnavailable, nothing is charged, and the filler backs off."""
         if self.embedder is None:
             return 0
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                "SELECT agent_id, key, value, updated_at FROM memory_entries WHERE embed_pending"
-                " ORDER BY updated_at LIMIT $1 FOR UPDATE SKIP LOCKED",
-                batch,
+        rows = await self._pool.fetch(
+            "SELECT agent_id, key, value, updated_at FROM memory_entries WHERE embed_pending"
+            " ORDER BY updated_at LIMIT $1",
+            batch,
+        )
+        if not rows:
+            return 0
+        texts = [r["value"][:EMBED_MAX_CHARS] for r in rows]
+        try:
+            vectors: list[list[float] | None] = list(await self._embed_checked(texts))
+        except EmbedderUnavailable as batch_error:
+            vectors = [None] * len(texts)
+            if len(texts) > 1:
+                for i, text in enumerate(texts):
+                    with contextlib.suppress(EmbedderUnavailable):
+                        [vectors[i]] = await self._embed_checked([text])
+            if all(v is None for v in vectors):
+                # Nothing worked: the embedder is down, unless a known-good text embeds.
+                try:
+                    await self._embed_checked([PROBE_TEXT])
+                except EmbedderUnavailable:
+                    raise batch_error from None
+        done = [(r, v) for r, v in zip(rows, vectors, strict=True) if v is not None]
+        failed = [r for r, v in zip(rows, vectors, strict=True) if v is None]
+        if failed:
+            await self._pool.execute(
+                "UPDATE memory_entries m SET embed_attempts = embed_attempts + 1,"
+                " embed_pending = embed_attempts + 1 < $4"
+                " FROM unnest($1::text[], $2::text[], $3::bigint[]) AS f(agent_id, key, at)"
+                " WHERE m.agent_id = f.agent_id AND m.key = f.key AND m.updated_at = f.at",
+                [r["agent_id"] for r in failed],
+                [r["key"] for r in failed],
+                [r["updated_at"] for r in failed],
+                FILL_MAX_ATTEMPTS,
             )
-            if not rows:
-                return 0
-            try:
-                vectors = await self.embedder.embed([r["value"] for r in rows])
-                wrong = [len(v) for v in vectors if len(v) != self._dim]
-                if wrong:
-                    raise EmbedderUnavailable(
-                        f"{self.embedder.name} makes {wrong[0]}-dimension embeddings; this"
-                        f" service uses {self._dim} (memory_embedding_dim)"
-                    )
-            except EmbedderUnavailable:
-                await conn.execute(
-                    "UPDATE memory_entries SET embed_attempts = embed_attempts + 1,"
-                    " embed_pending = embed_attempts + 1 < $3"
-                    " WHERE (agent_id, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
-                    [r["agent_id"] for r in rows],
-                    [r["key"] for r in rows],
-                    FILL_MAX_ATTEMPTS,
-                )
-                raise
+            log.warning("memory embeddings: %d entries could not be embedded", len(failed))
+        if done:
             vector_set = ", embedding = v.raw::real[]::vector" if self.pgvector else ""
-            await conn.execute(
+            await self._pool.execute(
                 "UPDATE memory_entries m SET embedding_raw = v.raw::real[], embed_pending = false"
-                f"{vector_set} FROM unnest($1::text[], $2::text[], $3::text[])"
-                " AS v(agent_id, key, raw) WHERE m.agent_id = v.agent_id AND m.key = v.key",
-                [r["agent_id"] for r in rows],
-                [r["key"] for r in rows],
-                [_array(v) for v in vectors],
+                f"{vector_set} FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])"
+                " AS v(agent_id, key, at, raw) WHERE m.agent_id = v.agent_id AND m.key = v.key"
+                " AND m.updated_at = v.at AND m.embed_pending",
+                [r["agent_id"] for r, _ in done],
+                [r["key"] for r, _ in done],
+                [r["updated_at"] for r, _ in done],
+                [_array(v) for _, v in done],
             )
-        return len(rows)
+        return len(done)
+
+    async def _embed_checked(self, texts: list[str]) -> list[list[float]]:
+        """Embeddings of the right dimension and finite float32 values, or EmbedderUnavailable."""
+        assert self.embedder is not None
+        vectors = await self.embedder.embed(texts)
+        if len(vectors) != len(texts):
+            raise EmbedderUnavailable(f"{self.embedder.name}: {len(vectors)} for {len(texts)}")
+        for vector in vectors:
+            if len(vector) != self._dim:
+                raise EmbedderUnavailable(
+                    f"{self.embedder.name} makes {len(vector)}-dimension embeddings; this"
+                    f" service uses {self._dim} (memory_embedding_dim)"
+                )
+            if not all(math.isfinite(x) and abs(x) <= FLOAT32_MAX for x in vector):
+                raise EmbedderUnavailable(f"{self.embedder.name} returned a non-finite value")
+        return vectors
 
     async def run_filler(self) -> None:
         """Embed pending entries until cancelled: at once for this store's writes, within
@@ -479,8 +527,8 @@ class MemoryStore:
             # More candidates than pgvector's default 40 (recall), and iterative scans so a
             # namespace or owner filter still fills `limit`.
             await conn.execute(
-                f"SET LOCAL hnsw.ef_search = {self._ef_search};"
-                " SET LOCAL hnsw.iterative_scan = relaxed_order"
+                f"SET LOCAL hnsw.ef_search = {self._ef_search}"
+                + ("; SET LOCAL hnsw.iterative_scan = relaxed_order" if self._iterative else "")
             )
             rows = await conn.fetch(
                 "SELECT key, value, user_uuid, created_at, expires_at, pinned, similarity FROM ("
@@ -546,18 +594,25 @@ class MemoryStore:
 
     async def share(self, source: str, target: str, pattern: str) -> int:
         """Copy `source`'s entries whose key matches the glob into `target` (owners kept;
-        the copies replace same-named keys). Returns how many were copied."""
+        a copy replaces a same-named entry whole, owner and embedding included). Returns how
+        many were copied."""
         ts = now_ms()
         vector_col = ", embedding" if self.pgvector else ""
         rows = await self._pool.fetch(
             "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at, updated_at,"
-            f" expires_at, pinned, importance, accessed_at, embedding_raw{vector_col})"
+            f" expires_at, pinned, importance, accessed_at, embedding_raw, embed_pending,"
+            f" embed_attempts{vector_col})"
             " SELECT $2, key, value, user_uuid, $4, $4, expires_at, pinned, importance, $4,"
-            f" embedding_raw{vector_col} FROM memory_entries WHERE agent_id = $1"
-            " AND key LIKE $3 AND (expires_at IS NULL OR expires_at > $4)"
+            f" embedding_raw, embed_pending, embed_attempts{vector_col} FROM memory_entries"
+            " WHERE agent_id = $1 AND key LIKE $3 AND (expires_at IS NULL OR expires_at > $4)"
+            # A copy replaces a same-named entry whole: value, owner, vector and its state.
             " ON CONFLICT (agent_id, key) DO UPDATE SET value = EXCLUDED.value,"
-            " updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at"
-            " RETURNING key",
+            " user_uuid = EXCLUDED.user_uuid, updated_at = EXCLUDED.updated_at,"
+            " expires_at = EXCLUDED.expires_at, pinned = EXCLUDED.pinned,"
+            " importance = EXCLUDED.importance, embedding_raw = EXCLUDED.embedding_raw,"
+            " embed_pending = EXCLUDED.embed_pending, embed_attempts = EXCLUDED.embed_attempts"
+            + (", embedding = EXCLUDED.embedding" if self.pgvector else "")
+            + " RETURNING key",
             source,
             target,
             _like(pattern),

@@ -257,6 +257,9 @@ def test_agent_tools_in_a_worker_act_as_the_user(service: Orchestrator) -> None:
     workflow creator's namespace and root."""
     with service.client() as c:
         cy = _token(c, "cy")
+        # Cached in a replica before the agent (in a worker) overwrites it.
+        c.post("/memory/default/store", headers=cy, json={"key": "seen", "value": "before"})
+        assert c.get("/memory/default/seen", headers=cy).json()["value"] == "before"
         write = '[tool workspace_write {"path": "agent/out.md", "content": "from the agent"}]'
         remember = '[tool memory_store {"key": "seen", "value": "by the agent"}]'
         r = c.post(

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -113,6 +114,44 @@ async def api(make_settings: Any, llm: OpenAIFake) -> AsyncIterator[httpx.AsyncC
         ({"type": "webhook", "name": "x", "config": {"colour": "red"}}, 400, "colour"),
         ({"type": "webhook", "name": "", "config": {}}, 400, "name"),
         ({"type": "webhook", "name": "x", "config": []}, 400, "config"),
+        ({"type": "webhook", "name": "a\u0000b", "config": {}}, 400, "name"),
+        (
+            {"type": "webhook", "name": "x", "config": {"callback_url": "http://[::1"}},
+            400,
+            "callback_url",
+        ),
+        (
+            {"type": "webhook", "name": "x", "config": {"callback_url": "http://h:99999/"}},
+            400,
+            "callback_url",
+        ),
+        (
+            {
+                "type": "slack",
+                "name": "x",
+                "config": {"signing_secret": "s", "bot_token": "xoxb-café"},
+            },
+            400,
+            "bot_token",
+        ),
+        (
+            {
+                "type": "teams",
+                "name": "x",
+                "config": {"webhook_url": "https://h/x", "tenant_id": "t"},
+            },
+            400,
+            "app_id",
+        ),
+        (
+            {
+                "type": "teams",
+                "name": "x",
+                "config": {"webhook_url": "https://h/x", "tenant_id": "t\u0000"},
+            },
+            400,
+            "tenant_id",
+        ),
     ],
 )
 async def test_create_errors(
@@ -267,3 +306,46 @@ async def test_delivery_retries_then_error_status(
 
 async def _has(server: LoopbackServer, n: int) -> bool:
     return len(server.requests) >= n
+
+
+async def test_a_poisoned_item_backs_off_instead_of_spinning(
+    make_settings: Any, llm: OpenAIFake, callback: Callback
+) -> None:
+    """An item whose processing raises (here: the channel's secrets cannot be decrypted) is
+    retried with backoff and given up, and counted against the channel: never a hot loop."""
+    settings = _settings(make_settings, llm, channel_delivery_attempts=3, channel_error_after=2)
+    async with ServedApp(settings) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as api:
+            ann = await _user(api, "ann")
+            made = (
+                await api.post(
+                    "/channels",
+                    headers=ann,
+                    json={"type": "webhook", "name": "h", "config": {"callback_url": callback.url}},
+                )
+            ).json()["data"]
+            db = await asyncpg.connect(settings.database_url)
+            try:
+                await db.execute(
+                    "UPDATE channels SET secrets = 'garbage'::bytea WHERE id = $1", made["id"]
+                )
+                # A message already in the inbox (as if received before the key changed).
+                await db.execute(
+                    "INSERT INTO channel_inbox (channel_id, conversation, text, reply,"
+                    " next_attempt_at, created_at, updated_at) VALUES ($1, 'c', 'hi', '{}',"
+                    " 0, 0, 0)",
+                    made["id"],
+                )
+
+                async def given_up() -> bool:
+                    row = await db.fetchrow("SELECT state, attempts FROM channel_inbox")
+                    return row is not None and row["state"] == "failed"
+
+                await _until(given_up, within=20)  # the relay polls every 5 s at most
+                row = await db.fetchrow("SELECT state, attempts, error FROM channel_inbox")
+                assert row["attempts"] == 3, dict(row)  # channel_delivery_attempts, no more
+                status = await db.fetchval("SELECT status FROM channels WHERE id = $1", made["id"])
+                assert status == "error"
+                assert callback.requests == []
+            finally:
+                await db.close()

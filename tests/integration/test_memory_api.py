@@ -281,3 +281,50 @@ async def test_redis_outage_loses_nothing(make_settings: Any, tmp_path: Any) -> 
                 assert keys == {"k", "k2"}
     finally:
         redis.stop()
+
+
+async def test_input_postgres_cannot_hold_is_a_400(api: httpx.AsyncClient) -> None:
+    """NUL characters and float32 overflow are refused at the door, never a 500."""
+    ann = await _user(api, "ann")
+    for body in (
+        {"key": "a\u0000b", "value": "v"},
+        {"key": "k", "value": "a\u0000b"},
+        {"key": "k", "value": "v", "embedding": [1e39] + [0.0] * 383},
+    ):
+        r = await api.post("/memory/default/store", headers=ann, json=body)
+        assert r.status_code == 400, (body, r.text)
+    r = await api.get("/memory/default/search", headers=ann, params={"q": "a\u0000"})
+    assert r.status_code == 400
+    r = await api.post(
+        "/memory/default/vector-search", headers=ann, json={"embedding": [1e39] + [0.0] * 383}
+    )
+    assert r.status_code == 400
+    r = await api.get("/memory/default/list", headers=ann, params={"offset": 2**63})
+    assert r.status_code == 400
+
+
+async def test_share_replaces_a_same_named_entry_whole(api: httpx.AsyncClient) -> None:
+    one = [1.0] + [0.0] * 383
+    two = [0.0, 1.0] + [0.0] * 382
+    await api.post(
+        "/memory/src/store", headers=ADMIN, json={"key": "a", "value": "red", "embedding": one}
+    )
+    bob = await _user(api, "bob")
+    await api.post(
+        "/memory/dst/store", headers=bob, json={"key": "a", "value": "blue", "embedding": two}
+    )
+    r = await api.post("/memory/share", headers=ADMIN, json={"from": "src", "to": "dst"})
+    assert r.json() == {"status": "ok", "copied": 1}
+    found = (
+        await api.post(
+            "/memory/dst/vector-search", headers=ADMIN, json={"embedding": one, "threshold": 0.99}
+        )
+    ).json()["results"]
+    assert [(x["key"], x["value"]) for x in found] == [("a", "red")]
+    stale = (
+        await api.post(
+            "/memory/dst/vector-search", headers=ADMIN, json={"embedding": two, "threshold": 0.99}
+        )
+    ).json()["results"]
+    assert stale == []  # the old vector went with the old value
+    assert (await api.get("/memory/dst/a", headers=bob)).status_code == 404  # no longer Bob's

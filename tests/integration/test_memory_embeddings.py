@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -172,3 +173,43 @@ async def test_text_search_without_an_embedder_is_a_400(make_settings: Any) -> N
         async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
             r = await c.post("/memory/x/vector-search", headers=ADMIN, json={"text": "hello"})
             assert r.status_code == 400 and "embedder" in r.json()["error"]
+
+
+async def test_one_bad_entry_never_blocks_the_others(
+    make_settings: Any, embedding_api: OpenAIFake
+) -> None:
+    """An entry the provider cannot embed (here: it answers the wrong dimension for that one
+    text) is charged attempts and given up; every other entry is embedded meanwhile."""
+    fake = embedding_api
+    normal = fake.embed
+
+    def picky(text: str) -> list[float]:
+        return [0.1] * 1536 if "poison" in text else normal(text)
+
+    fake.embed = picky
+    settings = _provider_settings(make_settings, fake)
+    async with ServedApp(settings) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
+            ann = await _user(c, "ann")
+            await c.post("/memory/b/store", headers=ann, json={"key": "bad", "value": "poison"})
+            good = {f"g{i}": f"green apple number {i}" for i in range(3)}
+            for key, value in good.items():
+                r = await c.post("/memory/b/store", headers=ann, json={"key": key, "value": value})
+                assert r.json() == {"status": "ok"}
+            await _until_embedded(c, ann, "b", good)
+            db = await asyncpg.connect(settings.database_url)
+            try:
+                deadline = time.monotonic() + 60
+                while True:
+                    row = await db.fetchrow(
+                        "SELECT embed_pending, embed_attempts FROM memory_entries"
+                        " WHERE agent_id = 'b' AND key = 'bad'"
+                    )
+                    if not row["embed_pending"]:
+                        break
+                    assert time.monotonic() < deadline, dict(row)
+                    await asyncio.sleep(0.2)
+                assert row["embed_attempts"] == 5  # FILL_MAX_ATTEMPTS, then given up
+            finally:
+                await db.close()
+            assert (await c.get("/memory/b/bad", headers=ann)).json()["value"] == "poison"
