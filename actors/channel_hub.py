@@ -74,6 +74,7 @@ class ChannelHub:
             self._http,
             shard=self._index,
             shards=self._shards,
+            name=hub_name(self._index),
         )
         self._relay = relay
         self._loop_task = asyncio.get_running_loop().create_task(relay.run_forever())

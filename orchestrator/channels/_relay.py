@@ -65,13 +65,19 @@ class ChannelRelay:
         *,
         shard: int = 0,
         shards: int = 1,
+        name: str = "local",
     ) -> None:
+        """`name` identifies this relay's claims: a relay restarted under the same name
+        takes its own claims back at once."""
         self._store = store
         self._dispatcher = dispatcher
         self._settings = settings
         self._http = http
         self._shard = shard
         self._shards = shards
+        self._name = name
+        # Longer than any agent task plus its delivery, so a live claim never runs out.
+        self._lease_s = max(600.0, settings.agent_task_timeout_s + 120.0)
         self._wake = asyncio.Event()
         self._inflight: dict[int, asyncio.Task[str | None]] = {}
         self._conversations: dict[tuple[str, str], asyncio.Lock] = {}
@@ -93,7 +99,7 @@ class ChannelRelay:
         """Pick up due items (new ones, retries, leftovers of a restart) until cancelled."""
         while True:
             try:
-                for inbox_id in await self._store.due(self._shard, self._shards):
+                for inbox_id in await self._store.due(self._shard, self._shards, self._name):
                     self._start(inbox_id)
                 nxt = await self._store.next_due(self._shard, self._shards)
             except Exception as exc:  # noqa: BLE001 - the database may be restarting
@@ -143,6 +149,16 @@ class ChannelRelay:
         item = await self._store.item(inbox_id)
         if item is None or item.state in ("done", "failed"):
             return item.answer if item is not None else None
+        if not await self._store.claim(inbox_id, self._name, self._lease_s):
+            return None  # another relay has it
+        try:
+            return await self._in_order(item)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._store.release(inbox_id, self._name)
+
+    async def _in_order(self, item: InboxItem) -> str | None:
+        inbox_id = item.id
         key = (item.channel_id, item.conversation)
         lock = self._conversations.setdefault(key, asyncio.Lock())
         self._waiting[key] = self._waiting.get(key, 0) + 1

@@ -490,18 +490,44 @@ class ChannelStore:
         )
         return _item(row) if row is not None else None
 
-    async def due(self, shard: int, shards: int, limit: int = 100) -> list[int]:
-        """Inbox items of this shard's channels waiting to be answered or (re)sent now."""
+    async def due(self, shard: int, shards: int, me: str, limit: int = 100) -> list[int]:
+        """Inbox items of this shard's channels waiting to be answered or (re)sent now, and
+        not claimed by another relay."""
+        ts = now_ms()
         rows = await self._pool.fetch(
             "SELECT id FROM channel_inbox WHERE state IN ('pending', 'sending')"
             " AND next_attempt_at <= $1 AND substr(channel_id, 4)::bigint % $2 = $3"
+            " AND (claimed_by IS NULL OR claimed_by = $5 OR claimed_until < $1)"
             " ORDER BY id LIMIT $4",
-            now_ms(),
+            ts,
             max(1, shards),
             shard,
             limit,
+            me,
         )
         return [r["id"] for r in rows]
+
+    async def claim(self, inbox_id: int, me: str, lease_s: float) -> bool:
+        """Take the item for `lease_s` (False: another relay holds it, or it is finished)."""
+        ts = now_ms()
+        got = await self._pool.fetchval(
+            "UPDATE channel_inbox SET claimed_by = $2, claimed_until = $3 WHERE id = $1"
+            " AND state IN ('pending', 'sending')"
+            " AND (claimed_by IS NULL OR claimed_by = $2 OR claimed_until < $4) RETURNING id",
+            inbox_id,
+            me,
+            ts + int(lease_s * 1000),
+            ts,
+        )
+        return got is not None
+
+    async def release(self, inbox_id: int, me: str) -> None:
+        await self._pool.execute(
+            "UPDATE channel_inbox SET claimed_by = NULL, claimed_until = 0"
+            " WHERE id = $1 AND claimed_by = $2",
+            inbox_id,
+            me,
+        )
 
     async def next_due(self, shard: int, shards: int) -> int | None:
         value: int | None = await self._pool.fetchval(

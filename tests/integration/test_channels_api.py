@@ -16,6 +16,10 @@ import asyncpg
 import httpx
 import pytest
 
+from orchestrator.agents import AgentTask, TaskResult
+from orchestrator.auth import Principal
+from orchestrator.channels import ChannelRelay, ChannelStore, secret_box
+from orchestrator.db import connect
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
 from tests.fakes.agent_llm import agent_reply
@@ -349,3 +353,49 @@ async def test_a_poisoned_item_backs_off_instead_of_spinning(
                 assert callback.requests == []
             finally:
                 await db.close()
+
+
+class _CountingAgent:
+    """Agent work that takes a moment and counts how often it ran."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        self.runs.append(task.task_id)
+        await asyncio.sleep(0.3)
+        return TaskResult(task.task_id, "completed", "the answer", None, 300, "test")
+
+
+async def test_two_relays_never_answer_one_message_twice(
+    make_settings: Any, callback: Callback, tmp_path: Any
+) -> None:
+    settings = make_settings()
+    db = await connect(settings.database_url)
+    agent = _CountingAgent()
+    try:
+        store = ChannelStore(db.pool, secret_box(None, tmp_path))
+        channel, _ = await store.create(
+            Principal("ann"), "webhook", "w", {"callback_url": callback.url}
+        )
+        inbox_id = await store.enqueue(
+            channel.id,
+            delivery_id="d1",
+            conversation="c",
+            text="hi",
+            sender=None,
+            reply={"conversation": "c"},
+        )
+        assert inbox_id is not None
+        async with httpx.AsyncClient() as http:
+            one = ChannelRelay(store, agent, settings, http, name="hub-a")
+            two = ChannelRelay(store, agent, settings, http, name="hub-b")
+            await asyncio.gather(one.answer(inbox_id, 10), two.answer(inbox_id, 10))
+            await _until(lambda: _has(callback, 1))
+            await asyncio.sleep(0.5)
+            assert agent.runs == [f"chan-{inbox_id}"]
+            assert len(callback.requests) == 1
+            item = await store.item(inbox_id)
+            assert item is not None and item.state == "done"
+    finally:
+        await db.close()
