@@ -7,6 +7,7 @@
     python scripts/bench.py workflows [--json] [--workflows 100] [--sequential 20]
     python scripts/bench.py scheduler [--json] [--jobs 1000] [--interval-ms 20000]
     python scripts/bench.py memory [--json] [--entries 100000] [--queries 300]
+    python scripts/bench.py coldstart [--json] [--runs 1]
 
 `ingress` starts `orchestrator serve` (Ray Serve, HAProxy unless --no-haproxy) and, next to
 it, plain uvicorn serving the same FastAPI app against the same Postgres and Redis; then it
@@ -31,6 +32,9 @@ is against the slot it was due at (p50/p99).
 `memory` loads 100,000 entries x 384 dimensions into pgvector and measures top-10 vector
 search (p50/p99, recall@10 against exact neighbours, against an exact scan) and store
 throughput with a given embedding and with the local embedder.
+
+`coldstart` times `orchestrator serve` to the first 200 of `GET /api/v1/ready`, on a fresh
+data directory and on a restart, against importing the service's modules.
 
 Progress goes to stderr; the result table (or, with --json, exactly one JSON object) goes to
 stdout. The benchmarks live in the `benchmarks` package next to this file (found because
@@ -59,7 +63,7 @@ if _VENV_PYTHON.exists() and Path(sys.prefix).resolve() != _VENV_PYTHON.parents[
 from benchmarks._common import BENCHMARKS, GENERATORS, say  # noqa: E402 (after the venv re-exec)
 
 # Imported for their `@benchmark` registrations, in the order the subcommands are listed.
-for _module in ("ingress", "events", "gateway", "workflows", "scheduler", "memory"):
+for _module in ("ingress", "events", "gateway", "workflows", "scheduler", "memory", "coldstart"):
     importlib.import_module(f"benchmarks.{_module}")
 
 
