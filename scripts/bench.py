@@ -8,6 +8,8 @@
     python scripts/bench.py scheduler [--json] [--jobs 1000] [--interval-ms 20000]
     python scripts/bench.py memory [--json] [--entries 100000] [--queries 300]
     python scripts/bench.py coldstart [--json] [--runs 1]
+    python scripts/bench.py mixed [--json] [--duration 15] [--alone]
+    python scripts/bench.py all [--report bench-report.json] [--skip a,b]
 
 `ingress` starts `orchestrator serve` (Ray Serve, HAProxy unless --no-haproxy) and, next to
 it, plain uvicorn serving the same FastAPI app against the same Postgres and Redis; then it
@@ -36,6 +38,10 @@ throughput with a given embedding and with the local embedder.
 `coldstart` times `orchestrator serve` to the first 200 of `GET /api/v1/ready`, on a fresh
 data directory and on a restart, against importing the service's modules.
 
+`mixed` runs workflows, chat completions, memory writes/reads and a live event stream at once
+on one service (with `--alone`, each alone first, for the ratio); `all` runs every benchmark
+and `mixed`, and writes one JSON report.
+
 Progress goes to stderr; the result table (or, with --json, exactly one JSON object) goes to
 stdout. The benchmarks live in the `benchmarks` package next to this file (found because
 Python puts the script's directory first on sys.path). To add one, write a module there with
@@ -63,7 +69,16 @@ if _VENV_PYTHON.exists() and Path(sys.prefix).resolve() != _VENV_PYTHON.parents[
 from benchmarks._common import BENCHMARKS, GENERATORS, say  # noqa: E402 (after the venv re-exec)
 
 # Imported for their `@benchmark` registrations, in the order the subcommands are listed.
-for _module in ("ingress", "events", "gateway", "workflows", "scheduler", "memory", "coldstart"):
+for _module in (
+    "ingress",
+    "events",
+    "gateway",
+    "workflows",
+    "scheduler",
+    "memory",
+    "coldstart",
+    "suite",
+):
     importlib.import_module(f"benchmarks.{_module}")
 
 
