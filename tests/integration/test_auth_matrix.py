@@ -93,3 +93,52 @@ async def test_admin_only_routes(app: tuple[httpx.AsyncClient, dict[str, Any]]) 
         assert as_user.status_code == 403, (method, template, as_user.text)
         as_admin = await client.request(method, path, headers=ADMIN, json=body)
         assert as_admin.status_code not in (401, 403), (method, template, as_admin.text)
+
+
+async def test_other_users_objects_are_not_there(
+    app: tuple[httpx.AsyncClient, dict[str, Any]],
+) -> None:
+    """Every kind of object one user owns is a 404 to another user (to read, change or
+    delete), and there for its owner and for an admin."""
+    client, _ = app
+    users = {}
+    for name in ("ann", "bob"):
+        made = await client.post("/api/v1/tokens", headers=ADMIN, json={"user_uuid": name})
+        users[name] = {"Authorization": f"Bearer {made.json()['token']}"}
+    ann, bob = users["ann"], users["bob"]
+    api = "/api/v1"
+    wf = await client.post(
+        f"{api}/workflows", headers=ann, json={"name": "w", "steps": [{"name": "a", "prompt": "x"}]}
+    )
+    wid = wf.json()["id"]
+    await client.post(f"{api}/memory/default/store", headers=ann, json={"key": "k", "value": "v"})
+    ch = await client.post(
+        f"{api}/channels", headers=ann, json={"type": "webhook", "name": "c", "config": {}}
+    )
+    cid = ch.json()["data"]["id"]
+    await client.post(f"{api}/workspace/write", headers=ann, json={"path": "f.txt", "content": "x"})
+    job = await client.post(f"{api}/schedules", headers=ADMIN, json={"prompt": "p", "every": 60000})
+    jid = job.json()["id"]
+    checks = [
+        ("GET", f"{api}/workflows/{wid}", None),
+        ("POST", f"{api}/workflows/{wid}/cancel", None),
+        ("DELETE", f"{api}/workflows/{wid}", None),
+        ("GET", f"{api}/memory/default/k", None),
+        ("DELETE", f"{api}/memory/default/k", None),
+        ("POST", f"{api}/memory/default/k/pin", {"pinned": True}),
+        ("GET", f"{api}/channels/{cid}", None),
+        ("PUT", f"{api}/channels/{cid}", {"name": "x"}),
+        ("DELETE", f"{api}/channels/{cid}", None),
+        ("POST", f"{api}/workspace/read", {"path": "f.txt"}),
+        ("GET", f"{api}/schedules/{jid}", None),
+    ]
+    for method, path, body in checks:
+        r = await client.request(method, path, headers=bob, json=body)
+        assert r.status_code == 404, (method, path, r.status_code, r.text)
+    for method, path, body in checks:
+        if method == "GET" or path.endswith("/read"):
+            owner = ADMIN if "/schedules/" in path else ann
+            assert (await client.request(method, path, headers=owner, json=body)).is_success
+            assert (await client.request(method, path, headers=ADMIN, json=body)).is_success or (
+                "/workspace/" in path  # an admin works in their own root
+            )
