@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from deployments.context import SERVICE_VERSION, AppContext
 from deployments.deps import Ctx
+from orchestrator.errors import ServiceUnavailable
 from orchestrator.events import EventTypeCounts
 from orchestrator.observability import SloQuery, uptime_ratio
 
@@ -139,7 +140,12 @@ async def metrics(ctx: Ctx) -> Response:
         totals = await EventTypeCounts.read(ctx.db.pool)
     except Exception as exc:  # noqa: BLE001 - a scrape must not fail with the store down
         log.warning("event counts unavailable: %r", exc)
-    return Response(await ctx.metrics.render(totals), media_type=CONTENT_TYPE_LATEST)
+    try:
+        body = await ctx.metrics.render(totals)
+    except Exception as exc:  # the Metrics actor restarting: a scrape to retry, not a 500
+        log.warning("metrics unavailable: %r", exc)
+        raise ServiceUnavailable("metrics are being restarted; scrape again") from exc
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/slo", response_model=Slo)

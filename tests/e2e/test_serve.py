@@ -321,8 +321,12 @@ async def test_event_stream_live_resume_bus_restart_and_tenancy(service: Service
                     if s.name == "svc_event_total" and s.labels == {"type": "task.created"}
                 )
 
+            async def scraped() -> float:
+                r = await c.get("/metrics")
+                return counted(r.text) if r.status_code == 200 else -1.0
+
             deadline = time.monotonic() + 30  # metrics are pushed every few seconds
-            while counted((await c.get("/metrics")).text) < len(appended) + 1:
+            while await scraped() < len(appended) + 1:
                 assert time.monotonic() < deadline, "svc_event_total did not count the events"
                 await asyncio.sleep(0.5)
         finally:
