@@ -26,6 +26,7 @@ short error code.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import re
@@ -392,10 +393,8 @@ def _retry_after(value: str | None) -> float | None:
     """`Retry-After`: seconds, or an HTTP date."""
     if not value:
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

