@@ -25,7 +25,13 @@ from deployments.errors import install_error_handlers
 from deployments.middleware import RequestContextMiddleware
 from deployments.routers import ROUTERS
 from orchestrator.agents import AgentRunner, LocalDispatcher
-from orchestrator.auth import Authenticator, JwtVerifier, RateLimiter, TokenStore
+from orchestrator.auth import (
+    Authenticator,
+    FailedAuthThrottle,
+    JwtVerifier,
+    RateLimiter,
+    TokenStore,
+)
 from orchestrator.channels import (
     ChannelRelay,
     ChannelRunner,
@@ -91,6 +97,9 @@ async def build_context(
         tokens=tokens,
         authenticator=Authenticator(tokens, jwt_verifier, settings.auth_cache_ttl_s),
         rate_limiter=RateLimiter(redis, settings.rate_limit_per_minute),
+        auth_throttle=FailedAuthThrottle(
+            redis, settings.auth_failures_per_address, settings.auth_failure_window_s
+        ),
         recorder=MetricsRecorder(f"api:{socket.gethostname()}:{os.getpid()}"),
         metrics=metrics,
         events=events,
@@ -266,5 +275,6 @@ def create_app(
         ctx_getter=lambda: holder["ctx"],
         templates=templates,
         echo_request_id=echo_request_id,
+        ingress_key=settings.ingress_key.get_secret_value() if settings.ingress_key else None,
     )
     return app

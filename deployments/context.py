@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
-from orchestrator.auth import Authenticator, RateLimiter, TokenStore
+from orchestrator.auth import Authenticator, FailedAuthThrottle, RateLimiter, TokenStore
 from orchestrator.channels import ChannelRunner, ChannelStore
 from orchestrator.config import Settings
 from orchestrator.db import Database
@@ -84,6 +84,7 @@ class AppContext:
     tokens: TokenStore
     authenticator: Authenticator
     rate_limiter: RateLimiter
+    auth_throttle: FailedAuthThrottle
     recorder: MetricsRecorder
     metrics: MetricsHub
     events: EventStore

@@ -5,19 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import os
+import resource
+import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
+from pydantic import SecretStr
 
 from orchestrator.config import Settings
 from orchestrator.state import (
@@ -73,6 +80,13 @@ def _configure_serve_env(settings: Settings, progress: Callable[[str], None]) ->
     return True
 
 
+def _configure_standard_proxy_env() -> None:
+    """Serve's own proxy is the first hop: its uvicorn must not take a client's
+    X-Forwarded-For for the client address (uvicorn trusts it from loopback by default).
+    Our own fronting proxies are handled in the app (`trusted_proxies`)."""
+    os.environ["FORWARDED_ALLOW_IPS"] = "0.0.0.0/32"
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -90,7 +104,12 @@ def haproxy_env(settings: Settings, binary: str) -> dict[str, str]:
     return {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_HAPROXY_BINARY_PATH": binary,
+        "RAY_SERVE_HAPROXY_BINARY_PATH": _hardening_wrapper(settings, binary, run_dir),
+        # Serve's own proxy is HAProxy's backup server; its fixed default ports (8500/9500)
+        # would make two services on one host answer each other's requests.
+        "RAY_SERVE_HAPROXY_MAXCONN": str(_haproxy_maxconn(settings.proxy_max_connections)),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(run_dir / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(run_dir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(run_dir),
@@ -100,6 +119,53 @@ def haproxy_env(settings: Settings, binary: str) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
         "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, os.cpu_count() or 1))),
     }
+
+
+def _haproxy_maxconn(wanted: int) -> int:
+    """HAProxy needs about 2.5 descriptors per connection and refuses to start when it cannot
+    raise its open-file limit that far: stay under the hard limit it inherits."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        return wanted
+    possible = max(64, int((hard - 1000) / 2.5))
+    if possible < wanted:
+        log.warning(
+            "proxy_max_connections %d capped to %d by the open-file limit", wanted, possible
+        )
+    return min(wanted, possible)
+
+
+def _hardening_wrapper(settings: Settings, binary: str, run_dir: Path) -> str:
+    """An executable Serve runs as haproxy: it hardens each rendered config, then execs
+    `binary` (see orchestrator/runtime/haproxy_harden.py for what and why)."""
+    from orchestrator.runtime import haproxy_harden
+
+    policy = run_dir / "policy.json"
+    policy.write_text(
+        json.dumps(
+            asdict(
+                haproxy_harden.ProxyPolicy(
+                    binary=binary,
+                    host=settings.host,
+                    header_timeout_s=settings.proxy_header_timeout_s,
+                    client_timeout_s=settings.proxy_client_timeout_s,
+                    max_conns_per_source=settings.proxy_max_conns_per_source,
+                    trusted_proxies=list(settings.trusted_proxies),
+                    ingress_key=(
+                        settings.ingress_key.get_secret_value() if settings.ingress_key else ""
+                    ),
+                )
+            )
+        )
+    )
+    wrapper = run_dir / "haproxy"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec {shlex.quote(sys.executable)} -S {shlex.quote(haproxy_harden.__file__)} "
+        f'{shlex.quote(str(policy))} "$@"\n'
+    )
+    wrapper.chmod(0o700)
+    return str(wrapper)
 
 
 def _wait_ready(url: str, timeout_s: float) -> None:
@@ -154,7 +220,15 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
             progress("joining a cluster: Serve's proxy mode is the cluster's own")
             with_haproxy = False
         else:
+            # Our HAProxy marks every request with this key and the replicas refuse any
+            # without it: a request meant for another service on this host never runs here.
+            settings = settings.model_copy(
+                update={"ingress_key": SecretStr(secrets.token_urlsafe(24))}
+            )
             with_haproxy = _configure_serve_env(settings, progress)
+            if not with_haproxy:
+                settings = settings.model_copy(update={"ingress_key": None})
+                _configure_standard_proxy_env()
         import ray
         from ray import serve
 

@@ -5,6 +5,7 @@ Pure ASGI (not BaseHTTPMiddleware) because it sits on every request's path.
 
 from __future__ import annotations
 
+import hmac
 import re
 import time
 import uuid
@@ -12,8 +13,14 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deployments.client_address import scope_client_address
 from deployments.errors import error_response, internal_error_response
-from orchestrator.errors import OrchestratorError, PayloadTooLarge
+from orchestrator.errors import (
+    MisdirectedRequest,
+    OrchestratorError,
+    PayloadTooLarge,
+    Unauthorized,
+)
 from orchestrator.observability import RouteTemplates
 
 CLIENT_CLOSED = 499
@@ -32,9 +39,15 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 class RequestContextMiddleware:
     def __init__(
-        self, app: ASGIApp, ctx_getter: Any, templates: RouteTemplates, echo_request_id: bool
+        self,
+        app: ASGIApp,
+        ctx_getter: Any,
+        templates: RouteTemplates,
+        echo_request_id: bool,
+        ingress_key: str | None = None,
     ) -> None:
         self.app = app
+        self._ingress_key = ingress_key
         self._ctx = ctx_getter
         self._templates = templates
         # Serve's proxy already answers with X-Request-ID (the id it put in the request headers).
@@ -71,11 +84,27 @@ class RequestContextMiddleware:
 
         ctx = self._ctx()
         try:
+            if self._ingress_key is not None and not hmac.compare_digest(
+                _header(scope, b"x-orch-ingress") or "", self._ingress_key
+            ):
+                raise MisdirectedRequest("this request did not come through this service's proxy")
             path = scope["path"]
             # A channel's webhook carries its own credential (the token in the path, then
             # the platform's signature), checked by its handler.
             if path not in ctx.settings.exempt_paths and not path.startswith(WEBHOOK_PREFIX):
-                principal = await ctx.authenticator.authenticate(_credentials(scope))
+                credentials = _credentials(scope)
+                # Only a presented credential costs a lookup: those failures are throttled.
+                address = (
+                    scope_client_address(scope, ctx.settings.trusted_proxies)
+                    if credentials
+                    else None
+                )
+                ctx.auth_throttle.check(address)
+                try:
+                    principal = await ctx.authenticator.authenticate(credentials)
+                except Unauthorized:
+                    await ctx.auth_throttle.failed(address)
+                    raise
                 state["principal"] = principal
                 if ctx.rate_limiter.enabled:
                     await ctx.rate_limiter.hit(principal.subject or principal.user_uuid)

@@ -21,6 +21,7 @@ __all__ = [
     "Gone",
     "InternalError",
     "MethodNotAllowed",
+    "MisdirectedRequest",
     "NotFound",
     "OrchestratorError",
     "PayloadTooLarge",
@@ -56,6 +57,7 @@ class ErrorCode(StrEnum):
     UNSAFE_PATH = "unsafe_path"
     NO_MATCH = "no_match"
     MULTIPLE_MATCHES = "multiple_matches"
+    MISDIRECTED = "misdirected_request"
 
 
 class OrchestratorError(Exception):
@@ -148,6 +150,13 @@ class Conflict(OrchestratorError):
 class Gone(OrchestratorError):
     status_code = 410
     default_code = ErrorCode.GONE
+
+
+class MisdirectedRequest(OrchestratorError):
+    """A request that reached a replica without passing through its own service's proxy."""
+
+    status_code = 421
+    default_code = ErrorCode.MISDIRECTED
 
 
 class PayloadTooLarge(OrchestratorError):

@@ -5,7 +5,6 @@ relay) answers it with an agent task run as the channel's owner and delivers the
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 from typing import Annotated, Any
@@ -14,6 +13,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from deployments.client_address import scope_client_address
 from deployments.deps import Ctx, CurrentUser
 from orchestrator.channels import (
     Challenge,
@@ -173,28 +173,6 @@ async def delete_channel(channel_id: ChannelId, ctx: Ctx, caller: CurrentUser) -
 # --- the receiver ----------------------------------------------------------------------------
 
 
-def client_ip(request: Request, trusted: list[str]) -> str | None:
-    """The peer's address; behind a trusted proxy, the last X-Forwarded-For hop that is not
-    one of the trusted proxies."""
-    peer = request.client.host if request.client else None
-    nets = [ipaddress.ip_network(n, strict=False) for n in trusted]
-
-    def is_trusted(addr: str | None) -> bool:
-        try:
-            ip = ipaddress.ip_address(addr or "")
-        except ValueError:
-            return False
-        return any(ip in n for n in nets)
-
-    if not is_trusted(peer):
-        return peer
-    hops = [h.strip() for h in request.headers.get("x-forwarded-for", "").split(",") if h.strip()]
-    for hop in reversed(hops):
-        if not is_trusted(hop):
-            return hop
-    return peer
-
-
 def _json_body(raw: bytes) -> Any:
     try:
         return json.loads(raw or b"null")
@@ -255,7 +233,7 @@ async def receive(
                 raise VerificationFailed("teams activity: from another tenant than the channel's")
     elif channel.type == "telegram":
         verify_telegram(
-            client_ip(request, s.trusted_proxies),
+            scope_client_address(request.scope, s.trusted_proxies),
             s.telegram_allowed_cidrs,
             channel.secrets.get("secret_token"),
             headers,

@@ -1,9 +1,10 @@
 """Who is calling: bearer tokens (opaque or JWT), principals, per-token rate limits."""
 
 from orchestrator.auth._authenticator import Authenticator
-from orchestrator.auth._jwt import JwtVerifier
+from orchestrator.auth._jwt import JwtVerifier, jwt_user_uuid
 from orchestrator.auth._principal import Principal
 from orchestrator.auth._ratelimit import RateLimiter
+from orchestrator.auth._throttle import FailedAuthThrottle
 from orchestrator.auth._tokens import (
     ADMIN_USER,
     IssuedToken,
@@ -16,6 +17,7 @@ from orchestrator.auth._tokens import (
 __all__ = [
     "ADMIN_USER",
     "Authenticator",
+    "FailedAuthThrottle",
     "IssuedToken",
     "JwtVerifier",
     "Principal",
@@ -23,5 +25,6 @@ __all__ = [
     "TokenStore",
     "generate_token",
     "hash_token",
+    "jwt_user_uuid",
     "token_prefix",
 ]

@@ -1,0 +1,113 @@
+"""Hardening of the HAProxy configuration Ray Serve renders, applied by a wrapper that Serve
+runs instead of the haproxy binary (`RAY_SERVE_HAPROXY_BINARY_PATH`).
+
+Serve's template (ray/serve/_private/haproxy_templates.py) has no setting for what we need:
+- it passes the client's own `X-Forwarded-For` through, and the replica's uvicorn trusts that
+  header from 127.0.0.1 (where HAProxy connects from), so a client could name any address;
+- no `timeout http-request`, `timeout client 3600s` and `maxconn 4096`: a few thousand
+  sockets that never finish their headers hold every slot (slowloris);
+- the stats page and the Prometheus exporter bind every interface, the admin socket is 0666.
+
+Serve starts HAProxy as `<binary> -db -f <config> [-sf pids] [-x socket]` on every start and
+reload, so the wrapper rewrites `<config>` into `<config>.hardened` and execs the real binary
+on that. Run as a script (stdlib only, no package imports: it runs on every reload):
+`python -S haproxy_harden.py <policy.json> <args Serve passes>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ProxyPolicy:
+    binary: str  # the real haproxy
+    host: str  # where the service listens: stats and exporter bind here too
+    header_timeout_s: int = 10
+    client_timeout_s: int = 120
+    max_conns_per_source: int = 256
+    # Our own proxies in front of HAProxy: their X-Forwarded-For is extended, not replaced.
+    trusted_proxies: list[str] = field(default_factory=list)
+    # Sent with every request (X-Orch-Ingress); the replicas refuse requests without it.
+    ingress_key: str = ""
+
+
+def _bind_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def harden(config: str, policy: ProxyPolicy) -> str:
+    """The rendered configuration with our rules in; each rewrite is checked to have applied,
+    so a change of Serve's template fails loudly instead of leaving a hole."""
+    host = _bind_host(policy.host)
+    rewrites = [
+        # Admin socket: the service's own user only.
+        (r"(stats socket \S+ mode )666\b", r"\g<1>600"),
+        # The exporter and the stats page: where the service listens, not every interface.
+        (r"(frontend prometheus\n\s+bind )\*?:(\d+)", rf"\g<1>{host}:\g<2>"),
+        (r"(listen stats\n\s+bind )\*?:(\d+)", rf"\g<1>{host}:\g<2>"),
+        # Header deadline and a bounded idle time for clients (SSE streams ping well within).
+        (
+            r"(?m)^(defaults\n)",
+            rf"\g<1>    timeout http-request {policy.header_timeout_s}s\n",
+        ),
+        (r"(?m)^([ \t]+timeout client )\d+s$", rf"\g<1>{policy.client_timeout_s}s"),
+    ]
+    for pattern, replacement in rewrites:
+        config, count = re.subn(pattern, replacement, config, count=1)
+        if count != 1:
+            raise ValueError(f"HAProxy config: no match for {pattern!r}")
+
+    rules = [
+        "    # Added by the orchestrator (orchestrator/runtime/haproxy_harden.py).",
+        "    stick-table type ipv6 size 200k expire 60s store conn_cur",
+        "    tcp-request connection track-sc0 src",
+        f"    tcp-request connection reject if {{ sc0_conn_cur gt {policy.max_conns_per_source} }}",
+        "    http-request del-header forwarded",
+    ]
+    if policy.ingress_key:
+        rules.append(f"    http-request set-header X-Orch-Ingress {policy.ingress_key}")
+    if policy.trusted_proxies:
+        trusted = " ".join(policy.trusted_proxies)
+        rules += [
+            f"    acl from_trusted_proxy src {trusted}",
+            "    acl has_xff req.hdr(x-forwarded-for) -m found",
+            "    http-request set-header X-Forwarded-For "
+            '"%[req.hdr(x-forwarded-for)], %[src]" if from_trusted_proxy has_xff',
+            "    http-request set-header X-Forwarded-For %[src] if !from_trusted_proxy or !has_xff",
+        ]
+    else:
+        # What the client wrote is dropped: the replica sees the TCP peer HAProxy saw.
+        rules.append("    http-request set-header X-Forwarded-For %[src]")
+    frontend = re.compile(r"(?m)^(frontend http_frontend\n\s+bind [^\n]+\n)")
+    config, count = frontend.subn(lambda m: m.group(1) + "\n".join(rules) + "\n", config, 1)
+    if count != 1:
+        raise ValueError("HAProxy config: no http_frontend section")
+    return config
+
+
+def _exec(policy_path: str, args: list[str]) -> None:
+    with open(policy_path) as f:
+        policy = ProxyPolicy(**json.load(f))
+    out = list(args)
+    if "-f" not in out:  # `-v` and the like
+        os.execv(policy.binary, [policy.binary, *out])
+    index = out.index("-f") + 1
+    source = out[index]
+    with open(source) as f:
+        hardened = harden(f.read(), policy)
+    target = f"{source}.hardened"
+    tmp = f"{target}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(hardened)
+    os.replace(tmp, target)
+    out[index] = target
+    os.execv(policy.binary, [policy.binary, *out])
+
+
+if __name__ == "__main__":
+    _exec(sys.argv[1], sys.argv[2:])

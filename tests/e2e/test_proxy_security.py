@@ -1,0 +1,263 @@
+"""The deployment path under attack, through `scripts/serve` (HAProxy, and Serve's own proxy):
+
+- the client address is the TCP peer's, whatever `X-Forwarded-For` a client writes, in both
+  proxy modes, from 127.0.0.2 and 127.0.0.1 (the Telegram allowlist is the check that uses it);
+- slow clients that never finish their headers do not take /health down;
+- HAProxy's stats page and exporter listen where the service does, its admin socket is 0600;
+- failed authentications are throttled per real client address;
+- two services on one host never answer each other's requests, also while one's replicas
+  are dead, and a replica refuses requests that did not come through its own HAProxy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import select
+import signal
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.e2e.test_workflows import Orchestrator, running
+from tests.fakes import telegram_server as telegram
+
+pytestmark = pytest.mark.e2e
+
+ALLOWED = "127.0.0.2"
+SETTINGS = {"telegram_allowed_cidrs": [f"{ALLOWED}/32"], "rate_limit_per_minute": 0}
+
+
+@pytest.fixture(scope="module")
+def haproxy_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    with running(tmp_path_factory.mktemp("proxy-a"), SETTINGS) as orch:
+        yield orch
+
+
+@pytest.fixture(scope="module")
+def serve_proxy_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    with running(tmp_path_factory.mktemp("proxy-serve"), {**SETTINGS, "haproxy": False}) as orch:
+        yield orch
+
+
+def _from(source: str, orch: Orchestrator) -> httpx.Client:
+    transport = httpx.HTTPTransport(local_address=source)
+    return httpx.Client(transport=transport, base_url=orch.url, timeout=30)
+
+
+def _telegram_hook(orch: Orchestrator) -> str:
+    with orch.client() as c:
+        r = c.post(
+            "/channels",
+            json={"type": "telegram", "name": "tg", "config": {"bot_token": "1234:" + "A" * 35}},
+        )
+        assert r.status_code == 200, r.text
+        return str(r.json()["data"]["webhook_path"]).removeprefix("/api/v1")
+
+
+def _address_matrix(orch: Orchestrator) -> dict[tuple[str, str | None], int]:
+    hook = _telegram_hook(orch)
+    seen = {}
+    for source in ("127.0.0.2", "127.0.0.1", "127.0.0.3"):
+        for forged in (None, ALLOWED, "149.154.160.1"):
+            headers = {"X-Forwarded-For": forged} if forged else {}
+            with _from(source, orch) as c:
+                r = c.post(hook, json=telegram.text_update("hi"), headers=headers)
+            seen[(source, forged)] = r.status_code
+    return seen
+
+
+def _expected() -> dict[tuple[str, str | None], int]:
+    return {
+        (source, forged): 200 if source == ALLOWED else 401
+        for source in ("127.0.0.2", "127.0.0.1", "127.0.0.3")
+        for forged in (None, ALLOWED, "149.154.160.1")
+    }
+
+
+def test_client_address_is_the_peer_behind_haproxy(haproxy_service: Orchestrator) -> None:
+    assert "throughput-optimized Serve with HAProxy" in (
+        haproxy_service.work / "serve.log"
+    ).read_text(errors="replace")
+    assert _address_matrix(haproxy_service) == _expected()
+
+
+def test_client_address_is_the_peer_behind_serves_proxy(
+    serve_proxy_service: Orchestrator,
+) -> None:
+    assert "using the standard Serve proxy" in (serve_proxy_service.work / "serve.log").read_text(
+        errors="replace"
+    )
+    assert _address_matrix(serve_proxy_service) == _expected()
+
+
+def _haproxy_processes(orch: Orchestrator) -> list[psutil.Process]:
+    assert orch.proc is not None
+    tree = psutil.Process(orch.proc.pid).children(recursive=True)
+    return [p for p in tree if p.name() == "haproxy"]
+
+
+def _hardened_config(orch: Orchestrator) -> Path:
+    proc = _haproxy_processes(orch)[0]
+    cmd = proc.cmdline()
+    return Path(cmd[cmd.index("-f") + 1])
+
+
+def test_haproxy_admin_surfaces_stay_local(haproxy_service: Orchestrator) -> None:
+    config = _hardened_config(haproxy_service)
+    assert config.name.endswith(".hardened")
+    text = config.read_text()
+    socket_path = re.search(r"stats socket (\S+) mode 600 ", text)
+    assert socket_path, "admin socket not 0600 in the config"
+    assert stat.S_IMODE(os.stat(socket_path.group(1)).st_mode) == 0o600
+    listening = {
+        c.laddr
+        for p in _haproxy_processes(haproxy_service)
+        for c in p.net_connections("inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    assert haproxy_service.port in {addr.port for addr in listening}
+
+
+def test_slow_clients_do_not_take_health_down(haproxy_service: Orchestrator) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(4300, hard - 500)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted + 200), hard))
+    sockets = []
+    try:
+        # From 50 addresses (each under the per-source limit): more than Serve's own
+        # maxconn of 4096, each sending a header line and never finishing.
+        for i in range(wanted):
+            s = socket.socket()
+            s.bind((f"127.0.1.{1 + i % 50}", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", haproxy_service.port))
+            s.send(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+            sockets.append(s)
+        with _from("127.0.0.200", haproxy_service) as c:
+            started = time.monotonic()
+            r = c.get("/health")
+            took = time.monotonic() - started
+        assert r.status_code == 200 and took < 1.0, took
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_one_source_gets_a_bounded_number_of_connections(haproxy_service: Orchestrator) -> None:
+    sockets, refused = [], 0
+    try:
+        for _ in range(400):
+            s = socket.socket()
+            s.bind(("127.0.2.1", 0))
+            try:
+                s.connect(("127.0.0.1", haproxy_service.port))
+                s.send(b"GET / HTTP/1.1\r\n")
+            except OSError:
+                refused += 1
+                s.close()
+                continue
+            sockets.append(s)
+        deadline = time.monotonic() + 10
+        closed: set[int] = set()
+        while time.monotonic() < deadline and len(closed) + refused < 400 - 256:
+            readable, _, _ = select.select(sockets, [], [], 0.5)
+            for s in readable:
+                try:
+                    if s.recv(16) == b"":
+                        closed.add(s.fileno())
+                except OSError:
+                    closed.add(s.fileno())
+        # proxy_max_conns_per_source (256): the rest are closed at once, not queued.
+        assert len(closed) + refused >= 400 - 256
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_failed_authentication_is_throttled_per_real_address(
+    haproxy_service: Orchestrator,
+) -> None:
+    statuses = []
+    with _from("127.0.3.1", haproxy_service) as c:
+        for i in range(30):
+            r = c.get(
+                "/whoami",
+                headers={"Authorization": f"Bearer garbage-{i}", "X-Forwarded-For": f"10.9.0.{i}"},
+            )
+            statuses.append(r.status_code)
+        # 20 failures per window (auth_failures_per_address), counted across replicas: each
+        # of the 2 replicas lets at most one more through before it learns of the block.
+        assert statuses[:20] == [401] * 20, statuses
+        assert statuses.count(401) <= 22 and statuses[-5:] == [429] * 5, statuses
+        assert int(r.headers["Retry-After"]) >= 1
+        # Even a good token waits: the address is throttled, not the token.
+        assert c.get("/whoami", headers=haproxy_service.admin).status_code == 429
+    with _from("127.0.3.2", haproxy_service) as c:
+        assert c.get("/whoami", headers={"Authorization": "Bearer garbage"}).status_code == 401
+        assert c.get("/whoami", headers=haproxy_service.admin).status_code == 200
+
+
+def _replicas(orch: Orchestrator) -> list[psutil.Process]:
+    assert orch.proc is not None
+    tree = psutil.Process(orch.proc.pid).children(recursive=True)
+    return [p for p in tree if (p.cmdline() or [""])[0].startswith("ray::ServeReplica")]
+
+
+def test_two_services_on_one_host_never_answer_each_other(
+    haproxy_service: Orchestrator, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    a = haproxy_service
+    with running(tmp_path_factory.mktemp("proxy-b"), SETTINGS) as b:
+        for orch, value in ((a, "from-a"), (b, "from-b")):
+            with orch.client() as c:
+                r = c.post("/memory/default/store", json={"key": "whose", "value": value})
+                assert r.status_code == 200, r.text
+
+        # A replica of A refuses a request that did not pass A's HAProxy (here: sent to
+        # its direct-ingress port by hand, as another service's proxy would).
+        ports = {
+            c.laddr.port
+            for p in _replicas(a)
+            for c in p.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.ip == "127.0.0.1"
+        }
+        assert ports
+        for port in ports:
+            r = httpx.get(f"http://127.0.0.1:{port}/api/v1/whoami", headers=a.admin, timeout=10)
+            assert r.status_code == 421, (port, r.status_code, r.text)
+
+        victims = _replicas(b)
+        assert victims
+        for p in victims:
+            p.send_signal(signal.SIGKILL)
+        crossed: list[Any] = []
+        answered_b = 0
+        deadline = time.monotonic() + 120
+        with httpx.Client(base_url=b.url, timeout=10) as c:
+            while time.monotonic() < deadline:
+                for headers in (a.admin, b.admin):
+                    try:
+                        r = c.get("/memory/default/whose", headers=headers)
+                    except httpx.HTTPError:
+                        continue
+                    if r.status_code == 200 and r.json()["value"] != "from-b":
+                        crossed.append(r.json())
+                    if headers is a.admin and r.status_code == 200:
+                        crossed.append("A's token accepted by B")
+                    if headers is b.admin and r.status_code == 200:
+                        answered_b += 1
+                if answered_b >= 20:
+                    break
+                time.sleep(0.05)
+        assert crossed == []
+        assert answered_b >= 20, "B's replicas did not come back"

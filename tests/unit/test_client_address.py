@@ -1,0 +1,109 @@
+"""The client address the app acts on (Telegram allowlist, failed-auth throttle), the
+HAProxy hardening of Serve's rendered configuration, and the failed-auth throttle."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from deployments.client_address import client_address, scope_client_address
+from orchestrator.auth import FailedAuthThrottle
+from orchestrator.errors import RateLimited
+from orchestrator.runtime.haproxy_harden import ProxyPolicy, harden
+
+
+@pytest.mark.parametrize(
+    ("peer", "xff", "trusted", "expected"),
+    [
+        # No proxy of ours in front: whatever the client wrote is ignored.
+        ("127.0.0.2", "149.154.160.1", [], "127.0.0.2"),
+        ("203.0.113.9", "149.154.160.1", [], "203.0.113.9"),
+        ("127.0.0.1", "149.154.160.1", [], "127.0.0.1"),
+        # Peer not trusted, header ignored even when it names a trusted proxy.
+        ("203.0.113.9", "10.0.0.5", ["10.0.0.0/8"], "203.0.113.9"),
+        # A trusted proxy: the rightmost hop that is not one of ours.
+        ("10.0.0.5", "149.154.160.1, 198.51.100.7", ["10.0.0.0/8"], "198.51.100.7"),
+        ("10.0.0.5", "198.51.100.7, 10.0.0.9", ["10.0.0.0/8"], "198.51.100.7"),
+        ("10.0.0.5", None, ["10.0.0.0/8"], "10.0.0.5"),
+        ("10.0.0.5", "10.0.0.6", ["10.0.0.0/8"], "10.0.0.5"),
+        ("::ffff:10.0.0.5", "198.51.100.7", ["10.0.0.0/8"], "198.51.100.7"),
+        (None, "198.51.100.7", ["10.0.0.0/8"], None),
+    ],
+)
+def test_client_address(
+    peer: str | None, xff: str | None, trusted: list[str], expected: str | None
+) -> None:
+    assert client_address(peer, xff, trusted) == expected
+
+
+def test_several_forwarded_header_lines_form_one_list() -> None:
+    scope = {
+        "client": ("10.0.0.5", 1234),
+        "headers": [(b"x-forwarded-for", b"198.51.100.1"), (b"x-forwarded-for", b"198.51.100.2")],
+    }
+    assert scope_client_address(scope, ["10.0.0.0/8"]) == "198.51.100.2"
+
+
+# The parts of Serve's template (ray/serve/_private/haproxy_templates.py) the hardening edits.
+RENDERED = """global
+    log 127.0.0.1:514 local0 info
+    stats socket /tmp/oh-1/admin.sock mode 666 level admin expose-fd listeners
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 3600s
+    timeout server 3600s
+frontend prometheus
+    bind :9101
+    mode http
+frontend http_frontend
+    bind 127.0.0.1:8000
+    default_backend x
+backend x
+    server s1 127.0.0.1:30000 check
+listen stats
+  bind *:8404
+  stats enable
+"""
+
+
+def test_hardened_config() -> None:
+    out = harden(RENDERED, ProxyPolicy(binary="/bin/haproxy", host="127.0.0.1"))
+    assert "mode 600 level admin" in out and "mode 666" not in out
+    assert "bind 127.0.0.1:9101" in out and "bind :9101" not in out
+    assert "bind 127.0.0.1:8404" in out and "*:8404" not in out
+    assert "timeout http-request 10s" in out and "timeout client 120s" in out
+    frontend = out.split("frontend http_frontend\n", 1)[1].split("backend x", 1)[0]
+    assert "http-request set-header X-Forwarded-For %[src]" in frontend
+    assert "sc0_conn_cur gt 256" in frontend and "track-sc0 src" in frontend
+
+
+def test_hardened_config_with_trusted_proxies_extends_their_chain() -> None:
+    policy = ProxyPolicy(binary="/bin/haproxy", host="::1", trusted_proxies=["10.0.0.0/8"])
+    out = harden(RENDERED, policy)
+    assert "bind [::1]:9101" in out
+    assert "acl from_trusted_proxy src 10.0.0.0/8" in out
+    assert '"%[req.hdr(x-forwarded-for)], %[src]" if from_trusted_proxy has_xff' in out
+
+
+def test_a_changed_template_fails_loudly() -> None:
+    with pytest.raises(ValueError, match="http_frontend"):
+        harden(RENDERED.replace("frontend http_frontend", "frontend other"), ProxyPolicy("/x", "h"))
+
+
+async def test_failed_auth_throttle(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    throttle = FailedAuthThrottle(None, max_failures=3, window_s=10)
+    for _ in range(3):
+        throttle.check("198.51.100.1")
+        await throttle.failed("198.51.100.1")
+    with pytest.raises(RateLimited) as info:
+        throttle.check("198.51.100.1")
+    assert info.value.headers["Retry-After"] == "10"
+    throttle.check("198.51.100.2")  # another address is not affected
+    now[0] += 10.5
+    throttle.check("198.51.100.1")  # the window passed
+    assert not FailedAuthThrottle(None, 0, 10).enabled
