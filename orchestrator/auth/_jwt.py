@@ -66,4 +66,17 @@ class JwtVerifier:
         user = claims.get(self._user_claim)
         if not isinstance(user, str) or not user:
             raise Unauthorized(f"JWT has no '{self._user_claim}' claim")
-        return Principal(user, claims.get(self._admin_claim) is True, subject=f"jwt:{user}")
+        if len(user) > 200 or not user.isprintable():
+            raise Unauthorized(f"JWT '{self._user_claim}' claim is not a usable user id")
+        # Identities from the identity provider live in their own namespace: a `sub` equal to
+        # a token user's id, or to the configured admin ("admin"), is another person there.
+        user_uuid = jwt_user_uuid(user)
+        return Principal(user_uuid, claims.get(self._admin_claim) is True, subject=user_uuid)
+
+
+JWT_NAMESPACE = "jwt:"
+
+
+def jwt_user_uuid(subject: str) -> str:
+    """The user_uuid of a JWT subject (tokens cannot be issued in this namespace)."""
+    return f"{JWT_NAMESPACE}{subject}"

@@ -10,12 +10,29 @@ from dataclasses import dataclass
 import asyncpg
 
 from orchestrator.auth._principal import Principal
+from orchestrator.errors import ValidationFailed
 
 TOKEN_PREFIX = "orch_"
 PREFIX_LEN = 12  # characters of the token kept in clear to name it (e.g. for revocation)
 
 
 ADMIN_USER = "admin"  # the user_uuid of the configured admin token
+RESERVED_PREFIX = "jwt:"  # JWT identities (orchestrator/auth/_jwt.py)
+
+
+def check_token_user(user_uuid: str, admin: bool) -> None:
+    """Tokens never act in another authenticator's namespace, and `admin` (the configured
+    admin's tenant) is only ever an admin."""
+    if user_uuid.lower().startswith(RESERVED_PREFIX):
+        raise ValidationFailed(
+            f"user_uuid: '{RESERVED_PREFIX}' is reserved for JWT identities",
+            extra={"fields": [{"field": "user_uuid", "message": "reserved namespace"}]},
+        )
+    if user_uuid == ADMIN_USER and not admin:
+        raise ValidationFailed(
+            f"user_uuid: '{ADMIN_USER}' is the configured admin: only an admin token acts as it",
+            extra={"fields": [{"field": "user_uuid", "message": "reserved for admin tokens"}]},
+        )
 
 
 def _now_ms() -> int:
@@ -56,6 +73,7 @@ class TokenStore:
         conn: asyncpg.Connection | None = None,
     ) -> IssuedToken:
         """Issue a token; on `conn` when given (the caller's transaction)."""
+        check_token_user(user_uuid, admin)
         token = generate_token()
         await (conn or self._pool).execute(
             """INSERT INTO api_tokens (token_hash, prefix, user_uuid, is_admin, description,

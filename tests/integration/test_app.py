@@ -176,7 +176,7 @@ async def test_jwt_bearer_through_the_middleware(make_settings) -> None:
         claims = {"sub": "frank", "aud": "orch", "exp": time.time() + 60}
         good = jwt.encode(claims, secret, algorithm="HS256")
         r = await c.get("/api/v1/whoami", headers={"Authorization": f"Bearer {good}"})
-        assert r.json() == {"ok": True, "user_uuid": "frank", "admin": False}
+        assert r.json() == {"ok": True, "user_uuid": "jwt:frank", "admin": False}
         bad = jwt.encode({**claims, "aud": "elsewhere"}, secret, algorithm="HS256")
         r = await c.get("/api/v1/whoami", headers={"Authorization": f"Bearer {bad}"})
         assert r.status_code == 401 and "JWT" in r.json()["error"]

@@ -97,7 +97,7 @@ async def test_hs256_jwt(database_url: str) -> None:
         algorithm="HS256",
     )
     principal = await verifier.verify(ok)
-    assert principal.user_uuid == "bob" and principal.is_admin
+    assert principal.user_uuid == "jwt:bob" and principal.is_admin
     for bad in (
         jwt.encode({"sub": "bob", "aud": "orch", "exp": time.time() - 5}, SECRET),
         jwt.encode({"sub": "bob", "aud": "other", "exp": time.time() + 60}, SECRET),
@@ -151,7 +151,7 @@ async def test_rs256_jwt_from_jwks() -> None:
         }
         token = jwt.encode(claims, key, algorithm="RS256", headers={"kid": "k1"})
         principal = await verifier.verify(token)
-        assert principal.user_uuid == "u-42" and not principal.is_admin
+        assert principal.user_uuid == "jwt:u-42" and not principal.is_admin
         wrong_iss = jwt.encode(
             {**claims, "iss": "https://evil"}, key, algorithm="RS256", headers={"kid": "k1"}
         )

@@ -1,0 +1,97 @@
+"""Identities from different authenticators never meet: a JWT whose `sub` equals a token
+user's id, or "admin", is another user, and sees nothing of theirs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, ServedApp
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+SECRET = "jwt-secret-" + "y" * 32
+API = "/api/v1"
+
+
+def _jwt(sub: str, **claims: Any) -> dict[str, str]:
+    token = jwt.encode(
+        {"sub": sub, "aud": "orch", "exp": time.time() + 300, **claims}, SECRET, "HS256"
+    )
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def client(make_settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    settings = make_settings(jwt_secret=SECRET, jwt_audience="orch", rate_limit_per_minute=0)
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url) as c:
+        yield c
+
+
+async def _objects_of(c: httpx.AsyncClient, who: dict[str, str], key: str) -> dict[str, str]:
+    wf = await c.post(
+        f"{API}/workflows", headers=who, json={"name": "w", "steps": [{"name": "a", "prompt": "x"}]}
+    )
+    r = await c.post(f"{API}/memory/default/store", headers=who, json={"key": key, "value": "v"})
+    assert r.status_code == 200, r.text
+    ch = await c.post(
+        f"{API}/channels", headers=who, json={"type": "webhook", "name": "c", "config": {}}
+    )
+    return {"workflow": wf.json()["id"], "channel": ch.json()["data"]["id"], "key": key}
+
+
+async def _sees_nothing_of(
+    c: httpx.AsyncClient, who: dict[str, str], owner: str, objs: dict[str, str]
+) -> None:
+    assert (await c.get(f"{API}/workflows/{objs['workflow']}", headers=who)).status_code == 404
+    assert (await c.get(f"{API}/channels/{objs['channel']}", headers=who)).status_code == 404
+    assert (await c.get(f"{API}/memory/default/{objs['key']}", headers=who)).status_code == 404
+    listed = (await c.get(f"{API}/workflows", headers=who)).json()["data"]
+    assert objs["workflow"] not in [w["id"] for w in listed]
+    channels = (await c.get(f"{API}/channels", headers=who)).json()["data"]
+    assert objs["channel"] not in [ch["id"] for ch in channels]
+    events = (await c.get(f"{API}/events", headers=who, params={"limit": 1000})).json()["data"]
+    assert not [e for e in events if e.get("user_uuid") == owner], events[:3]
+    assert not [e for e in events if e["aggregate_id"] == objs["workflow"]]
+
+
+async def test_a_jwt_named_like_a_token_user_is_another_user(client: httpx.AsyncClient) -> None:
+    c = client
+    made = await c.post(f"{API}/tokens", headers=ADMIN, json={"user_uuid": "alice"})
+    alice = {"Authorization": f"Bearer {made.json()['token']}"}
+    objs = await _objects_of(c, alice, "alices")
+    impostor = _jwt("alice")
+    assert (await c.get(f"{API}/whoami", headers=impostor)).json()["user_uuid"] == "jwt:alice"
+    await _sees_nothing_of(c, impostor, "alice", objs)
+    # and the other way round: the token user does not see the JWT user's objects
+    theirs = await _objects_of(c, impostor, "jwts")
+    await _sees_nothing_of(c, alice, "jwt:alice", theirs)
+
+
+async def test_a_jwt_named_admin_is_not_the_admin(client: httpx.AsyncClient) -> None:
+    c = client
+    objs = await _objects_of(c, ADMIN, "admins")
+    job = await c.post(f"{API}/schedules", headers=ADMIN, json={"prompt": "p", "every": 60000})
+    jid = job.json()["id"]
+    impostor = _jwt("admin")
+    who = (await c.get(f"{API}/whoami", headers=impostor)).json()
+    assert who == {"ok": True, "user_uuid": "jwt:admin", "admin": False}
+    await _sees_nothing_of(c, impostor, "admin", objs)
+    assert (await c.get(f"{API}/schedules/{jid}", headers=impostor)).status_code == 404
+    assert (
+        await c.put(f"{API}/channels/{objs['channel']}", headers=impostor, json={"name": "x"})
+    ).status_code == 404
+
+
+async def test_tokens_cannot_be_issued_in_reserved_identities(client: httpx.AsyncClient) -> None:
+    for body in ({"user_uuid": "jwt:alice"}, {"user_uuid": "JWT:alice"}, {"user_uuid": "admin"}):
+        r = await client.post(f"{API}/tokens", headers=ADMIN, json=body)
+        assert r.status_code == 400 and r.json()["code"] == "validation_error", (body, r.text)
+    r = await client.post(
+        f"{API}/tokens", headers=ADMIN, json={"user_uuid": "admin", "admin": True}
+    )
+    assert r.status_code == 200
