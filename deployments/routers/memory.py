@@ -253,22 +253,45 @@ async def clear(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> Cleared:
     return Cleared(cleared=await _memory(ctx).clear(agent_id, caller))
 
 
+# Admins name which owner's entry they mean when several users hold the key (409 otherwise).
+Owner = Annotated[
+    str | None,
+    Query(
+        alias="user_uuid",
+        min_length=1,
+        max_length=200,
+        pattern=NO_NUL,
+        description="Admin only: whose entry (keys are unique per owner)",
+    ),
+]
+
+
 @router.get("/memory/{agent_id}/{key}", response_model=EntryOut)
-async def get_entry(agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser) -> EntryOut:
-    """404 missing (or not yours), 410 expired."""
-    return EntryOut(**(await _memory(ctx).get(agent_id, key, caller)).wire())
+async def get_entry(
+    agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, owner: Owner = None
+) -> EntryOut:
+    """The caller's own entry, else the ownerless one. 404 missing (or not yours), 410
+    expired, 409 for an admin when several users hold the key."""
+    return EntryOut(**(await _memory(ctx).get(agent_id, key, caller, owner)).wire())
 
 
 @router.delete("/memory/{agent_id}/{key}", response_model=Ok)
-async def delete_entry(agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser) -> Ok:
-    await _memory(ctx).delete(agent_id, key, caller)
+async def delete_entry(
+    agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, owner: Owner = None
+) -> Ok:
+    await _memory(ctx).delete(agent_id, key, caller, owner)
     return Ok()
 
 
 @router.post("/memory/{agent_id}/{key}/pin", response_model=Pinned)
 async def pin(
-    agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, body: PinBody | None = None
+    agent_id: AgentId,
+    key: Key,
+    ctx: Ctx,
+    caller: CurrentUser,
+    body: PinBody | None = None,
+    owner: Owner = None,
 ) -> Pinned:
     pinned = body.pinned if body is not None else True
-    await _memory(ctx).pin(agent_id, key, pinned, caller)
+    await _memory(ctx).pin(agent_id, key, pinned, caller, owner)
     return Pinned(pinned=pinned)

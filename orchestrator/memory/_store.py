@@ -1,9 +1,11 @@
 """Memory entries: durable in Postgres, hot reads cached in Redis (TTL-aware, never the only
 copy: every write goes to Postgres first and drops the cached copy).
 
-Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`; non-admins see
-their own entries and ownerless ones; admins see all. Reading, deleting and pinning someone
-else's entry is a 404 (it is not theirs to know about); overwriting it is a 403.
+Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`, and keys are
+unique per owner: two users' `config` in one namespace are two entries (migration 0011).
+Non-admins see their own entries and ownerless ones (their own first); someone else's entry
+is a 404 (not theirs to know about). Admins see all: a key held by several owners is a 409
+naming them unless the admin picks one (`owner`).
 Expired entries (`ttl` ms after their write) answer 410 until they are purged, and never
 show in lists or searches.
 """
@@ -25,6 +27,7 @@ from redis.exceptions import RedisError
 
 from orchestrator.auth import Principal
 from orchestrator.errors import (
+    Conflict,
     Forbidden,
     Gone,
     NotFound,
@@ -161,14 +164,15 @@ class MemoryStore:
     # --- cache (best effort) --------------------------------------------------------------
 
     @staticmethod
-    def _cache_key(agent_id: str, key: str) -> str:
-        return f"mem:{len(agent_id)}:{agent_id}:{key}"
+    def _cache_key(agent_id: str, owner: str | None, key: str) -> str:
+        who = owner or ""
+        return f"mem:{len(agent_id)}:{agent_id}:{len(who)}:{who}:{key}"
 
-    async def _cached(self, agent_id: str, key: str) -> Entry | None:
+    async def _cached(self, agent_id: str, owner: str | None, key: str) -> Entry | None:
         if self._redis is None or time.monotonic() < self._distrust_until:
             return None
         try:
-            raw = await self._redis.get(self._cache_key(agent_id, key))
+            raw = await self._redis.get(self._cache_key(agent_id, owner, key))
         except (RedisError, OSError):
             return None
         if raw is None:
@@ -191,13 +195,16 @@ class MemoryStore:
             return
         with contextlib.suppress(RedisError, OSError):
             await self._redis.set(
-                self._cache_key(entry.agent_id, entry.key), json.dumps(data), ex=ttl
+                self._cache_key(entry.agent_id, entry.user_uuid, entry.key),
+                json.dumps(data),
+                ex=ttl,
             )
 
-    async def _forget_cached(self, agent_id: str, *keys: str) -> None:
-        if keys and self._redis is not None:
+    async def _forget_cached(self, agent_id: str, *rows: tuple[str | None, str]) -> None:
+        """Drop the cached copies of (owner, key) entries of `agent_id`."""
+        if rows and self._redis is not None:
             try:
-                await self._redis.delete(*(self._cache_key(agent_id, k) for k in keys))
+                await self._redis.delete(*(self._cache_key(agent_id, o, k) for o, k in rows))
             except (RedisError, OSError):
                 # A copy we could not drop may still be in Redis once it is back: read from
                 # Postgres until any such copy has expired.
@@ -223,13 +230,7 @@ class MemoryStore:
         ts = now_ms()
         expires = ts + ttl_ms if ttl_ms else None
         async with self._events.transaction() as tx:
-            owner = await tx.conn.fetchval(
-                "SELECT user_uuid FROM memory_entries WHERE agent_id = $1 AND key = $2 FOR UPDATE",
-                agent_id,
-                key,
-            )
-            if owner is not None and owner != principal.user_uuid and not principal.is_admin:
-                raise Forbidden(f"memory key {key!r} belongs to another user")
+            # The caller's own entry: another owner's same-named entry is untouched.
             pending = embedding is None and self._auto_embed
             # One row version: the pgvector column (when there is one) is written with the rest.
             vcol, vval, vset = (
@@ -241,11 +242,10 @@ class MemoryStore:
                 "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
                 f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
                 f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
-                " ON CONFLICT (agent_id, key) DO UPDATE SET value = EXCLUDED.value,"
+                " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
                 " updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at,"
                 f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
-                " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0,"
-                " user_uuid = coalesce(memory_entries.user_uuid, EXCLUDED.user_uuid)"
+                " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
                 " RETURNING created_at, user_uuid, pinned",
                 agent_id,
                 key,
@@ -270,7 +270,7 @@ class MemoryStore:
                     )
                 )
             await tx.append(events)
-        await self._forget_cached(agent_id, key)
+        await self._forget_cached(agent_id, (principal.user_uuid, key))
         if pending:
             self._fill_wake.set()
         return Entry(
@@ -301,7 +301,7 @@ class MemoryStore:
         if self.embedder is None:
             return 0
         rows = await self._pool.fetch(
-            "SELECT agent_id, key, value, updated_at FROM memory_entries WHERE embed_pending"
+            "SELECT agent_id, owner, key, value, updated_at FROM memory_entries WHERE embed_pending"
             " ORDER BY updated_at LIMIT $1",
             batch,
         )
@@ -328,25 +328,29 @@ class MemoryStore:
             await self._pool.execute(
                 "UPDATE memory_entries m SET embed_attempts = embed_attempts + 1,"
                 " embed_pending = embed_attempts + 1 < $4"
-                " FROM unnest($1::text[], $2::text[], $3::bigint[]) AS f(agent_id, key, at)"
-                " WHERE m.agent_id = f.agent_id AND m.key = f.key AND m.updated_at = f.at",
+                " FROM unnest($1::text[], $2::text[], $3::bigint[], $5::text[])"
+                " AS f(agent_id, key, at, owner) WHERE m.agent_id = f.agent_id"
+                " AND m.owner = f.owner AND m.key = f.key AND m.updated_at = f.at",
                 [r["agent_id"] for r in failed],
                 [r["key"] for r in failed],
                 [r["updated_at"] for r in failed],
                 FILL_MAX_ATTEMPTS,
+                [r["owner"] for r in failed],
             )
             log.warning("memory embeddings: %d entries could not be embedded", len(failed))
         if done:
             vector_set = ", embedding = v.raw::real[]::vector" if self.pgvector else ""
             await self._pool.execute(
                 "UPDATE memory_entries m SET embedding_raw = v.raw::real[], embed_pending = false"
-                f"{vector_set} FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])"
-                " AS v(agent_id, key, at, raw) WHERE m.agent_id = v.agent_id AND m.key = v.key"
-                " AND m.updated_at = v.at AND m.embed_pending",
+                f"{vector_set} FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[],"
+                " $5::text[]) AS v(agent_id, key, at, raw, owner) WHERE m.agent_id = v.agent_id"
+                " AND m.owner = v.owner AND m.key = v.key AND m.updated_at = v.at"
+                " AND m.embed_pending",
                 [r["agent_id"] for r, _ in done],
                 [r["key"] for r, _ in done],
                 [r["updated_at"] for r, _ in done],
                 [_array(v) for _, v in done],
+                [r["owner"] for r, _ in done],
             )
         return len(done)
 
@@ -390,84 +394,113 @@ class MemoryStore:
 
     # --- reads ------------------------------------------------------------------------------
 
-    async def _load(self, agent_id: str, key: str) -> Entry | None:
-        cached = await self._cached(agent_id, key)
+    async def _resolve(
+        self, agent_id: str, key: str, principal: Principal, owner: str | None = None
+    ) -> Entry:
+        """The entry `principal` means by `key`: their own, else the ownerless one; for an
+        admin, also the only other owner's (several: 409 naming them, pick with `owner`)."""
+        if owner is not None and not principal.is_admin and owner != principal.user_uuid:
+            raise Forbidden("only an admin names another owner's entry")
+        first = owner if owner is not None else principal.user_uuid
+        cached = await self._cached(agent_id, first, key)
         if cached is not None:
             return cached
-        row = await self._pool.fetchrow(
+        if owner is not None:
+            owners: list[str] | None = [owner]
+        else:
+            owners = None if principal.is_admin else [principal.user_uuid, ""]
+        rows = await self._pool.fetch(
             "SELECT value, user_uuid, created_at, expires_at, pinned FROM memory_entries"
-            " WHERE agent_id = $1 AND key = $2",
+            " WHERE agent_id = $1 AND key = $2 AND ($3::text[] IS NULL OR owner = ANY($3))"
+            " ORDER BY owner = $4 DESC, owner = '' DESC, owner LIMIT 51",
             agent_id,
             key,
+            owners,
+            principal.user_uuid,
         )
-        if row is None:
-            return None
+        if not rows:
+            raise NotFound(f"memory key {key!r} not found in {agent_id!r}")
+        top = rows[0]
+        if len(rows) > 1 and top["user_uuid"] not in (None, principal.user_uuid):
+            holders = [r["user_uuid"] for r in rows]
+            raise Conflict(
+                f"memory key {key!r} is held by several users: name one with user_uuid",
+                extra={"owners": holders[:50]},
+            )
         entry = Entry(
             agent_id,
             key,
-            row["value"],
-            row["user_uuid"],
-            row["created_at"],
-            row["expires_at"],
-            row["pinned"],
+            top["value"],
+            top["user_uuid"],
+            top["created_at"],
+            top["expires_at"],
+            top["pinned"],
         )
         if not entry.expired(now_ms()):
             await self._cache(entry)
         return entry
 
-    async def _mine(self, agent_id: str, key: str, principal: Principal) -> Entry:
-        entry = await self._load(agent_id, key)
-        if entry is None or not (
-            principal.is_admin or entry.user_uuid in (None, principal.user_uuid)
-        ):
-            raise NotFound(f"memory key {key!r} not found in {agent_id!r}")
-        return entry
-
-    async def get(self, agent_id: str, key: str, principal: Principal) -> Entry:
-        entry = await self._mine(agent_id, key, principal)
+    async def get(
+        self, agent_id: str, key: str, principal: Principal, owner: str | None = None
+    ) -> Entry:
+        entry = await self._resolve(agent_id, key, principal, owner)
         ts = now_ms()
         if entry.expired(ts):
             raise Gone(f"memory key {key!r} expired")
         await self._pool.execute(
             "UPDATE memory_entries SET accessed_at = $3, access_count = access_count + 1"
-            " WHERE agent_id = $1 AND key = $2",
+            " WHERE agent_id = $1 AND key = $2 AND owner = $4",
             agent_id,
             key,
             ts,
+            entry.user_uuid or "",
         )
         self._events.enqueue(
             [NewEvent("memory.accessed", {"agent_id": agent_id, "key": key}, principal.user_uuid)]
         )
         return entry
 
-    async def delete(self, agent_id: str, key: str, principal: Principal) -> None:
-        entry = await self._mine(agent_id, key, principal)
-        if entry.user_uuid not in (None, principal.user_uuid) and not principal.is_admin:
+    async def delete(
+        self, agent_id: str, key: str, principal: Principal, owner: str | None = None
+    ) -> None:
+        entry = await self._resolve(agent_id, key, principal, owner)
+        if entry.user_uuid != principal.user_uuid and not principal.is_admin:
             raise Forbidden("only the owner deletes an entry")
         await self._pool.execute(
-            "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2", agent_id, key
+            "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2 AND owner = $3",
+            agent_id,
+            key,
+            entry.user_uuid or "",
         )
-        await self._forget_cached(agent_id, key)
+        await self._forget_cached(agent_id, (entry.user_uuid, key))
 
-    async def pin(self, agent_id: str, key: str, pinned: bool, principal: Principal) -> None:
-        await self._mine(agent_id, key, principal)
+    async def pin(
+        self,
+        agent_id: str,
+        key: str,
+        pinned: bool,
+        principal: Principal,
+        owner: str | None = None,
+    ) -> None:
+        entry = await self._resolve(agent_id, key, principal, owner)
         await self._pool.execute(
-            "UPDATE memory_entries SET pinned = $3 WHERE agent_id = $1 AND key = $2",
+            "UPDATE memory_entries SET pinned = $3 WHERE agent_id = $1 AND key = $2 AND owner = $4",
             agent_id,
             key,
             pinned,
+            entry.user_uuid or "",
         )
-        await self._forget_cached(agent_id, key)
+        await self._forget_cached(agent_id, (entry.user_uuid, key))
 
     async def clear(self, agent_id: str, principal: Principal) -> int:
         """The caller's own entries in this namespace (an admin: every entry in it)."""
         where = "TRUE" if principal.is_admin else "user_uuid = $2"
         rows = await self._pool.fetch(
-            f"DELETE FROM memory_entries WHERE agent_id = $1 AND {where} RETURNING key",
+            f"DELETE FROM memory_entries WHERE agent_id = $1 AND {where} RETURNING user_uuid, key",
             agent_id,
             *([] if principal.is_admin else [principal.user_uuid]),
         )
-        await self._forget_cached(agent_id, *(r["key"] for r in rows))
+        await self._forget_cached(agent_id, *((r["user_uuid"], r["key"]) for r in rows))
         return len(rows)
 
     async def entries(
@@ -574,15 +607,16 @@ class MemoryStore:
             per_agent: dict[str, int] = {}
             for r in decayed:
                 per_agent[r["agent_id"]] = per_agent.get(r["agent_id"], 0) + 1
-            forgotten: dict[str, list[str]] = {}
+            forgotten: dict[str, list[tuple[str | None, str]]] = {}
             for r in gone:
-                forgotten.setdefault(r["agent_id"], []).append(r["key"])
+                forgotten.setdefault(r["agent_id"], []).append((r["user_uuid"], r["key"]))
             events = [
                 NewEvent("memory.decayed", {"agent_id": a, "count": n})
                 for a, n in per_agent.items()
             ] + [
                 NewEvent(
-                    "memory.forgotten", {"agent_id": a, "keys": keys[:100], "count": len(keys)}
+                    "memory.forgotten",
+                    {"agent_id": a, "keys": [k for _, k in keys[:100]], "count": len(keys)},
                 )
                 for a, keys in forgotten.items()
             ]
@@ -606,19 +640,19 @@ class MemoryStore:
             f" embedding_raw, embed_pending, embed_attempts{vector_col} FROM memory_entries"
             " WHERE agent_id = $1 AND key LIKE $3 AND (expires_at IS NULL OR expires_at > $4)"
             # A copy replaces a same-named entry whole: value, owner, vector and its state.
-            " ON CONFLICT (agent_id, key) DO UPDATE SET value = EXCLUDED.value,"
-            " user_uuid = EXCLUDED.user_uuid, updated_at = EXCLUDED.updated_at,"
+            " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
+            " updated_at = EXCLUDED.updated_at,"
             " expires_at = EXCLUDED.expires_at, pinned = EXCLUDED.pinned,"
             " importance = EXCLUDED.importance, embedding_raw = EXCLUDED.embedding_raw,"
             " embed_pending = EXCLUDED.embed_pending, embed_attempts = EXCLUDED.embed_attempts"
             + (", embedding = EXCLUDED.embedding" if self.pgvector else "")
-            + " RETURNING key",
+            + " RETURNING user_uuid, key",
             source,
             target,
             _like(pattern),
             ts,
         )
-        await self._forget_cached(target, *(r["key"] for r in rows))
+        await self._forget_cached(target, *((r["user_uuid"], r["key"]) for r in rows))
         return len(rows)
 
     async def stats(self, pgvector: bool) -> dict[str, Any]:

@@ -52,9 +52,14 @@ def test_every_memory_endpoint(service: Orchestrator) -> None:
         got = c.get("/memory/default/k", headers=ann).json()
         assert got["key"] == "k" and got["value"] == "v1" and isinstance(got["created_at"], int)
         assert c.get("/memory/default/k", headers=bob).status_code == 404
+        # Keys are per owner: Bob's `k` is his own entry; Ann's is untouched.
         r = c.post("/memory/default/store", headers=bob, json={"key": "k", "value": "x"})
-        assert r.status_code == 403 and r.json()["ok"] is False
-        assert c.delete("/memory/default/k", headers=bob).status_code == 404
+        assert r.status_code == 200
+        assert c.get("/memory/default/k", headers=bob).json()["value"] == "x"
+        assert c.get("/memory/default/k", headers=ann).json()["value"] == "v1"
+        assert c.delete("/memory/default/k", headers=bob).status_code == 200
+        assert c.get("/memory/default/k", headers=bob).status_code == 404
+        assert c.get("/memory/default/k", headers=ann).json()["value"] == "v1"
         r = c.post("/memory/default/store", headers=ann, json={"key": "t", "value": "x", "ttl": 1})
         time.sleep(0.05)
         assert c.get("/memory/default/t", headers=ann).status_code == 410

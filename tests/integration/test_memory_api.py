@@ -72,14 +72,12 @@ async def test_search_ranks_and_limits(api: httpx.AsyncClient) -> None:
 async def test_ownership_matrix(api: httpx.AsyncClient) -> None:
     ann, bob = await _user(api, "ann"), await _user(api, "bob")
     await api.post("/memory/team/store", headers=ann, json={"key": "secret", "value": "ann's"})
-    # Bob: cannot read, delete or pin it (404), cannot overwrite it (403), does not list it.
+    # Bob: cannot read, delete or pin it (404: he cannot learn it exists), does not list it.
     assert (await api.get("/memory/team/secret", headers=bob)).status_code == 404
     assert (await api.delete("/memory/team/secret", headers=bob)).status_code == 404
     assert (
         await api.post("/memory/team/secret/pin", headers=bob, json={"pinned": True})
     ).status_code == 404
-    r = await api.post("/memory/team/store", headers=bob, json={"key": "secret", "value": "mine"})
-    assert r.status_code == 403
     assert (await api.get("/memory/team/list", headers=bob)).json()["entries"] == []
     # Ann and the admin see it; pin answers the new state.
     assert (await api.get("/memory/team/secret", headers=ann)).json()["value"] == "ann's"
@@ -90,6 +88,38 @@ async def test_ownership_matrix(api: httpx.AsyncClient) -> None:
     await api.post("/memory/team/store", headers=bob, json={"key": "bobs", "value": "b"})
     assert (await api.delete("/memory/team/clear", headers=bob)).json()["cleared"] == 1
     assert (await api.get("/memory/team/secret", headers=ann)).status_code == 200
+
+
+async def test_keys_are_unique_per_owner(api: httpx.AsyncClient) -> None:
+    ann, bob = await _user(api, "ann"), await _user(api, "bob")
+    r = await api.post("/memory/default/store", headers=ann, json={"key": "config", "value": "A"})
+    assert r.status_code == 200
+    missing = await api.get("/memory/default/config", headers=bob)
+    assert missing.status_code == 404 and "ann" not in missing.text
+    # Bob's store of the same key is his own entry, not a 403 and not a write to Ann's.
+    r = await api.post("/memory/default/store", headers=bob, json={"key": "config", "value": "B"})
+    assert r.status_code == 200, r.text
+    assert (await api.get("/memory/default/config", headers=ann)).json()["value"] == "A"
+    assert (await api.get("/memory/default/config", headers=bob)).json()["value"] == "B"
+    for who, value in ((ann, "A"), (bob, "B")):
+        listed = (await api.get("/memory/default/list", headers=who)).json()["entries"]
+        assert [(e["key"], e["value"]) for e in listed] == [("config", value)]
+        found = await api.get("/memory/default/search", headers=who, params={"q": "config"})
+        assert [e["value"] for e in found.json()["results"]] == [value]
+    # An admin holding no such key must say whose: 409 naming the owners, then by name.
+    r = await api.get("/memory/default/config", headers=ADMIN)
+    assert r.status_code == 409 and sorted(r.json()["owners"]) == ["ann", "bob"]
+    r = await api.get("/memory/default/config", headers=ADMIN, params={"user_uuid": "bob"})
+    assert r.json()["value"] == "B"
+    # A user cannot name another owner.
+    r = await api.get("/memory/default/config", headers=bob, params={"user_uuid": "ann"})
+    assert r.status_code == 403
+    # Deleting is per owner too.
+    assert (await api.delete("/memory/default/config", headers=bob)).status_code == 200
+    assert (await api.get("/memory/default/config", headers=bob)).status_code == 404
+    assert (await api.get("/memory/default/config", headers=ann)).json()["value"] == "A"
+    # With one holder left, the admin's read is that entry.
+    assert (await api.get("/memory/default/config", headers=ADMIN)).json()["value"] == "A"
 
 
 async def test_reflections_stats_and_errors(api: httpx.AsyncClient) -> None:
@@ -309,9 +339,12 @@ async def test_share_replaces_a_same_named_entry_whole(api: httpx.AsyncClient) -
     await api.post(
         "/memory/src/store", headers=ADMIN, json={"key": "a", "value": "red", "embedding": one}
     )
+    await api.post(
+        "/memory/dst/store", headers=ADMIN, json={"key": "a", "value": "blue", "embedding": two}
+    )
     bob = await _user(api, "bob")
     await api.post(
-        "/memory/dst/store", headers=bob, json={"key": "a", "value": "blue", "embedding": two}
+        "/memory/dst/store", headers=bob, json={"key": "a", "value": "green", "embedding": two}
     )
     r = await api.post("/memory/share", headers=ADMIN, json={"from": "src", "to": "dst"})
     assert r.json() == {"status": "ok", "copied": 1}
@@ -321,10 +354,11 @@ async def test_share_replaces_a_same_named_entry_whole(api: httpx.AsyncClient) -
         )
     ).json()["results"]
     assert [(x["key"], x["value"]) for x in found] == [("a", "red")]
-    stale = (
+    near_two = (
         await api.post(
             "/memory/dst/vector-search", headers=ADMIN, json={"embedding": two, "threshold": 0.99}
         )
     ).json()["results"]
-    assert stale == []  # the old vector went with the old value
-    assert (await api.get("/memory/dst/a", headers=bob)).status_code == 404  # no longer Bob's
+    # The admin's old vector went with its old value; Bob's same-named entry is his own.
+    assert [(x["key"], x["value"]) for x in near_two] == [("a", "green")]
+    assert (await api.get("/memory/dst/a", headers=bob)).json()["value"] == "green"
