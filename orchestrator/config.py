@@ -92,6 +92,26 @@ class Settings(BaseSettings):
     ray_address: str | None = Field(None, description="Join this Ray cluster; unset = local")
     dashboard: bool = Field(False, description="Start the Ray dashboard with a local cluster")
     haproxy: bool = Field(True, description="Serve through HAProxy in throughput-optimized mode")
+    ingress_key: SecretStr | None = Field(
+        None,
+        repr=False,
+        description="Set by `orchestrator serve` with HAProxy: the key its HAProxy adds to "
+        "every request; replicas answer 421 to requests without it (not another service's)",
+    )
+    proxy_header_timeout_s: int = Field(
+        10, ge=1, le=300, description="HAProxy: longest time a client may take to send headers"
+    )
+    proxy_client_timeout_s: int = Field(
+        120, ge=10, le=86_400, description="HAProxy: longest silence of a client connection"
+    )
+    proxy_max_connections: int = Field(
+        8192,
+        ge=64,
+        description="HAProxy: client connections in all (maxconn; capped by the open-file limit)",
+    )
+    proxy_max_conns_per_source: int = Field(
+        256, ge=1, description="HAProxy: open connections allowed per client address"
+    )
     api_replicas: int = Field(
         2, ge=1, description="Replicas of the HTTP ingress deployment (2: throughput, failover)"
     )
@@ -130,6 +150,12 @@ class Settings(BaseSettings):
     jwt_audience: str | None = Field(None, description="Required JWT audience (aud)")
     jwt_user_claim: str = Field("sub", description="JWT claim holding the user_uuid")
     jwt_admin_claim: str = Field("admin", description="JWT claim that is true for admins")
+    auth_failures_per_address: int = Field(
+        20, ge=0, description="Failed authentications per client address per window; 0 = off"
+    )
+    auth_failure_window_s: float = Field(
+        10.0, gt=0, description="Window of auth_failures_per_address, in seconds"
+    )
     rate_limit_per_minute: int = Field(
         600, ge=0, description="Requests per token per minute; 0 = off"
     )
