@@ -96,6 +96,35 @@ _FUNCS: dict[str, Callable[..., float]] = {
 }
 
 
+# Every integer the calculator makes, intermediate ones included, stays under this many bits
+# (about 3,000 digits): the work of each step is bounded before it is done, so no expression
+# can hold the event loop that every task on the worker shares.
+MAX_INT_BITS = 10_000
+
+
+def _bits(value: Any) -> int:
+    return value.bit_length() if isinstance(value, int) else 0
+
+
+def _check_size(op: ast.operator, left: Any, right: Any) -> None:
+    """Refuse an operation whose integer result would be too large, before computing it."""
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return  # float arithmetic is bounded by the float format (overflow raises)
+    if isinstance(op, ast.Pow):
+        if right < 0:
+            return  # a float
+        if abs(left) > 1 and _bits(left) * right > MAX_INT_BITS:
+            raise ToolFailed(f"result too large (more than {MAX_INT_BITS} bits)")
+    elif isinstance(op, ast.Mult) and _bits(left) + _bits(right) > MAX_INT_BITS:
+        raise ToolFailed(f"result too large (more than {MAX_INT_BITS} bits)")
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ToolFailed(f"result too large (more than {MAX_INT_BITS} bits)")
+    return value
+
+
 def evaluate_arithmetic(expression: str) -> float | int:
     """Arithmetic over numbers, + - * / // % **, and a few functions; nothing else
     (walks the syntax tree: no eval)."""
@@ -113,18 +142,20 @@ def evaluate_arithmetic(expression: str) -> float | int:
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 100:
-                raise ToolFailed("exponent too large")
-            return _BINARY[type(node.op)](left, right)
+            _check_size(node.op, left, right)
+            return _bounded(_BINARY[type(node.op)](left, right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](walk(node.operand))
+            return _bounded(_UNARY[type(node.op)](walk(node.operand)))
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
             and node.func.id in _FUNCS
             and not node.keywords
         ):
-            return _FUNCS[node.func.id](*(walk(a) for a in node.args))
+            args = [walk(a) for a in node.args]
+            if node.func.id == "round" and len(args) == 2 and abs(args[1]) > MAX_INT_BITS:
+                raise ToolFailed("round: too many digits")
+            return _bounded(_FUNCS[node.func.id](*args))
         raise ToolFailed(f"unsupported syntax: {ast.dump(node)[:60]}")
 
     try:

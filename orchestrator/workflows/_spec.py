@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import ValidationFailed
+from orchestrator.workflows._patterns import PatternError, check_pattern, pattern_found
 
 MODES = ("build", "plan", "explore", "review", "general", "coordinate")
 STEP_TYPES = ("task", "branch", "spawn")
@@ -282,9 +283,9 @@ def _parse_rules(raw: Any, where: str, names: list[str], index: int) -> tuple[Br
             if not isinstance(pattern, str):
                 raise _bad(f"{at}.pattern", "a regular expression")
             try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise _bad(f"{at}.pattern", f"invalid regular expression: {exc}") from exc
+                check_pattern(pattern)
+            except PatternError as exc:
+                raise _bad(f"{at}.pattern", str(exc)) from exc
         for extra in set(entry) - {"match", "pattern", "then"}:
             raise _bad(f"{at}.{extra}", "unknown field")
         rules.append(BranchRule(str(key), then, ref, pattern))
@@ -362,6 +363,7 @@ _KEYWORDS = {"and", "or", "not", "true", "false"} | _WORD_OPS
 _COMPARE = {"==", "!=", "<", "<=", ">", ">=", "contains", "matches"}
 
 Lookup = Callable[[str, str], str]
+MAX_CONDITION_DEPTH = 32  # parentheses and `not`s: the parser and evaluator recurse on them
 
 
 class Condition:
@@ -373,6 +375,7 @@ class Condition:
         self.text = text
         self._tokens = self._lex(text)
         self._pos = 0
+        self._depth = 0
         self._names = step_names
         self._tree = self._or()
         if self._pos != len(self._tokens):
@@ -421,10 +424,18 @@ class Condition:
             node = ("and", node, self._unary())
         return node
 
+    def _nested(self) -> None:
+        self._depth += 1
+        if self._depth > MAX_CONDITION_DEPTH:
+            raise ValueError(f"condition nested too deeply ({MAX_CONDITION_DEPTH} levels at most)")
+
     def _unary(self) -> Any:
         if self._peek() == ("word", "not"):
             self._take()
-            return ("not", self._unary())
+            self._nested()
+            node = self._unary()
+            self._depth -= 1
+            return ("not", node)
         left = self._operand()
         token = self._peek()
         if token is not None and token[1] in _COMPARE:
@@ -433,19 +444,18 @@ class Condition:
             if token[1] == "matches":
                 if right[0] != "lit":
                     raise ValueError("matches takes a quoted regular expression")
-                try:
-                    re.compile(str(right[1]))
-                except re.error as exc:
-                    raise ValueError(f"invalid regular expression: {exc}") from exc
+                check_pattern(str(right[1]))  # PatternError is a ValueError
             return ("cmp", token[1], left, right)
         return ("truthy", left)
 
     def _operand(self) -> Any:
         kind, value = self._take()
         if kind == "op" and value == "(":
+            self._nested()
             node = self._or()
             if self._take() != ("op", ")"):
                 raise ValueError("missing )")
+            self._depth -= 1
             return ("expr", node)
         if kind == "str":
             return ("lit", _unquote(value))
@@ -491,7 +501,7 @@ class Condition:
         if cmp == "contains":
             return _text(right) in _text(left)
         if cmp == "matches":
-            return re.search(_text(right), _text(left)) is not None
+            return pattern_found(_text(right), _text(left))
         a, b = _number(left), _number(right)
         if a is None or b is None:
             return False
@@ -539,6 +549,6 @@ def choose_branch(step: StepSpec, lookup: Lookup) -> BranchRule | None:
         if rule.pattern is None:
             if _truthy(value):
                 return rule
-        elif re.search(rule.pattern, value) is not None:
+        elif pattern_found(rule.pattern, value):
             return rule
     return fallback

@@ -173,6 +173,63 @@ def test_three_steps_and_health_workers(service: Orchestrator) -> None:
         }
 
 
+def test_one_tenants_expressions_do_not_stall_the_shards_and_workers(
+    service: Orchestrator,
+) -> None:
+    """A catastrophic regular expression (RE2: linear) and a calculator power tower (every
+    intermediate result bounded) on the WorkflowShard and AgentWorker actors other
+    workflows share: all finish, the others promptly."""
+    evil, victim = "(a+)+$", "a" * 34 + "!"
+    with service.client() as c:
+        ids = [
+            c.post(
+                "/workflows",
+                json={
+                    "name": "evil",
+                    "steps": [
+                        {"name": "a", "prompt": f"[answer {victim}]"},
+                        {
+                            "name": "b",
+                            "type": "branch",
+                            "conditions": {
+                                "evil": {"match": "{{a.result}}", "pattern": evil, "then": "a"},
+                                "fallback": {"then": "c"},
+                            },
+                        },
+                        {
+                            "name": "c",
+                            "prompt": "checked",
+                            "condition": f"{{{{a.result}}}} matches '{evil}' or true",
+                        },
+                    ],
+                },
+            ).json()["id"],
+            c.post(
+                "/workflows",
+                json={
+                    "name": "bomb",
+                    "steps": [
+                        {
+                            "name": "calc",
+                            "prompt": '[tool calculate {"expression": "(((9**99)**99)**99)**99"}]',
+                            "tools": ["calculate"],
+                        }
+                    ],
+                },
+            ).json()["id"],
+        ]
+        plain = [
+            c.post(
+                "/workflows", json={"name": f"p{i}", "steps": [{"name": "x", "prompt": "hi"}]}
+            ).json()["id"]
+            for i in range(4)
+        ]
+        bodies = _wait_all(c, ids + plain, 60)
+        assert {bodies[i]["status"] for i in ids + plain} == {"completed"}, bodies
+        assert bodies[ids[0]]["steps"][1]["result"] == "fallback -> c"
+        assert "too large" in bodies[ids[1]]["steps"][0]["result"]
+
+
 def test_kill_shards_and_a_worker_while_20_workflows_run(service: Orchestrator) -> None:
     steps = [{"name": f"s{i}", "prompt": f"[sleep 1] part {i}"} for i in range(3)]
     with service.client() as c:

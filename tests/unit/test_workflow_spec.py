@@ -226,7 +226,7 @@ def test_spec_round_trips_through_json() -> None:
 def test_calculator_is_arithmetic_only() -> None:
     assert evaluate_arithmetic("(2+3)*4") == 20
     assert evaluate_arithmetic("sqrt(16) + 2**3") == 12.0
-    for bad in ("__import__('os')", "a+1", "2**1000", "[1]", "1/0"):
+    for bad in ("__import__('os')", "a+1", "2**20000", "[1]", "1/0"):
         with pytest.raises(ToolFailed):
             evaluate_arithmetic(bad)
 
