@@ -15,7 +15,14 @@ from ray.exceptions import RayActorError
 
 from actors import Shards, until_started
 from actors.agent_worker import RayDispatcher
-from orchestrator.channels import ChannelRelay, ChannelStore, channel_shard, secret_box
+from orchestrator.channels import (
+    ChannelRelay,
+    ChannelStore,
+    EgressPolicy,
+    channel_egress,
+    channel_shard,
+    secret_box,
+)
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
@@ -65,8 +72,12 @@ class ChannelHub:
         assert s.database_url
         self._db = await connect(s.database_url, min_size=1, max_size=4)
         key = s.channel_secret_key.get_secret_value() if s.channel_secret_key else None
-        store = ChannelStore(self._db.pool, secret_box(key, s.data_dir))
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        store = ChannelStore(
+            self._db.pool,
+            secret_box(key, s.data_dir),
+            egress=EgressPolicy(s.outbound_allowed_cidrs),
+        )
+        self._http = channel_egress(s)
         relay = ChannelRelay(
             store,
             RayDispatcher(s, EventStore(self._db.pool)),

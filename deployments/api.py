@@ -11,6 +11,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import httpx
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
@@ -36,7 +37,9 @@ from orchestrator.channels import (
     ChannelRelay,
     ChannelRunner,
     ChannelStore,
+    EgressPolicy,
     LocalChannels,
+    channel_egress,
     secret_box,
 )
 from orchestrator.config import Settings
@@ -202,10 +205,15 @@ def create_app(
             ctx.db.pool,
             secret_box(key.get_secret_value() if key else None, settings.data_dir),
             teams_audience=settings.teams_audience,
+            egress=EgressPolicy(settings.outbound_allowed_cidrs),
         )
-        ctx.channel_runner = channel_runner or LocalChannels(
-            ChannelRelay(ctx.channels, dispatcher, settings, ctx.gateway.http)
-        )
+        egress: httpx.AsyncClient | None = None
+        if channel_runner is None:
+            egress = channel_egress(settings)
+            relay = ChannelRelay(ctx.channels, dispatcher, settings, egress)
+            ctx.channel_runner = LocalChannels(relay)
+        else:
+            ctx.channel_runner = channel_runner
         local_events: EventServices | None = None
         upstream = event_upstream
         if upstream is None:
@@ -246,6 +254,8 @@ def create_app(
                 await ctx.flush_metrics()
             await ctx.workflow_runner.close()
             await ctx.channel_runner.close()
+            if egress is not None:
+                await egress.aclose()
             if scheduler is not None:
                 await scheduler.shutdown()
             await ctx.inference_log.drain()

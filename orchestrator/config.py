@@ -9,6 +9,7 @@ Settings are read once, in the process that starts the service, and passed down
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -308,6 +309,10 @@ class Settings(BaseSettings):
     channel_sync_timeout_s: float = Field(
         120.0, gt=0, description="Longest wait for a synchronous generic-webhook answer"
     )
+    outbound_allowed_cidrs: list[str] = Field(
+        default_factory=list,
+        description="Private ranges that channel webhook/callback URLs may reach (SSRF guard)",
+    )
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Proxies whose X-Forwarded-For names the client (Telegram allowlist)",
@@ -352,6 +357,15 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute(cls, v: Path | None) -> Path | None:
         return v.expanduser().resolve() if v is not None else None
+
+    @field_validator(
+        "outbound_allowed_cidrs", "trusted_proxies", "telegram_allowed_cidrs", mode="after"
+    )
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for cidr in v:
+            ipaddress.ip_network(cidr, strict=False)  # ValueError names the bad entry
+        return v
 
     @field_validator("admin_token", mode="after")
     @classmethod

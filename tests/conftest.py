@@ -88,7 +88,9 @@ class ServedApp:
 
     async def __aenter__(self) -> ServedApp:
         self.thread.start()
-        for _ in range(300):
+        # Generous: on a loaded 2-core machine migrations and the first connections can take
+        # several seconds (a timeout here would drop the database under a starting app).
+        for _ in range(3000):
             if self.server.started:
                 return self
             if not self.thread.is_alive():

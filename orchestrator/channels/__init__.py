@@ -2,6 +2,12 @@
 generic webhook): verification of inbound deliveries, platform formats, the channel store
 and inbox, and the relay that answers messages with agent tasks and delivers the answers."""
 
+from orchestrator.channels._egress import (
+    DestinationNotAllowed,
+    EgressPolicy,
+    channel_egress,
+    egress_client,
+)
 from orchestrator.channels._platforms import (
     Challenge,
     DeliveryFailed,
@@ -42,12 +48,16 @@ __all__ = [
     "ChannelRunner",
     "ChannelStore",
     "DeliveryFailed",
+    "DestinationNotAllowed",
+    "EgressPolicy",
     "Inbound",
     "InboxItem",
     "LocalChannels",
     "TeamsVerifier",
     "VerificationFailed",
+    "channel_egress",
     "channel_shard",
+    "egress_client",
     "parse_slack",
     "parse_teams",
     "parse_telegram",

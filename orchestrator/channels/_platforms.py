@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from orchestrator.channels._egress import DestinationNotAllowed
 from orchestrator.errors import ValidationFailed
 
 __all__ = [
@@ -430,6 +431,9 @@ async def _post(
     try:
         # The client's own timeouts apply; a timeout is retried with backoff by the relay.
         return await http.post(url, content=body, headers=sent)
+    except DestinationNotAllowed:
+        # Said without the address or any answer: this must not map the internal network.
+        raise DeliveryFailed(f"{what}: destination not allowed", False) from None
     except httpx.TimeoutException as exc:
         raise DeliveryFailed(f"{what}: timed out ({type(exc).__name__})", True) from None
     except (httpx.UnsupportedProtocol, httpx.InvalidURL):

@@ -26,6 +26,7 @@ import asyncpg
 from cryptography.fernet import Fernet, InvalidToken
 
 from orchestrator.auth import Principal
+from orchestrator.channels._egress import EgressPolicy
 from orchestrator.errors import NotFound, Unprocessable, ValidationFailed
 
 CHANNEL_TYPES = ("slack", "teams", "telegram", "webhook")
@@ -249,11 +250,29 @@ def _json(value: Any) -> Any:
 
 class ChannelStore:
     def __init__(
-        self, pool: asyncpg.Pool, box: Fernet, *, teams_audience: str | None = None
+        self,
+        pool: asyncpg.Pool,
+        box: Fernet,
+        *,
+        teams_audience: str | None = None,
+        egress: EgressPolicy | None = None,
     ) -> None:
         self._pool = pool
         self._box = box
         self._teams_audience = teams_audience
+        self._egress = egress or EgressPolicy()
+
+    def _check_destinations(self, config: Mapping[str, Any]) -> None:
+        """A URL that names a refused address is a clear 400 now (names are checked on every
+        connect, where rebinding cannot pass: orchestrator/channels/_egress.py)."""
+        for key in ("webhook_url", "callback_url"):
+            url = config.get(key)
+            if isinstance(url, str) and self._egress.literal_refused(url):
+                raise _bad(
+                    key,
+                    "a private, loopback, link-local or metadata address is not allowed "
+                    "(outbound_allowed_cidrs)",
+                )
 
     def _check_teams(self, kind: str, config: Mapping[str, Any]) -> None:
         if kind == "teams" and not config.get("app_id") and not self._teams_audience:
@@ -314,6 +333,7 @@ class ChannelStore:
         name = _name(name)
         checked = validate_config(kind, config)
         self._check_teams(kind, checked)
+        self._check_destinations(checked)
         plain, hidden = self._split(checked)
         token = TOKEN_PREFIX + pysecrets.token_urlsafe(32)
         ts = now_ms()
@@ -392,6 +412,7 @@ class ChannelStore:
                         merged[key] = value
             checked = validate_config(current.type, merged)
             self._check_teams(current.type, checked)
+            self._check_destinations(checked)
             plain, hidden = self._split(checked)
             new_status = current.status
             failures = current.failures

@@ -47,6 +47,7 @@ def service(
             teams_audience=t.app_id,
             channel_api_base_urls={"telegram": g.url, "slack": s.api_url},
             trusted_proxies=["127.0.0.1/32"],
+            outbound_allowed_cidrs=["127.0.0.0/8"],
             channel_retry_base_s=0.2,
         )
         with running(work, settings) as orch:

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.auth import Principal
-from orchestrator.channels import ChannelRelay, ChannelStore, secret_box
+from orchestrator.channels import ChannelRelay, ChannelStore, EgressPolicy, secret_box
 from orchestrator.db import connect
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
@@ -75,6 +75,9 @@ async def _until(check: Any, within: float = 15.0) -> Any:
 
 
 def _settings(make_settings: Any, llm: OpenAIFake, **kw: Any) -> Any:
+    # The fake platforms and callbacks listen on loopback, which deliveries may not reach
+    # unless allowed (the SSRF guard).
+    kw.setdefault("outbound_allowed_cidrs", ["127.0.0.0/8"])
     return agent_settings(make_settings, llm, channel_retry_base_s=0.1, **kw)
 
 
@@ -374,11 +377,13 @@ class _CountingAgent:
 async def test_two_relays_never_answer_one_message_twice(
     make_settings: Any, callback: Callback, tmp_path: Any
 ) -> None:
-    settings = make_settings()
+    settings = make_settings(outbound_allowed_cidrs=["127.0.0.0/8"])
     db = await connect(settings.database_url)
     agent = _CountingAgent()
     try:
-        store = ChannelStore(db.pool, secret_box(None, tmp_path))
+        store = ChannelStore(
+            db.pool, secret_box(None, tmp_path), egress=EgressPolicy(["127.0.0.0/8"])
+        )
         channel, _ = await store.create(
             Principal("ann"), "webhook", "w", {"callback_url": callback.url}
         )
