@@ -110,11 +110,23 @@ async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: Curren
     return _SseResponse(stream, lambda: call.close(stream))
 
 
+# Where providers live and what they answered (URLs, upstream error text) is for admins:
+# users see whether each provider is configured, reachable and its breaker.
+ADMIN_ONLY_HEALTH = frozenset({"base_url", "last_error", "probe_error"})
+
+
+def _for(caller: Principal, health: dict[str, Any]) -> dict[str, Any]:
+    if caller.is_admin:
+        return health
+    return {k: v for k, v in health.items() if k not in ADMIN_ONLY_HEALTH}
+
+
 @router.get("/providers/health")
-async def providers_health(ctx: Ctx, _: CurrentUser) -> dict[str, Any]:
+async def providers_health(ctx: Ctx, caller: CurrentUser) -> dict[str, Any]:
     """Every provider kind: configured, reachable (a real probe, cached), breaker, last
-    error. `healthy` counts configured providers that are reachable with a closed breaker."""
-    providers = await ctx.gateway.health()
+    error. `healthy` counts configured providers that are reachable with a closed breaker.
+    Base URLs and error texts are shown to admins only."""
+    providers = {k: _for(caller, v) for k, v in (await ctx.gateway.health()).items()}
     healthy = sum(
         1
         for p in providers.values()
@@ -125,9 +137,9 @@ async def providers_health(ctx: Ctx, _: CurrentUser) -> dict[str, Any]:
 
 
 @router.get("/providers/health/{provider}")
-async def provider_health(provider: str, ctx: Ctx, _: CurrentUser) -> dict[str, Any]:
+async def provider_health(provider: str, ctx: Ctx, caller: CurrentUser) -> dict[str, Any]:
     result = await ctx.gateway.health(provider)
-    return {"ok": True, "provider": provider, **result[provider]}
+    return {"ok": True, "provider": provider, **_for(caller, result[provider])}
 
 
 def _with_default_model(chat: ChatRequest, ctx: AppContext) -> ChatRequest:

@@ -43,6 +43,8 @@ class Event:
             "timestamp": self.timestamp,
             "data": self.data,
             "position": self.position,
+            # Whose event it is (SPEC part 1: results belong to the right user); None: system.
+            "user_uuid": self.user_uuid,
         }
 
 

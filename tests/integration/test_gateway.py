@@ -439,6 +439,18 @@ async def test_provider_health(app: ServedApp, upstreams: tuple[OpenAIFake, Fake
         assert (await http.get("/providers/health/nope")).status_code == 404
         health = (await http.get("/health")).json()
         assert health["components"]["providers"] == {"total": 2, "healthy": 2}
+        assert providers["openai"]["base_url"] == upstreams[0].base_url  # admins see where
+        # A user sees whether providers work, never where they live or what they answered.
+        made = await http.post("/tokens", json={"user_uuid": "uma"})
+        uma = {"Authorization": f"Bearer {made.json()['token']}"}
+        as_user = (await http.get("/providers/health", headers=uma)).json()
+        assert as_user["healthy"] == 2
+        for view in (
+            *as_user["providers"].values(),
+            (await http.get("/providers/health/openai", headers=uma)).json(),
+        ):
+            assert not {"base_url", "last_error", "probe_error"} & set(view), view
+            assert "127.0.0.1" not in json.dumps(view)
 
 
 async def test_unreachable_provider_probe(make_settings: Any) -> None:

@@ -3,6 +3,7 @@ user's id, or "admin", is another user, and sees nothing of theirs."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -95,3 +96,46 @@ async def test_tokens_cannot_be_issued_in_reserved_identities(client: httpx.Asyn
         f"{API}/tokens", headers=ADMIN, json={"user_uuid": "admin", "admin": True}
     )
     assert r.status_code == 200
+
+
+async def test_every_event_names_its_owner(client: httpx.AsyncClient) -> None:
+    """/events and the live stream carry `user_uuid` (None for system events); a scheduled
+    job's dispatch carries its creator."""
+    import json
+
+    from tests.sse import sse_frames
+
+    c = client
+    made = await c.post(f"{API}/tokens", headers=ADMIN, json={"user_uuid": "erin"})
+    erin = {"Authorization": f"Bearer {made.json()['token']}"}
+    async with c.stream(
+        "GET", f"{API}/sync-events", headers=erin, params={"types": "memory.stored"}
+    ) as stream:
+        frames = sse_frames(stream)
+        await c.post(f"{API}/memory/notes/store", headers=erin, json={"key": "a", "value": "b"})
+        async for frame in frames:
+            if frame.get("event") in ("memory.stored", "memory:stored"):
+                assert json.loads(frame["data"])["user_uuid"] == "erin"
+                break
+    page = (await c.get(f"{API}/events", headers=erin)).json()["data"]
+    assert page and {e["user_uuid"] for e in page} == {"erin"}
+    job = await c.post(f"{API}/schedules", headers=ADMIN, json={"prompt": "p", "every": 60000})
+    jid = job.json()["id"]
+    assert (await c.post(f"{API}/schedules/{jid}/run", headers=ADMIN)).status_code == 200
+    deadline = time.monotonic() + 20
+    while True:
+        events = (
+            await c.get(
+                f"{API}/events",
+                headers=ADMIN,
+                params={"aggregate": str(jid), "limit": 100},
+            )
+        ).json()["data"]
+        dispatched = [e for e in events if e["type"] == "scheduler.task_dispatched"]
+        if dispatched:
+            break
+        assert time.monotonic() < deadline, events
+        await asyncio.sleep(0.1)
+    assert dispatched[0]["user_uuid"] == "admin"
+    system = (await c.get(f"{API}/events", headers=ADMIN, params={"limit": 1000})).json()["data"]
+    assert all("user_uuid" in e for e in system)
