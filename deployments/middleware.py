@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.client_address import scope_client_address
 from deployments.errors import error_response, internal_error_response
+from deployments.input_guard import check_json, check_target, is_json
 from orchestrator.errors import (
     MisdirectedRequest,
     OrchestratorError,
@@ -115,7 +116,13 @@ class RequestContextMiddleware:
                     f"request body of {declared} bytes; at most {limit} (max_request_bytes)",
                     extra={"size": int(declared), "limit": limit},
                 )
-            await self.app(scope, _capped(receive, limit), send_with_id)
+            check_target(scope)
+            body_receive = _capped(receive, limit)
+            if scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
+                body = await _read_body(body_receive)
+                check_json(body)
+                body_receive = _replay(body, receive)
+            await self.app(scope, body_receive, send_with_id)
         except OrchestratorError as exc:
             if status is not None:
                 raise  # the answer has begun: nothing else can be sent
@@ -151,6 +158,32 @@ def _capped(receive: Receive, limit: int) -> Receive:
         return message
 
     return capped
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client went away: the route sees an empty body
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body read once already, then the connection's own messages (a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _credentials(scope: Scope) -> str | None:

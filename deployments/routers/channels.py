@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,7 +37,17 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["channels"])
 
-ChannelId = Annotated[str, Path(pattern=r"^ch-\d{1,18}$", description="Channel id (`ch-<n>`)")]
+
+def _channel_id(
+    channel_id: Annotated[str, Path(max_length=200, description="Channel id (`ch-<n>`)")],
+) -> str:
+    # An id that names nothing is a 404 whatever its shape (SPEC part 7: channel not found).
+    if not re.fullmatch(r"ch-\d{1,18}", channel_id):
+        raise NotFound("channel not found")
+    return channel_id
+
+
+ChannelId = Annotated[str, Depends(_channel_id)]
 
 
 class ChannelOut(BaseModel):

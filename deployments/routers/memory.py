@@ -20,6 +20,7 @@ router = APIRouter(tags=["memory"])
 FLOAT32_MAX = 3.4028234663852886e38
 # Stored as real (float32): larger magnitudes are a 400, not an overflow in Postgres.
 Finite = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+MAX_TTL_MS = 10 * 366 * 86_400_000  # expiry times stay far inside bigint
 NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refused (400) at the door
 
 AgentId = Annotated[
@@ -39,7 +40,9 @@ class StoreBody(BaseModel):
 
     key: str = Field(min_length=1, max_length=512, pattern=NO_NUL)
     value: str = Field(max_length=1_000_000, pattern=NO_NUL)
-    ttl: StrictInt | None = Field(None, ge=0, description="ms; 0 or absent: never expires")
+    ttl: StrictInt | None = Field(
+        None, ge=0, le=MAX_TTL_MS, description="ms (at most ten years); 0 or absent: never"
+    )
     embedding: list[Finite] | None = Field(None, description="memory_embedding_dim numbers")
 
 

@@ -4,13 +4,14 @@ the workflow's shard (`ctx.workflow_runner`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from deployments.deps import Ctx, CurrentUser, Offset
-from orchestrator.errors import Forbidden
+from orchestrator.errors import Forbidden, NotFound
 from orchestrator.workflows import (
     WorkflowSpec,
     WorkflowState,
@@ -145,7 +146,16 @@ class TemplateList(BaseModel):
     data: list[TemplateOut]
 
 
-WorkflowId = Annotated[str, Path(pattern=WORKFLOW_ID, description="`wf-<number>`")]
+def _workflow_id(
+    workflow_id: Annotated[str, Path(max_length=200, description="`wf-<number>`")],
+) -> str:
+    # An id that names nothing is a 404 whatever its shape (not a 400 quoting a pattern).
+    if not re.fullmatch(WORKFLOW_ID, workflow_id):
+        raise NotFound(f"workflow {workflow_id!r} not found")
+    return workflow_id
+
+
+WorkflowId = Annotated[str, Depends(_workflow_id)]
 StatusQ = Annotated[WorkflowState | None, Query(description="Only workflows in this state")]
 ParentQ = Annotated[
     str | None, Query(pattern=WORKFLOW_ID, description="Only children of this workflow")

@@ -37,11 +37,14 @@ def _text(args: dict[str, Any], name: str) -> str:
     return value
 
 
+MAX_TTL_MS = 10 * 366 * 86_400_000
+
+
 async def _memory_store(ctx: ToolContext, args: dict[str, Any]) -> str:
     store, who = _store(ctx)
     ttl = args.get("ttl")
-    if ttl is not None and (not isinstance(ttl, int) or ttl < 0):
-        raise ToolFailed("'ttl' is milliseconds (a non-negative integer)")
+    if ttl is not None and (not isinstance(ttl, int) or not 0 <= ttl <= MAX_TTL_MS):
+        raise ToolFailed("'ttl' is milliseconds (a non-negative integer, at most ten years)")
     try:
         await store.store(
             _agent(args), _text(args, "key"), _text(args, "value"), who, ttl_ms=ttl or None

@@ -26,7 +26,7 @@ import zoneinfo
 from dataclasses import dataclass
 from typing import Literal
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 ScheduleType = Literal["cron", "every", "at"]
 
@@ -84,7 +84,13 @@ def cron(expr: str, tz: str | None = None) -> Schedule:
     normalised = " ".join(expr.split())
     if not croniter.is_valid(normalised):
         raise InvalidSchedule(f"cron: invalid cron expression {expr!r}")
-    return Schedule("cron", cron_expr=normalised, tz=zone(tz))
+    schedule = Schedule("cron", cron_expr=normalised, tz=zone(tz))
+    try:
+        # Valid field by field and still never due (`0 0 31 2 *`: 31 February).
+        schedule.next_after(int(time.time() * 1000))
+    except CroniterBadDateError:
+        raise InvalidSchedule(f"cron: {expr!r} never fires") from None
+    return schedule
 
 
 def every(ms: object) -> Schedule:
