@@ -27,6 +27,7 @@ from orchestrator.channels import (
     parse_telegram,
     parse_webhook,
     reply_of,
+    teams_channel_id,
     verify_slack,
     verify_teams_service_url,
     verify_telegram,
@@ -235,7 +236,7 @@ async def receive(
             return PlainTextResponse(inbound.challenge)
     elif channel.type == "teams":
         verifier = await _teams_verifier(ctx, channel)
-        claims = await verifier.verify(headers.get("authorization"))
+        claims = await verifier.verify(headers.get("authorization"), teams_channel_id(raw))
         inbound = parse_teams(_json_body(raw))
         if inbound is not None:
             verify_teams_service_url(claims, inbound.reply.get("service_url"))

@@ -35,6 +35,7 @@ from orchestrator.channels._store import (
 from orchestrator.channels._verify import (
     TeamsVerifier,
     VerificationFailed,
+    teams_channel_id,
     verify_slack,
     verify_teams_service_url,
     verify_telegram,
@@ -68,6 +69,7 @@ __all__ = [
     "send_teams",
     "send_telegram",
     "send_webhook",
+    "teams_channel_id",
     "telegram_chat_allowed",
     "validate_config",
     "verify_slack",

@@ -4,7 +4,9 @@
   app's signing secret, in `X-Slack-Signature`; `X-Slack-Request-Timestamp` more than five
   minutes from now (either way) is a replay.
 - Teams (Bot Framework): an RS256 JWT in `Authorization: Bearer`, signed by a key from the
-  Bot Framework JWKS, with the expected issuer and audience (the bot's app id).
+  Bot Framework JWKS, with the expected issuer and audience (the bot's app id), and the
+  activity's `channelId` among that key's `endorsements` (a key Microsoft endorses for one
+  channel cannot vouch for activities of another).
 - Telegram: the source address inside an allowlist of ranges, and, when the bot's webhook was
   set with a `secret_token`, the `X-Telegram-Bot-Api-Secret-Token` header equal to it.
 
@@ -19,6 +21,7 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +38,7 @@ __all__ = [
     "VerificationFailed",
     "parse_cidrs",
     "slack_signature",
+    "teams_channel_id",
     "verify_slack",
     "verify_teams_service_url",
     "verify_telegram",
@@ -122,6 +126,39 @@ def verify_slack(
 # --- Teams (Bot Framework) -----------------------------------------------------------------
 
 
+class _EndorsingJWKClient(jwt.PyJWKClient):
+    """PyJWKClient that also keeps each key's `endorsements` (the channels Microsoft signs
+    with it), read from the same fetch that fills the key cache."""
+
+    def __init__(self, uri: str, **kw: Any) -> None:
+        super().__init__(uri, **kw)
+        self.endorsements: dict[str, frozenset[str]] = {}
+
+    def fetch_data(self) -> Any:
+        data = super().fetch_data()
+        keys = data.get("keys") if isinstance(data, dict) else None
+        found: dict[str, frozenset[str]] = {}
+        for entry in keys if isinstance(keys, list) else ():
+            if not isinstance(entry, dict) or not isinstance(entry.get("kid"), str):
+                continue
+            listed = entry.get("endorsements")
+            names = listed if isinstance(listed, list) else ()
+            found[entry["kid"]] = frozenset(n for n in names if isinstance(n, str))
+        self.endorsements = found
+        return data
+
+
+def teams_channel_id(raw: bytes) -> str | None:
+    """The `channelId` of a Bot Framework activity body, None when it has none (or the body is
+    not a JSON object): read before the token is checked, so nothing else is trusted yet."""
+    try:
+        activity = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    channel_id = activity.get("channelId") if isinstance(activity, dict) else None
+    return channel_id if isinstance(channel_id, str) and channel_id else None
+
+
 class TeamsVerifier:
     """Checks the Bot Framework JWT on a Teams-style webhook request.
 
@@ -132,7 +169,9 @@ class TeamsVerifier:
     with `leeway_s` of clock skew (Bot Framework documents five minutes). `iss` must equal
     `issuer`; `aud` must equal `audience` (the bot's Microsoft app id). With `audience=None`
     the audience is NOT checked: any bot's token from the issuer passes, so operators must set
-    it in production.
+    it in production. The activity's `channelId` must be listed in the signing key's
+    `endorsements` in the JWKS (Bot Framework's authentication rules); a key without
+    endorsements vouches for no channel.
 
     A JWKS that cannot be fetched (network, HTTP error, not a key set) raises
     `ServiceUnavailable` (503) rather than 401: the sender did nothing wrong and Bot Framework
@@ -153,7 +192,7 @@ class TeamsVerifier:
         fetch_timeout_s: float = 10.0,
     ) -> None:
         # `cooldown_duration` needs PyJWT >= 2.14.
-        self._jwks = jwt.PyJWKClient(
+        self._jwks = _EndorsingJWKClient(
             jwks_url,
             cache_jwk_set=True,
             lifespan=cache_s,
@@ -168,8 +207,9 @@ class TeamsVerifier:
     def __repr__(self) -> str:
         return f"TeamsVerifier(issuer={self.issuer!r}, audience={self.audience!r})"
 
-    async def verify(self, authorization: str | None) -> dict[str, Any]:
-        """The token's claims, once every check passed."""
+    async def verify(self, authorization: str | None, channel_id: str | None) -> dict[str, Any]:
+        """The token's claims, once every check passed. `channel_id` is the activity's
+        `channelId` (`teams_channel_id`); None is refused."""
         token = self._bearer(authorization)
         try:
             unverified = jwt.get_unverified_header(token)
@@ -185,7 +225,15 @@ class TeamsVerifier:
         key = await self._signing_key(kid)
         if key.algorithm_name not in self.ALGORITHMS:
             raise VerificationFailed("teams token: the JWKS key for this kid is not an RSA key")
-        return self._decode(token, key.key)
+        claims = self._decode(token, key.key)
+        # After the signature: an unsigned token learns nothing about the key's endorsements.
+        if channel_id is None:
+            raise VerificationFailed("teams activity: no channelId to check the endorsements of")
+        if channel_id not in self._jwks.endorsements.get(kid, frozenset()):
+            raise VerificationFailed(
+                "teams token: the signing key is not endorsed for the activity's channelId"
+            )
+        return claims
 
     @staticmethod
     def _bearer(authorization: str | None) -> str:

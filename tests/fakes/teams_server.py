@@ -8,7 +8,9 @@
 
 Routes:
 - `GET /.well-known/keys` (`jwks_url`): the JWKS, `{"keys": [{kty, use, kid, x5t, n, e,
-  endorsements}]}` of the public halves of `keys` (kid -> RSA private key). `jwks_status`
+  endorsements}]}` of the public halves of `keys` (kid -> RSA private key); each key's
+  `endorsements` (the channels it signs for) are `endorsements[kid]`, by default
+  `["msteams", "skype"]` as Microsoft publishes them; None leaves the field out. `jwks_status`
   other than 200 answers that status; `jwks_fetches` counts the requests.
 - `POST /webhookb2/<group>@<tenant>/IncomingWebhook/<id>/<owner>` (`webhook_url`, an Office 365
   connector): `200 1` as text; a body without `text` (or `sections`/`attachments`) gets
@@ -41,7 +43,16 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from tests.fakes._channel_fake import ChannelFake
 from tests.fakes._loopback import RecordedRequest, Send
 
-__all__ = ["BOT_ID", "ISSUER", "SERVICE_URL", "TENANT", "TeamsFake", "message_activity", "rsa_key"]
+__all__ = [
+    "BOT_ID",
+    "ENDORSEMENTS",
+    "ISSUER",
+    "SERVICE_URL",
+    "TENANT",
+    "TeamsFake",
+    "message_activity",
+    "rsa_key",
+]
 
 ISSUER = "https://api.botframework.com"
 SERVICE_URL = "https://smba.trafficmanager.net/amer/"
@@ -53,6 +64,7 @@ WEBHOOK_PATH = (
     "/IncomingWebhook/9d8c7b6a5f4e3d2c1b0a/6e5d4c3b-2a19-4807-b6c5-d4e3f2a1b0c9"
 )
 WORKFLOW_PATH = "/workflows/0a1b2c3d4e5f60718293a4b5c6d7e8f9/triggers/manual/paths/invoke"
+ENDORSEMENTS = ["msteams", "skype"]
 _activities = itertools.count(1508439884810)
 
 
@@ -60,17 +72,12 @@ def rsa_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def _public_jwk(kid: str, key: rsa.RSAPrivateKey) -> dict[str, Any]:
+def _public_jwk(kid: str, key: rsa.RSAPrivateKey, endorsements: list[str] | None) -> Any:
     jwk = jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
-    return {
-        "kty": "RSA",
-        "use": "sig",
-        "kid": kid,
-        "x5t": kid,
-        "n": jwk["n"],
-        "e": jwk["e"],
-        "endorsements": ["msteams", "skype"],
-    }
+    out = {"kty": "RSA", "use": "sig", "kid": kid, "x5t": kid, "n": jwk["n"], "e": jwk["e"]}
+    if endorsements is not None:
+        out["endorsements"] = endorsements
+    return out
 
 
 def message_activity(
@@ -141,6 +148,7 @@ class TeamsFake(ChannelFake):
         self.issuer = ISSUER
         self.kid = kid
         self.keys: dict[str, rsa.RSAPrivateKey] = {kid: key or rsa_key()}
+        self.endorsements: dict[str, list[str] | None] = {}  # kid -> published endorsements
         self.jwks_status = 200
         self.jwks_fetches = 0
         self.jwks_url = f"{self.url}/.well-known/keys"
@@ -153,7 +161,12 @@ class TeamsFake(ChannelFake):
         self.posted.clear()
 
     def jwks(self) -> dict[str, Any]:
-        return {"keys": [_public_jwk(kid, key) for kid, key in self.keys.items()]}
+        return {
+            "keys": [
+                _public_jwk(kid, key, self.endorsements.get(kid, ENDORSEMENTS))
+                for kid, key in self.keys.items()
+            ]
+        }
 
     def mint(
         self,

@@ -156,6 +156,9 @@ async def test_telegram(api: httpx.AsyncClient, fakes: tuple[Any, Any, Any]) -> 
 
 async def test_teams(api: httpx.AsyncClient, fakes: tuple[Any, Any, Any]) -> None:
     _, t, _ = fakes
+    # A key Microsoft endorses for another channel only (published before the first fetch).
+    t.keys["webchat-key"] = teams.rsa_key()
+    t.endorsements["webchat-key"] = ["webchat"]
     ann = await _user(api, "ann")
     made = await _channel(
         api, ann, "teams", {"webhook_url": t.webhook_url, "tenant_id": teams.TENANT}
@@ -176,9 +179,18 @@ async def test_teams(api: httpx.AsyncClient, fakes: tuple[Any, Any, Any]) -> Non
         t.mint({"serviceurl": other["serviceUrl"]}, lifetime_s=-600),
         t.mint({"serviceurl": other["serviceUrl"]}, key=teams.rsa_key()),
         t.mint({"serviceurl": "https://elsewhere.example/"}),
+        t.mint({"serviceurl": other["serviceUrl"]}, kid="webchat-key"),  # not for msteams
     ):
         r = await api.post(hook, json=other, headers={"Authorization": f"Bearer {bad}"})
         assert r.status_code == 401, r.text
+    webchat = t.mint({"serviceurl": other["serviceUrl"]}, kid="webchat-key")
+    r = await api.post(hook, json=other, headers={"Authorization": f"Bearer {webchat}"})
+    assert "not endorsed" in r.json()["error"]
+    # A valid token, but the activity names no channel: no endorsement to check.
+    unnamed = {k: v for k, v in other.items() if k != "channelId"}
+    token = t.mint({"serviceurl": other["serviceUrl"]})
+    r = await api.post(hook, json=unnamed, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 401 and "channelId" in r.json()["error"]
     r = await api.post(hook, json=other)
     assert r.status_code == 401
     # A valid token for an activity of another tenant than the channel's: refused.

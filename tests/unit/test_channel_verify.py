@@ -15,6 +15,7 @@ import pytest
 from orchestrator.channels import (
     TeamsVerifier,
     VerificationFailed,
+    teams_channel_id,
     verify_slack,
     verify_teams_service_url,
     verify_telegram,
@@ -273,13 +274,13 @@ async def test_teams_token(
     authorization = make_authorization(teams)
     check = verifier(teams)
     if error is None:
-        claims = await check.verify(authorization)
+        claims = await check.verify(authorization, "msteams")
         assert claims["aud"] == APP_ID
         assert claims["iss"] == "https://api.botframework.com"
         assert claims["serviceurl"] == SERVICE_URL
         return
     with pytest.raises(VerificationFailed) as caught:
-        await check.verify(authorization)
+        await check.verify(authorization, "msteams")
     message = caught.value.message
     assert error in message
     assert message.startswith("teams token: ")
@@ -289,54 +290,54 @@ async def test_teams_token(
 
 async def test_teams_without_audience_accepts_any_audience(teams: TeamsFake) -> None:
     check = verifier(teams, audience=None)
-    claims = await check.verify(_bearer(teams.mint({"aud": "some-other-bot"})))
+    claims = await check.verify(_bearer(teams.mint({"aud": "some-other-bot"})), "msteams")
     assert claims["aud"] == "some-other-bot"
-    assert await check.verify(_bearer(teams.mint({"aud": None})))
+    assert await check.verify(_bearer(teams.mint({"aud": None})), "msteams")
     with pytest.raises(VerificationFailed, match="wrong issuer"):
-        await check.verify(_bearer(teams.mint({"iss": "https://evil.example"})))
+        await check.verify(_bearer(teams.mint({"iss": "https://evil.example"})), "msteams")
 
 
 async def test_teams_leeway_is_configurable(teams: TeamsFake) -> None:
     token = _bearer(teams.mint({"exp": int(time.time()) - 60}))
     with pytest.raises(VerificationFailed, match="expired"):
-        await verifier(teams, leeway_s=0).verify(token)
+        await verifier(teams, leeway_s=0).verify(token, "msteams")
 
 
 async def test_teams_jwks_is_cached(teams: TeamsFake) -> None:
     check = verifier(teams)
     before = teams.jwks_fetches
     for _ in range(3):
-        await check.verify(_bearer(teams.mint()))
+        await check.verify(_bearer(teams.mint()), "msteams")
     assert teams.jwks_fetches == before + 1
 
 
 async def test_teams_unknown_kid_refetches_the_jwks_once(teams: TeamsFake) -> None:
     check = verifier(teams, refetch_cooldown_s=0)
-    await check.verify(_bearer(teams.mint()))
+    await check.verify(_bearer(teams.mint()), "msteams")
     before = teams.jwks_fetches
     teams.keys["bf-key-2"] = rsa_key()  # the platform rotates its keys
-    claims = await check.verify(_bearer(teams.mint(kid="bf-key-2")))
+    claims = await check.verify(_bearer(teams.mint(kid="bf-key-2")), "msteams")
     assert claims["aud"] == APP_ID
     assert teams.jwks_fetches == before + 1
     with pytest.raises(VerificationFailed, match="unknown signing key"):
-        await check.verify(_bearer(teams.mint(kid="never-published", key=rsa_key())))
+        await check.verify(_bearer(teams.mint(kid="never-published", key=rsa_key())), "msteams")
     assert teams.jwks_fetches == before + 2
 
 
 async def test_teams_unknown_kids_cannot_force_a_fetch_per_request(teams: TeamsFake) -> None:
     check = verifier(teams)  # the default cooldown
-    await check.verify(_bearer(teams.mint()))
+    await check.verify(_bearer(teams.mint()), "msteams")
     before = teams.jwks_fetches
     for n in range(3):
         with pytest.raises(VerificationFailed, match="unknown signing key"):
-            await check.verify(_bearer(teams.mint(kid=f"forged-{n}", key=rsa_key())))
+            await check.verify(_bearer(teams.mint(kid=f"forged-{n}", key=rsa_key())), "msteams")
     assert teams.jwks_fetches == before
 
 
 async def test_teams_jwks_down_is_503(teams: TeamsFake) -> None:
     teams.jwks_status = 503
     with pytest.raises(ServiceUnavailable, match="could not be fetched") as caught:
-        await verifier(teams).verify(_bearer(teams.mint()))
+        await verifier(teams).verify(_bearer(teams.mint()), "msteams")
     assert caught.value.status_code == 503
 
 
@@ -345,14 +346,55 @@ async def test_teams_jwks_unreachable_is_503(teams: TeamsFake) -> None:
         f"http://127.0.0.1:{free_port()}/keys", teams.issuer, APP_ID, fetch_timeout_s=2
     )
     with pytest.raises(ServiceUnavailable, match="JWKS"):
-        await check.verify(_bearer(teams.mint()))
+        await check.verify(_bearer(teams.mint()), "msteams")
 
 
 async def test_teams_cached_keys_survive_a_jwks_outage(teams: TeamsFake) -> None:
     check = verifier(teams)
-    await check.verify(_bearer(teams.mint()))
+    await check.verify(_bearer(teams.mint()), "msteams")
     teams.jwks_status = 500
-    assert (await check.verify(_bearer(teams.mint())))["aud"] == APP_ID
+    assert (await check.verify(_bearer(teams.mint()), "msteams"))["aud"] == APP_ID
+
+
+async def test_teams_key_must_be_endorsed_for_the_activity_channel(teams: TeamsFake) -> None:
+    """Bot Framework: the activity's channelId must be among the signing key's endorsements."""
+    teams.keys["webchat-key"] = rsa_key()
+    teams.endorsements["webchat-key"] = ["webchat"]
+    teams.keys["bare-key"] = rsa_key()
+    teams.endorsements["bare-key"] = None  # published without endorsements
+    check = verifier(teams)
+    assert (await check.verify(_bearer(teams.mint()), "skype"))["aud"] == APP_ID
+    assert await check.verify(_bearer(teams.mint(kid="webchat-key")), "webchat")
+    for kid, channel_id in (
+        ("bf-key-1", "webchat"),
+        ("webchat-key", "msteams"),
+        ("bare-key", "msteams"),
+        ("bf-key-1", "MSTEAMS"),
+    ):
+        with pytest.raises(VerificationFailed, match="not endorsed") as caught:
+            await check.verify(_bearer(teams.mint(kid=kid)), channel_id)
+        assert caught.value.status_code == 401
+    with pytest.raises(VerificationFailed, match="no channelId"):
+        await check.verify(_bearer(teams.mint()), None)
+    # The signature comes first: a forged token is refused as such whatever the channel.
+    with pytest.raises(VerificationFailed, match="signature does not verify"):
+        await check.verify(_bearer(teams.mint(key=rsa_key())), None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"type": "message", "channelId": "msteams"}', "msteams"),
+        (b'{"type": "message"}', None),
+        (b'{"channelId": 7}', None),
+        (b'{"channelId": ""}', None),
+        (b'["msteams"]', None),
+        (b"not json", None),
+        (b"\xff\xfe", None),
+    ],
+)
+def test_teams_channel_id_of_a_body(raw: bytes, expected: str | None) -> None:
+    assert teams_channel_id(raw) == expected
 
 
 def test_teams_service_url_claim() -> None:
