@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 from pydantic import SecretStr
 
-from orchestrator.config import Settings
+from orchestrator.config import ConfigError, Settings
 from orchestrator.state import (
     DataDirLock,
     StateLayer,
@@ -85,6 +85,24 @@ def _configure_standard_proxy_env() -> None:
     X-Forwarded-For for the client address (uvicorn trusts it from loopback by default).
     Our own fronting proxies are handled in the app (`trusted_proxies`)."""
     os.environ["FORWARDED_ALLOW_IPS"] = "0.0.0.0/32"
+
+
+def _ensure_port_free(host: str, port: int) -> None:
+    """Refuse to start on a port something already listens on. Serve's own proxy binds with
+    SO_REUSEPORT (and when HAProxy cannot bind, `orchestrator serve` falls back to that proxy),
+    so a second service on the same port would start without an error and the kernel would
+    hand each connection to either service; a plain bind fails instead."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR: connections of a previous run in TIME_WAIT are not a listener.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror}): another service or "
+                "program uses this port; choose another `port`"
+            ) from exc
 
 
 def _free_port() -> int:
@@ -192,6 +210,8 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    if not settings.ray_address:  # a cluster's proxy port is the cluster's own
+        _ensure_port_free(settings.host, settings.port)
     lock = DataDirLock(settings.data_dir)
     lock.acquire()
     state = StateLayer(settings)

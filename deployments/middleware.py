@@ -100,9 +100,11 @@ class RequestContextMiddleware:
                     if credentials
                     else None
                 )
-                ctx.auth_throttle.check(address)
                 try:
-                    principal = await ctx.authenticator.authenticate(credentials)
+                    # The throttle is asked before a lookup, not for a token just verified.
+                    principal = await ctx.authenticator.authenticate(
+                        credentials, lambda: ctx.auth_throttle.check(address)
+                    )
                 except Unauthorized:
                     await ctx.auth_throttle.failed(address)
                     raise

@@ -152,10 +152,15 @@ class Settings(BaseSettings):
     jwt_user_claim: str = Field("sub", description="JWT claim holding the user_uuid")
     jwt_admin_claim: str = Field("admin", description="JWT claim that is true for admins")
     auth_failures_per_address: int = Field(
-        20, ge=0, description="Failed authentications per client address per window; 0 = off"
+        20,
+        ge=0,
+        description="Failed authentications a client address may make at once, then one per "
+        "auth_failure_window_s / this (429 beyond); 0 = off",
     )
     auth_failure_window_s: float = Field(
-        10.0, gt=0, description="Window of auth_failures_per_address, in seconds"
+        10.0,
+        gt=0,
+        description="Seconds in which a client address regains all of auth_failures_per_address",
     )
     rate_limit_per_minute: int = Field(
         600, ge=0, description="Requests per token per minute; 0 = off"
@@ -315,7 +320,8 @@ class Settings(BaseSettings):
     )
     trusted_proxies: list[str] = Field(
         default_factory=list,
-        description="Proxies whose X-Forwarded-For names the client (Telegram allowlist)",
+        description="Your proxies in front of the service: their X-Forwarded-For names the "
+        "client (Telegram allowlist, failed-auth throttle)",
     )
     channel_hubs: int = Field(2, ge=1, le=64, description="ChannelHub actors")
     channel_hub_cpus: float = Field(0.0, ge=0, description="Ray CPUs per ChannelHub")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -39,7 +40,12 @@ class Authenticator:
         self._cache: dict[str, tuple[float, Principal]] = {}
         self._unknown: dict[str, float] = {}
 
-    async def authenticate(self, authorization: str | None) -> Principal:
+    async def authenticate(
+        self, authorization: str | None, before_lookup: Callable[[], None] | None = None
+    ) -> Principal:
+        """`before_lookup` runs when the credential is not a recently verified one, before it
+        costs a verification (the failed-auth throttle raises there): a client sharing its
+        address with a guesser keeps working while its token is cached."""
         if not authorization:
             raise Unauthorized("missing bearer token")
         scheme, _, token = authorization.partition(" ")
@@ -47,12 +53,16 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("Authorization must be 'Bearer <token>'")
         if self._jwt.enabled and JwtVerifier.looks_like_jwt(token):
+            if before_lookup is not None:
+                before_lookup()
             return await self._jwt.verify(token)
         digest = hash_token(token)
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
             return cached[1]
+        if before_lookup is not None:
+            before_lookup()
         if self._unknown.get(digest, 0.0) > now:
             raise Unauthorized("invalid or revoked token")
         try:

@@ -1,10 +1,12 @@
 """Failed authentications per client address, refused before any token lookup.
 
-Garbage tokens each cost a hash and, on a cache miss, a database query. Failures are counted
-in Redis per address and fixed window, so the bound holds across replicas (each replica lets
-at most one more failure through before it learns the address is blocked); the check itself
-is a local lookup, so a good request pays nothing. When Redis is unreachable each replica
-counts on its own.
+Garbage tokens each cost a hash and, on a cache miss, a database query. Each address has a
+token bucket of failures: `max_failures` at once, refilled at `max_failures / window_s` per
+second (20 per 10 s: a burst of 20, then one every 0.5 s). It is kept in Redis as one
+"theoretical arrival time" per address (GCRA), so the bound holds across replicas and has no
+window edges at which it resets; each replica lets at most one more failure through before
+it learns the address is blocked. The check is a local lookup, so a good request pays
+nothing; only failures touch Redis. When Redis is unreachable each replica counts on its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -21,6 +24,18 @@ from orchestrator.errors import RateLimited
 log = logging.getLogger(__name__)
 MAX_TRACKED = 50_000
 
+# One failure: the address's arrival time moves `interval` past max(itself, now); answers how
+# far ahead of now it is (seconds). Redis's clock, so replicas on other hosts agree.
+_RECORD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+tat = tat + tonumber(ARGV[1])
+redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+return string.format('%.6f', tat - now)
+"""
+
 
 class FailedAuthThrottle:
     def __init__(
@@ -29,13 +44,17 @@ class FailedAuthThrottle:
         max_failures: int,
         window_s: float,
         namespace: str = "authfail",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._redis = client
         self._max = max_failures
         self._window = window_s
+        self._interval = window_s / max_failures if max_failures > 0 else 0.0
         self._ns = namespace
-        self._blocked: dict[str, float] = {}  # address -> wall-clock end of its block
-        self._local: dict[tuple[str, int], int] = {}  # (address, window) -> failures
+        self._clock = clock
+        self._script = client.register_script(_RECORD) if client is not None else None
+        self._blocked: dict[str, float] = {}  # address -> end of its block (clock)
+        self._local: dict[str, float] = {}  # address -> arrival time, while Redis is away
 
     @property
     def enabled(self) -> bool:
@@ -48,7 +67,7 @@ class FailedAuthThrottle:
         until = self._blocked.get(address)
         if until is None:
             return
-        left = until - time.time()
+        left = until - self._clock()
         if left <= 0:
             self._blocked.pop(address, None)
             return
@@ -57,30 +76,30 @@ class FailedAuthThrottle:
         )
 
     async def failed(self, address: str | None) -> None:
+        """Record one failure of `address`; block it when its bucket is empty."""
         if not self.enabled or address is None:
             return
-        now = time.time()
-        window = int(now // self._window)
-        count = await self._count(address, window)
-        if count >= self._max:
+        ahead = await self._record(address)
+        wait = ahead + self._interval - self._window
+        if wait > 1e-6:
+            # The next failure would overflow the bucket: blocked until it has room again.
+            now = self._clock()
             if len(self._blocked) >= MAX_TRACKED:
                 self._blocked = {a: u for a, u in self._blocked.items() if u > now}
-            self._blocked[address] = (window + 1) * self._window
+            self._blocked[address] = now + wait
 
-    async def _count(self, address: str, window: int) -> int:
-        if self._redis is not None:
-            key = f"{self._ns}:{address}:{window}"
+    async def _record(self, address: str) -> float:
+        if self._script is not None:
             try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.incr(key)
-                    pipe.expire(key, math.ceil(self._window) + 1)
-                    count, _ = await pipe.execute()
-                return int(count)
+                ahead = await self._script(keys=[f"{self._ns}:{address}"], args=[self._interval])
+                return float(ahead)
             except (RedisError, OSError) as exc:
-                log.debug("failed-auth count kept locally, Redis unreachable: %r", exc)
+                log.debug("failed authentications counted locally, Redis unreachable: %r", exc)
+        now = self._clock()
         if len(self._local) >= MAX_TRACKED:
-            self._local = {k: v for k, v in self._local.items() if k[1] >= window}
+            self._local = {a: t for a, t in self._local.items() if t > now}
             if len(self._local) >= MAX_TRACKED:
                 self._local.clear()
-        self._local[(address, window)] = self._local.get((address, window), 0) + 1
-        return self._local[(address, window)]
+        tat = max(self._local.get(address, now), now) + self._interval
+        self._local[address] = tat
+        return tat - now

