@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -23,6 +24,20 @@ from orchestrator.config import Settings
 APP_NAME = "orchestrator"
 
 
+def _log_like_serve(level: str) -> None:
+    """Our loggers write where Serve writes this replica's log (logs/serve/replica_*.log,
+    with the request id), and at our level: without this their records reached no handler
+    and a 500's traceback was logged nowhere."""
+    handlers = logging.getLogger("ray.serve").handlers
+    for name in ("orchestrator", "deployments", "actors"):
+        ours = logging.getLogger(name)
+        ours.setLevel(level)
+        for handler in handlers:
+            if handler not in ours.handlers:
+                ours.addHandler(handler)
+        ours.propagate = False
+
+
 @serve.deployment(name="Api", max_ongoing_requests=256)
 @serve.ingress()
 class Api:
@@ -31,6 +46,7 @@ class Api:
     def __init__(self, settings: Settings, started_at: float) -> None:
         self._settings = settings
         self._started_at = started_at
+        _log_like_serve(settings.log_level)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))

@@ -49,7 +49,9 @@ def error_response(exc: OrchestratorError, request_id: str | None) -> JSONRespon
     return JSONResponse(exc.body(request_id), status_code=exc.status_code, headers=exc.headers)
 
 
-def internal_error_response(exc: BaseException, request_id: str | None) -> JSONResponse:
+def internal_error_response(
+    exc: BaseException, request_id: str | None, target: str = ""
+) -> JSONResponse:
     """A 503 for a dependency that is down, else a 500; either way internals stay in the log
     and the caller gets the request id to quote."""
     if isinstance(exc, DEPENDENCY_ERRORS):
@@ -59,7 +61,7 @@ def internal_error_response(exc: BaseException, request_id: str | None) -> JSONR
             headers={"Retry-After": "5"},
         )
         return JSONResponse(err.body(request_id), status_code=503, headers=err.headers)
-    log.error("unhandled error (request_id=%s)", request_id, exc_info=exc)
+    log.error("unhandled error (request_id=%s) %s", request_id, target, exc_info=exc)
     body = {
         "ok": False,
         "error": "internal server error",
@@ -112,4 +114,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-        return internal_error_response(exc, request_id_of(request))
+        return internal_error_response(
+            exc, request_id_of(request), f"{request.method} {request.url.path}"
+        )

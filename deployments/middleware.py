@@ -133,7 +133,8 @@ class RequestContextMiddleware:
             if status is not None:
                 raise
             # The last line of defence: log, answer 500 (or 503 for a dependency that is down).
-            await internal_error_response(exc, request_id)(scope, receive, send_with_id)
+            target = f"{scope['method']} {scope['path']}"
+            await internal_error_response(exc, request_id, target)(scope, receive, send_with_id)
         finally:
             ctx.recorder.http_request(
                 scope["method"],

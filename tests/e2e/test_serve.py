@@ -333,6 +333,42 @@ async def test_event_stream_live_resume_bus_restart_and_tenancy(service: Service
             await db.close()
 
 
+def _replica_logs_naming(text: str) -> list[str]:
+    found = []
+    for path in Path("/tmp/ray").glob("session_*/logs/serve/replica_*Api*.log"):
+        content = path.read_text(errors="replace")
+        if text in content:
+            found.append(content)
+    return found
+
+
+async def test_a_500_is_logged_with_its_request_id_and_traceback(service: Service) -> None:
+    """A real internal error (a column the route reads is gone) answers 500 with a request
+    id, and the replica's Serve log holds that id, the route and the traceback."""
+    runtime = json.loads((service.data_dir / "runtime.json").read_text())
+    db = await connect(runtime["database_url"], migrate=False)
+    try:
+        await db.pool.execute("ALTER TABLE skills RENAME COLUMN downloads TO downloads_gone")
+        try:
+            r = service.get("/marketplace/browse", headers=service.admin)
+        finally:
+            await db.pool.execute("ALTER TABLE skills RENAME COLUMN downloads_gone TO downloads")
+    finally:
+        await db.close()
+    assert r.status_code == 500 and r.json()["code"] == "internal_error"
+    request_id = r.json()["request_id"]
+    deadline = time.monotonic() + 30
+    while True:
+        logged = await asyncio.to_thread(_replica_logs_naming, request_id)
+        if logged:
+            break
+        assert time.monotonic() < deadline, "the 500's request id is in no replica log"
+        await asyncio.sleep(0.5)
+    text = logged[0][logged[0].index(request_id) :][:5000]
+    assert "GET /api/v1/marketplace/browse" in text and "Traceback" in text
+    assert "downloads" in text  # the database's own error, for the operator
+
+
 def test_sigterm_stops_everything_it_started(service: Service) -> None:
     """Runs last in this module: it stops the service."""
     proc = psutil.Process(service.proc.pid)
