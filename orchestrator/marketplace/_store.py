@@ -258,13 +258,18 @@ class Marketplace:
         limit: int | None = None,
         offset: int = 0,
     ) -> SkillPage:
-        """Full-text search over name and description (English stemming, web-search syntax:
-        quotes, `or`, `-word`), best rank first; a match in the name ranks above one in the
-        description."""
+        """Any part of the name (a case-insensitive substring: `zebrafish-d7a2` finds
+        `zebrafish-d7a2fd37-skill`, which full-text parsing splits and misses), or full-text
+        over name and description (English stemming, web-search syntax: quotes, `or`,
+        `-word`). Name matches first, then by rank. The substring test scans names (the
+        embedded Postgres has no pg_trgm): fine for a catalogue of thousands of skills."""
         query = _no_nul("q", query).strip()
         if not query or len(query) > QUERY_MAX:
             raise _invalid("q", f"1-{QUERY_MAX} characters")
-        order = "ts_rank_cd(s.search, q.q) DESC, s.downloads DESC, s.created_at DESC, s.id DESC"
+        order = (
+            "(strpos(lower(s.name), lower($1)) > 0) DESC, ts_rank_cd(s.search, q.q) DESC,"
+            " s.downloads DESC, s.created_at DESC, s.id DESC"
+        )
         return await self._page(order, tags, limit, offset, query=query)
 
     async def _page(
@@ -286,7 +291,7 @@ class Marketplace:
         if query is not None:
             args.append(query)
             source += f", websearch_to_tsquery('english', ${len(args)}) AS q(q)"
-            where.append("s.search @@ q.q")
+            where.append(f"(s.search @@ q.q OR strpos(lower(s.name), lower(${len(args)})) > 0)")
         if wanted:
             args.append(wanted)
             where.append(f"s.tags @> ${len(args)}::text[]")

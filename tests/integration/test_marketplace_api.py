@@ -511,3 +511,24 @@ async def test_openapi_documents_the_marketplace(api: httpx.AsyncClient) -> None
         assert schema["$ref"].endswith(f"/{model}"), (path, method)
     publish = doc["components"]["schemas"]["PublishBody"]
     assert publish["required"] == ["name", "body"] and publish["additionalProperties"] is False
+
+
+async def test_search_finds_any_part_of_a_name(api: httpx.AsyncClient) -> None:
+    ann = await _user(api, "ann")
+    await _publish(api, ann, "zebrafish-d7a2fd37-skill", description="Counts stripes")
+    await _publish(api, ann, "stripe-counter", description="Works with zebrafish-d7a2fd37 data")
+    await _publish(api, ann, "unrelated", description="Nothing here")
+    for q in ("zebrafish-d7a2fd37", "ZEBRAFISH-D7A2", "d7a2fd37-sk", "fish"):
+        names = await _names(api, ann, "/marketplace/search", q=q)
+        assert names and names[0] == "zebrafish-d7a2fd37-skill", (q, names)
+    # A name match ranks above a description match of the same words.
+    assert await _names(api, ann, "/marketplace/search", q="zebrafish-d7a2fd37") == [
+        "zebrafish-d7a2fd37-skill",
+        "stripe-counter",
+    ]
+    # Description words still find a skill.
+    assert await _names(api, ann, "/marketplace/search", q="counts") == [
+        "zebrafish-d7a2fd37-skill"
+    ]
+    # LIKE metacharacters are plain text.
+    assert await _names(api, ann, "/marketplace/search", q="%") == []
