@@ -57,6 +57,9 @@ class ProviderSettings(BaseModel):
     region: str | None = Field(None, description="Cloud-runtime region (Bedrock)")
     access_key_id: SecretStr | None = Field(None, description="Cloud-runtime access key id")
     secret_access_key: SecretStr | None = Field(None, description="Cloud-runtime secret key")
+    session_token: SecretStr | None = Field(
+        None, description="Cloud-runtime session token of temporary keys (AWS_SESSION_TOKEN)"
+    )
     model_id: str | None = Field(None, description="Cloud-runtime default model id")
 
 
@@ -465,22 +468,19 @@ def _env_values(cls: type[Settings], env: dict[str, str]) -> dict[str, Any]:
 
 
 def _provider_env_keys(providers: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Fill provider credentials from <PROVIDER>_API_KEY (and AWS_* for Bedrock)."""
+    """Fill provider credentials from <PROVIDER>_API_KEY; AWS_* keys configure Bedrock."""
     out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in providers.items()}
     for kind, var in PROVIDER_KEY_ENV.items():
         if env.get(var):
             entry = out.setdefault(kind, {})
             if isinstance(entry, dict) and not entry.get("api_key"):
                 entry["api_key"] = env[var]
-    aws = {
-        "access_key_id": env.get("AWS_ACCESS_KEY_ID"),
-        "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY"),
-        "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
-    }
-    if aws["access_key_id"] and aws["secret_access_key"]:
+    # AWS keys in the environment configure Bedrock, but are not copied: botocore's default
+    # chain reads them where the adapter runs, with AWS_SESSION_TOKEN, and refreshes what
+    # expires (a copied key pair would drop the token and never refresh).
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
         entry = out.setdefault("bedrock", {})
-        if isinstance(entry, dict):
-            for key, value in aws.items():
-                if value and not entry.get(key):
-                    entry[key] = value
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        if isinstance(entry, dict) and region and not entry.get("region"):
+            entry["region"] = region
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, NoReturn, cast
@@ -19,7 +20,7 @@ from urllib.parse import quote, unquote_to_bytes
 import httpx
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
+from botocore.credentials import Credentials, ReadOnlyCredentials, RefreshableCredentials
 from botocore.eventstream import EventStreamBuffer, EventStreamMessage, ParserError
 
 from orchestrator.errors import BadRequest
@@ -47,6 +48,7 @@ from orchestrator.providers._types import (
 __all__ = ["BedrockAdapter", "EventStreamDecoder"]
 
 SERVICE = "bedrock"
+CHAIN_RETRY_S = 30.0  # how soon a default chain that found nothing is asked again
 
 _STOP: dict[str, StopReason] = {
     "end_turn": "end_turn",
@@ -147,7 +149,10 @@ def _payload(raw: bytes) -> dict[str, Any]:
 class BedrockAdapter:
     """Bedrock Runtime. Region and keys come from `config.extra` (`region`,
     `access_key_id`, `secret_access_key`, optional `session_token`); without keys, botocore's
-    default credential chain (environment, profile, instance role) is asked once."""
+    default credential chain (environment with AWS_SESSION_TOKEN, profile, SSO, container or
+    instance role) is asked, again every CHAIN_RETRY_S while it finds nothing. Credentials
+    that expire are refreshed by botocore, in a thread: a refresh calls STS or the metadata
+    service, which must not stall the event loop."""
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
         self.config = config
@@ -159,21 +164,35 @@ class BedrockAdapter:
         self._static: Credentials | None = (
             Credentials(key, secret, config.extra.get("session_token")) if key and secret else None
         )
-        self._chain: Any = None
-        self._chain_asked = False
+        self._chain: Credentials | None = None
+        self._chain_at: float | None = None  # monotonic time the chain was last asked
+        self._chain_lock = asyncio.Lock()
 
     # --- signing ---------------------------------------------------------------------------
-    async def _credentials(self) -> Any:
+    async def _credentials(self) -> ReadOnlyCredentials:
         if self._static is not None:
-            return self._static
-        if not self._chain_asked:
-            # File and metadata-service lookups block: off the event loop, once.
-            self._chain = await asyncio.to_thread(_default_credentials)
-            self._chain_asked = True
-        if not self._chain:
+            return self._static.get_frozen_credentials()
+        chain = await self._default_chain()
+        if isinstance(chain, RefreshableCredentials) and chain.refresh_needed():
+            # The refresh (STS, the metadata service, a credential process) blocks.
+            return await asyncio.to_thread(chain.get_frozen_credentials)
+        return chain.get_frozen_credentials()
+
+    async def _default_chain(self) -> Credentials:
+        def due() -> bool:
+            at = self._chain_at
+            return self._chain is None and (at is None or time.monotonic() - at >= CHAIN_RETRY_S)
+
+        if due():
+            async with self._chain_lock:
+                if due():
+                    # File and metadata-service lookups block: off the event loop.
+                    self._chain = await asyncio.to_thread(_default_credentials)
+                    self._chain_at = time.monotonic()
+        if self._chain is None:
             name = self.config.name
             raise ProviderError(f"{name}: no AWS credentials configured", provider=name)
-        return self._chain.get_frozen_credentials()
+        return self._chain
 
     async def signed_headers(
         self, method: str, url: str, body: bytes, headers: dict[str, str]
@@ -360,10 +379,11 @@ class BedrockAdapter:
 
 
 # --- conversions ---------------------------------------------------------------------------
-def _default_credentials() -> Any:
+def _default_credentials() -> Credentials | None:
     import botocore.session
 
-    return botocore.session.get_session().get_credentials()
+    found: Credentials | None = botocore.session.get_session().get_credentials()
+    return found
 
 
 def _dumps(body: dict[str, Any]) -> bytes:

@@ -125,6 +125,13 @@ def upstream_client(settings: Settings) -> httpx.AsyncClient:
     )
 
 
+# Kinds whose requests are signed over their exact path (SigV4: Bedrock's model ids hold
+# ':', percent-encoded as the AWS SDKs send them). aiohttp re-quotes a URL's path (%3A
+# becomes ':'), so what arrives is not what was signed: these go through httpx's own pool,
+# which sends the path byte for byte.
+EXACT_PATH_KINDS = frozenset({"bedrock"})
+
+
 class Gateway:
     def __init__(
         self,
@@ -141,6 +148,7 @@ class Gateway:
         self._sleep = sleep
         self._own_http = http is None
         self._http = http or upstream_client(settings)
+        self._exact_http: httpx.AsyncClient | None = None
         self.configs: dict[str, ProviderConfig] = {
             c.name: c for c in configured_providers(settings)
         }
@@ -163,12 +171,26 @@ class Gateway:
     async def aclose(self) -> None:
         if self._own_http:
             await self._http.aclose()
+        if self._exact_http is not None:
+            await self._exact_http.aclose()
 
     # --- adapters and breakers ---------------------------------------------------------------
+    def _client_for(self, config: ProviderConfig) -> httpx.AsyncClient:
+        if config.kind not in EXACT_PATH_KINDS or not self._own_http:
+            return self._http  # a client given by the caller is used as it is
+        if self._exact_http is None:
+            self._exact_http = httpx.AsyncClient(
+                timeout=self._http.timeout,
+                limits=httpx.Limits(max_connections=200, keepalive_expiry=30.0),
+                trust_env=False,
+            )
+        return self._exact_http
+
     def adapter(self, name: str) -> ProviderAdapter:
         adapter = self._adapters.get(name)
         if adapter is None:
-            adapter = self._adapters[name] = build_adapter(self.configs[name], self._http)
+            config = self.configs[name]
+            adapter = self._adapters[name] = build_adapter(config, self._client_for(config))
         return adapter
 
     def breaker(self, key: str, label: str | None = None) -> CircuitBreaker:

@@ -66,6 +66,7 @@ def configured_providers(settings: Settings) -> list[ProviderConfig]:
                 "secret_access_key": (
                     ps.secret_access_key.get_secret_value() if ps.secret_access_key else None
                 ),
+                "session_token": ps.session_token.get_secret_value() if ps.session_token else None,
                 "model_id": ps.model_id,
             }
             base = ps.base_url or DEFAULT_BASE_URLS["bedrock"].format(region=region)

@@ -1,6 +1,7 @@
 """The official `openai` and `anthropic` SDKs against the service started as the README says
 (`scripts/serve` with a config file), each routed to an OpenAI-format and an Anthropic-format
-upstream (real loopback servers speaking those wire formats)."""
+upstream (real loopback servers speaking those wire formats); and Bedrock signed with the
+temporary AWS keys (session token included) of the environment the service starts in."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import yaml
 from tests.conftest import free_port
 from tests.e2e.test_serve import _wait_for_ready_line
 from tests.fakes.anthropic_server import FakeAnthropic, text_reply, tool_reply
+from tests.fakes.bedrock_server import ACCESS_KEY, SECRET_KEY, BedrockFake, BedrockTurn
 from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +42,7 @@ ANT_TOOL = {
     "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
 }
 OPENAI_MODEL, ANTHROPIC_MODEL = "gpt-4o-mini", "claude-sonnet-4-5"
+BEDROCK_MODEL, AWS_TOKEN = "nova", "IQoJb3JpZ2luX2VjE2E2ESESSIONTOKEN"
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Gateway:
     token: str
     oai: OpenAIFake
     ant: FakeAnthropic
+    bedrock: BedrockFake
 
     def openai(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/api/v1", api_key=self.token, max_retries=0)
@@ -62,7 +66,11 @@ class Gateway:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     work = tmp_path_factory.mktemp("gateway")
-    with OpenAIFake(api_key="sk-o") as oai, FakeAnthropic(api_key="sk-a") as ant:
+    with (
+        OpenAIFake(api_key="sk-o") as oai,
+        FakeAnthropic(api_key="sk-a") as ant,
+        BedrockFake(session_token=AWS_TOKEN) as bedrock,
+    ):
         config = work / "orchestrator.yaml"
         config.write_text(
             yaml.safe_dump(
@@ -78,13 +86,30 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
                             "api_key": "sk-a",
                             "models": [ANTHROPIC_MODEL],
                         },
+                        # No keys here: the AWS variables below sign (botocore's chain).
+                        "bedrock": {
+                            "base_url": bedrock.url,
+                            "models": [BEDROCK_MODEL],
+                            "model_id": "amazon.nova-lite-v1:0",
+                        },
                     },
                     "rate_limit_per_minute": 0,
                 }
             )
         )
         data_dir, log, port = work / "data", work / "serve.log", free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_"))}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_", "AWS_"))
+        }
+        env.update(
+            AWS_ACCESS_KEY_ID=ACCESS_KEY,
+            AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+            AWS_SESSION_TOKEN=AWS_TOKEN,
+            AWS_REGION="us-east-1",
+            AWS_CONFIG_FILE=str(work / "no-aws-config"),
+            AWS_SHARED_CREDENTIALS_FILE=str(work / "no-aws-credentials"),
+            AWS_EC2_METADATA_DISABLED="true",
+        )
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [
@@ -105,7 +130,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         try:
             _wait_for_ready_line(proc, log)
             token = (data_dir / "admin_token").read_text().strip()
-            yield Gateway(f"http://127.0.0.1:{port}", token, oai, ant)
+            yield Gateway(f"http://127.0.0.1:{port}", token, oai, ant, bedrock)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -119,6 +144,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 def fresh_upstreams(gateway: Gateway) -> None:
     gateway.oai.reset()
     gateway.ant.requests.clear()
+    gateway.bedrock.requests.clear()
 
 
 @pytest.mark.parametrize("model", [OPENAI_MODEL, ANTHROPIC_MODEL])
@@ -155,6 +181,7 @@ def test_openai_sdk_sync_text_stream_and_tools(gateway: Gateway, model: str) -> 
         messages=[{"role": "user", "content": "define ray"}],
         tools=[TOOL],  # type: ignore[list-item]
     )
+    client.close()  # its pooled connection to the service, not left to the GC
     call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert r.choices[0].finish_reason == "tool_calls"
     assert call.id == "call_1" and call.function.name == "lookup"  # type: ignore[union-attr]
@@ -227,7 +254,29 @@ def test_anthropic_sdk_create_and_stream(gateway: Gateway, model: str) -> None:
     ) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_message()
+    client.close()
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert final.stop_reason == "tool_use"
     assert final.content[0].text == "Using it."  # type: ignore[union-attr]
     assert final.content[1].input == {"word": "y"}  # type: ignore[union-attr]
+
+
+def test_bedrock_signs_with_the_session_token_of_the_environment(gateway: Gateway) -> None:
+    """Temporary AWS keys in the environment `scripts/serve` starts in reach the replicas'
+    botocore chain whole: the session token is sent (and signed), and AWS's check passes."""
+    gateway.bedrock.script(
+        BedrockTurn(text="signed with the session token"), BedrockTurn(text="streamed too")
+    )
+    ask = [{"role": "user", "content": "Hi"}]
+    with gateway.openai() as client:
+        answer = client.chat.completions.create(model=BEDROCK_MODEL, messages=ask)
+        assert answer.choices[0].message.content == "signed with the session token"
+        chunks = client.chat.completions.create(model=BEDROCK_MODEL, messages=ask, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "streamed too"
+    assert gateway.bedrock.rejected == []
+    sent = [r.headers.get("x-amz-security-token") for r in gateway.bedrock.requests]
+    assert sent == [AWS_TOKEN, AWS_TOKEN]
+    # The model id holds ':', sent percent-encoded as the AWS SDKs do (and as signed).
+    assert gateway.bedrock.model_ids == ["amazon.nova-lite-v1:0"] * 2
+    assert "%3A" in gateway.bedrock.requests[0].raw_path

@@ -23,7 +23,9 @@ The model id path segment is percent-decoded (ARNs arrive encoded); each request
 in `model_ids`. Errors are `{"message": ...}` with `x-amzn-errortype`. A request whose SigV4
 Authorization is missing, names an unknown key, another service/region, or does not match
 the signature recomputed (with botocore, from the known secret, the signed headers, path,
-query and body) gets AWS's 403.
+query and body) gets AWS's 403. With `session_token` set the keys are temporary (STS): a
+request must carry that token in a signed `X-Amz-Security-Token`, else AWS's 403
+UnrecognizedClientException.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import binascii
 import hmac
 import json
 import struct
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -282,17 +285,39 @@ class BedrockFake(LoopbackServer):
         access_key: str = ACCESS_KEY,
         secret_key: str = SECRET_KEY,
         region: str = REGION,
+        session_token: str | None = None,
     ) -> None:
         super().__init__()
         self.access_key, self.secret_key, self.region = access_key, secret_key, region
+        self.session_token = session_token
         self.model_ids: list[str] = []
         self.rejected: list[tuple[str, str]] = []  # (error type, message) of 403s sent
         self.models_status = 200
+
+    def __enter__(self) -> BedrockFake:
+        """Started from synchronous code (an e2e fixture): served by its own thread."""
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the Bedrock server failed to start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
 
     async def handle(self, request: RecordedRequest, send: Send) -> None:
         problem = verify_sigv4(
             request, {self.access_key: self.secret_key}, region=self.region, service=SERVICE
         )
+        sent_token = request.headers.get("x-amz-security-token")
+        if problem is None and self.session_token is not None and sent_token != self.session_token:
+            problem = (
+                "UnrecognizedClientException",
+                "The security token included in the request is invalid.",
+            )
         if problem is not None:
             self.rejected.append(problem)
             await self._error(send, 403, *problem)

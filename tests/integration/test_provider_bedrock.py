@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import base64
 import re
+import threading
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
+from botocore.credentials import DeferredRefreshableCredentials
 
+from orchestrator.config import Settings
 from orchestrator.errors import BadRequest
 from orchestrator.providers import (
     BlockDelta,
@@ -31,8 +35,10 @@ from orchestrator.providers import (
     ToolResultBlock,
     ToolUseBlock,
     Usage,
+    _bedrock,
 )
 from orchestrator.providers._bedrock import BedrockAdapter
+from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes.bedrock_server import ACCESS_KEY, SECRET_KEY, BedrockFake, BedrockTurn
 
 ARN = (
@@ -571,3 +577,122 @@ async def test_without_any_credentials_the_call_fails_cleanly(
     with pytest.raises(ProviderError, match="no AWS credentials"):
         await _no_configured_keys(server, http).complete(ask(model="amazon.nova-lite-v1:0"))
     assert server.requests == []
+
+
+async def test_the_default_chain_is_asked_again_after_finding_nothing(
+    server: BedrockFake,
+    http: httpx.AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+) -> None:
+    _isolate_aws(monkeypatch, tmp_path)
+    monkeypatch.setattr(_bedrock, "CHAIN_RETRY_S", 0.0)
+    bedrock = _no_configured_keys(server, http)
+    with pytest.raises(ProviderError, match="no AWS credentials"):
+        await bedrock.complete(ask(model="amazon.nova-lite-v1:0"))
+    # The credentials appear later (a role attached, a variable set): no restart needed.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    assert (await bedrock.complete(ask(model="amazon.nova-lite-v1:0"))).text == "echo"
+
+
+async def test_expiring_credentials_are_refreshed_off_the_event_loop(
+    server: BedrockFake, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore refreshes temporary credentials (STS, the metadata service) with blocking
+    calls: they run in a thread, never on the loop that serves every other request."""
+    loop_thread = threading.get_ident()
+    refreshed_on: list[int] = []
+    tokens = iter(["TOKEN-ONE", "TOKEN-TWO"])
+
+    def refresh() -> dict[str, str]:
+        refreshed_on.append(threading.get_ident())
+        # Inside botocore's advisory window already: the next signing refreshes again.
+        soon = datetime.now(UTC) + timedelta(minutes=5)
+        return {
+            "access_key": ACCESS_KEY,
+            "secret_key": SECRET_KEY,
+            "token": next(tokens),
+            "expiry_time": soon.isoformat(),
+        }
+
+    chain = DeferredRefreshableCredentials(refresh, "sts-assume-role")
+    monkeypatch.setattr(_bedrock, "_default_credentials", lambda: chain)
+    bedrock = _no_configured_keys(server, http)
+    for _ in range(2):
+        assert (await bedrock.complete(ask(model="m"))).text == "echo"
+    sent = [r.headers["x-amz-security-token"] for r in server.requests]
+    assert sent == ["TOKEN-ONE", "TOKEN-TWO"] and server.rejected == []
+    assert len(refreshed_on) == 2 and loop_thread not in refreshed_on
+
+
+# --- through the app: the settings and the environment the service is started with ----------
+AWS_TOKEN = "IQoJb3JpZ2luX2VjEXAMPLESESSIONTOKEN"
+
+
+async def _chat_via_app(settings: Any, fake: BedrockFake) -> httpx.Response:
+    fake.script(BedrockTurn(text="signed with the session token"))
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url, timeout=30) as c:
+        return await c.post(
+            "/api/v1/chat/completions",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            json={"model": "nova", "messages": [{"role": "user", "content": "Hi"}]},
+        )
+
+
+async def test_a_session_token_in_the_settings_is_sent(make_settings: Any) -> None:
+    async with BedrockFake(session_token=AWS_TOKEN) as fake:
+        settings = make_settings(
+            providers={
+                "bedrock": {
+                    "base_url": fake.url,
+                    "region": "us-east-1",
+                    "access_key_id": ACCESS_KEY,
+                    "secret_access_key": SECRET_KEY,
+                    "session_token": AWS_TOKEN,
+                    "models": ["nova"],
+                    "model_id": "amazon.nova-lite-v1:0",
+                }
+            }
+        )
+        r = await _chat_via_app(settings, fake)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "signed with the session token"
+    assert fake.rejected == []
+    assert fake.requests[0].headers["x-amz-security-token"] == AWS_TOKEN
+
+
+async def test_temporary_keys_from_the_environment_keep_their_session_token(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """AWS_ACCESS_KEY_ID/SECRET/SESSION_TOKEN where the service starts (and so where its
+    replicas run): the settings name Bedrock, botocore's chain signs with all three."""
+    _isolate_aws(monkeypatch, tmp_path)
+    aws = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_SESSION_TOKEN": AWS_TOKEN,
+        "AWS_REGION": "us-east-1",
+    }
+    for name, value in aws.items():
+        monkeypatch.setenv(name, value)
+    async with BedrockFake(session_token=AWS_TOKEN) as fake:
+        base = make_settings()
+        settings = Settings.load(
+            environ=aws,
+            database_url=base.database_url,
+            redis_url=base.redis_url,
+            data_dir=base.data_dir,
+            admin_token=ADMIN_TOKEN,
+            providers={
+                "bedrock": {
+                    "base_url": fake.url,
+                    "models": ["nova"],
+                    "model_id": "amazon.nova-lite-v1:0",
+                }
+            },
+        )
+        r = await _chat_via_app(settings, fake)
+    assert r.status_code == 200, r.text
+    assert fake.rejected == []
+    assert fake.requests[0].headers["x-amz-security-token"] == AWS_TOKEN
