@@ -14,9 +14,10 @@ A state change and the `model.*` event it causes commit in one transaction. The 
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -89,6 +90,8 @@ class InstanceRecord:
     error: str | None
     created_at: int
     updated_at: int
+    # The key its server requires (see `new_api_key`); never in `wire()`, logs or events.
+    api_key: str = field(default="", repr=False)
 
     @property
     def base_url(self) -> str | None:
@@ -133,6 +136,7 @@ def _record(row: asyncpg.Record) -> InstanceRecord:
         error=row["error"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        api_key=row["api_key"],
     )
 
 
@@ -145,12 +149,19 @@ class LocalEndpoint:
     base_url: str
     ctx_size: int
     state: str
+    api_key: str = field(default="", repr=False)  # sent as `Authorization: Bearer`
+
+
+def new_api_key() -> str:
+    """A random key for one instance's server: only the service, which reads it from the
+    instance's row, can reach the server's port (a user who learns the port cannot)."""
+    return secrets.token_urlsafe(32)
 
 
 async def ready_endpoints(pool: asyncpg.Pool) -> list[LocalEndpoint]:
     """Instances that are ready or running (one query on a partial index)."""
     rows = await pool.fetch(
-        """SELECT id, model_name, host, port, ctx_size, state FROM inference_instances
+        """SELECT id, model_name, host, port, ctx_size, state, api_key FROM inference_instances
            WHERE state IN ('ready', 'running') AND host IS NOT NULL AND port IS NOT NULL
            ORDER BY created_at, id"""
     )
@@ -164,6 +175,7 @@ async def ready_endpoints(pool: asyncpg.Pool) -> list[LocalEndpoint]:
                 base_url=f"http://{host}:{row['port']}/v1",
                 ctx_size=row["ctx_size"],
                 state=row["state"],
+                api_key=row["api_key"],
             )
         )
     return out
@@ -197,9 +209,9 @@ class InstanceStore:
             row = await tx.conn.fetchrow(
                 """INSERT INTO inference_instances
                        (id, model_name, model_path, state, ctx_size, gpu_layers, threads,
-                        user_uuid, created_at, updated_at)
+                        user_uuid, created_at, updated_at, api_key)
                    VALUES ('inf-' || nextval('inference_instance_seq'), $1, $2, 'starting',
-                           $3, $4, $5, $6, $7, $7)
+                           $3, $4, $5, $6, $7, $7, $8)
                    RETURNING *""",
                 model_name,
                 model_path,
@@ -208,6 +220,7 @@ class InstanceStore:
                 threads,
                 user_uuid,
                 now,
+                new_api_key(),
             )
             record = _record(row)
             await tx.append(

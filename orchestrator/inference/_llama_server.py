@@ -2,7 +2,10 @@
 `inference_bin`.
 
 It accepts llama-server's flags (`-m`, `--host`, `--port`, `-c`, `-ngl`, `-t`, `-a`,
-`-b`, `--api-key`; others are ignored with a warning) and serves what the orchestrator and
+`-b`, `--api-key`, whose default is `LLAMA_API_KEY` from the environment as llama-server's;
+others are ignored with a warning). With a key, every route but /health answers 401
+`Invalid API Key` unless the request carries `Authorization: Bearer <key>`. It serves what
+the orchestrator and
 OpenAI clients use: `GET /health` (503 while the model loads, as llama-server), `GET
 /v1/models`, `GET /slots` (`is_processing`), and `POST /v1/chat/completions`, plain or
 streamed as `chat.completion.chunk` SSE frames ending with `data: [DONE]`. One request is
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -24,7 +28,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -90,7 +94,9 @@ def parse_args(argv: Sequence[str]) -> tuple[ServerOptions, list[str]]:
     parser.add_argument("-t", "--threads", type=int, default=-1)
     parser.add_argument("-b", "--batch-size", dest="batch_size", type=int, default=2048)
     parser.add_argument("-a", "--alias")
-    parser.add_argument("--api-key", dest="api_key")
+    # llama-server reads the key from LLAMA_API_KEY too: the environment keeps it out of the
+    # command line, which every local user can read.
+    parser.add_argument("--api-key", dest="api_key", default=os.environ.get("LLAMA_API_KEY"))
     known, unknown = parser.parse_known_args(list(argv))
     options = ServerOptions(
         model=known.model,
@@ -101,7 +107,7 @@ def parse_args(argv: Sequence[str]) -> tuple[ServerOptions, list[str]]:
         threads=known.threads,
         batch_size=known.batch_size,
         alias=known.alias,
-        api_key=known.api_key,
+        api_key=known.api_key or None,
     )
     return options, unknown
 
@@ -554,13 +560,25 @@ class LlamaServer:
         routes = [
             Route("/health", self.health),
             Route("/v1/health", self.health),
-            Route("/models", self.models),
-            Route("/v1/models", self.models),
-            Route("/slots", self.slots),
-            Route("/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/models", self._keyed(self.models)),
+            Route("/v1/models", self._keyed(self.models)),
+            Route("/slots", self._keyed(self.slots)),
+            Route("/chat/completions", self._keyed(self.chat), methods=["POST"]),
+            Route("/v1/chat/completions", self._keyed(self.chat), methods=["POST"]),
         ]
         return Starlette(routes=routes, lifespan=self.lifespan)
+
+    def _keyed(
+        self, endpoint: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """`endpoint` behind the API key (when the server has one): only /health is open."""
+
+        async def guarded(request: Request) -> Response:
+            if (denied := self._denied(request)) is not None:
+                return denied
+            return await endpoint(request)
+
+        return guarded
 
     # --- endpoints ----------------------------------------------------------------------
 
@@ -580,22 +598,21 @@ class LlamaServer:
         }
         return JSONResponse({"object": "list", "data": [model]})
 
-    async def slots(self, request: Request) -> Response:
-        if (denied := self._denied(request)) is not None:
-            return denied
+    async def slots(self, _request: Request) -> Response:
         return JSONResponse(
             [{"id": 0, "n_ctx": self.engine.n_ctx, "is_processing": self._processing}]
         )
 
     def _denied(self, request: Request) -> Response | None:
         key = self.options.api_key
-        if key and request.headers.get("authorization") != f"Bearer {key}":
+        if not key:
+            return None
+        given = request.headers.get("authorization", "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
             return ApiError(401, "Invalid API Key", "authentication_error").response()
         return None
 
     async def chat(self, request: Request) -> Response:
-        if (denied := self._denied(request)) is not None:
-            return denied
         if not self.loaded:
             return ApiError(503, "Loading model", "unavailable_error").response()
         try:

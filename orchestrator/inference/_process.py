@@ -1,5 +1,9 @@
 """The llama-server process: which binary, its command line, spawning it in a process group
-of its own, and stopping it."""
+of its own, and stopping it.
+
+Its API key is given in the environment (`LLAMA_API_KEY`, which llama-server and the bundled
+launcher read like `--api-key`), not on the command line: any local user can read a
+process's command line, only its owner its environment."""
 
 from __future__ import annotations
 
@@ -12,17 +16,19 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
 __all__ = [
+    "API_KEY_ENV",
     "BUNDLED_LAUNCHER",
     "build_command",
     "free_port",
     "kill_stale",
     "log_tail",
     "resolve_binary",
+    "server_env",
     "spawn",
     "terminate",
 ]
@@ -30,6 +36,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BUNDLED_LAUNCHER = "orchestrator.inference.llama_server"
+API_KEY_ENV = "LLAMA_API_KEY"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -115,12 +122,21 @@ def _open_log(path: Path) -> IO[bytes]:
     return path.open("ab")
 
 
-async def spawn(command: list[str], log_path: Path) -> asyncio.subprocess.Process:
+def server_env(api_key: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server that requires `api_key` on every request but /health."""
+    return {**(os.environ if base is None else base), API_KEY_ENV: api_key}
+
+
+async def spawn(
+    command: list[str], log_path: Path, env: Mapping[str, str] | None = None
+) -> asyncio.subprocess.Process:
     """Start `command` in a new session (its own process group, so stopping it stops its
-    children too), output appended to `log_path`. Raises OSError when it cannot start."""
+    children too), output appended to `log_path`, with `env` (default: this process's).
+    Raises OSError when it cannot start."""
     with _open_log(log_path) as out:
         return await asyncio.create_subprocess_exec(
             *command,
+            env=None if env is None else dict(env),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,

@@ -28,6 +28,7 @@ from orchestrator.inference._process import (
     kill_stale,
     log_tail,
     resolve_binary,
+    server_env,
     spawn,
     terminate,
 )
@@ -109,7 +110,7 @@ class InstanceSupervisor:
                 threads=record.threads,
                 alias=record.model_name,
             )
-            self._proc = await spawn(command, self.log_path)
+            self._proc = await spawn(command, self.log_path, server_env(record.api_key))
         except OSError as exc:
             return await self._fail("model.start_failed", f"cannot start {binary[0]}: {exc}")
         log.info("%s: started %s (pid %s)", self._id, " ".join(command), self._proc.pid)
@@ -129,8 +130,12 @@ class InstanceSupervisor:
             return self._record
         exited = asyncio.ensure_future(self._proc.wait())
         base = f"http://{_url_host(self._host)}:{port}"
-        # Loopback and node addresses: never through a proxy from the environment.
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=False) as http:
+        # Loopback and node addresses: never through a proxy from the environment. /slots
+        # needs the server's key (/health does not).
+        auth = {"Authorization": f"Bearer {record.api_key}"}
+        async with httpx.AsyncClient(
+            timeout=PROBE_TIMEOUT_S, trust_env=False, headers=auth
+        ) as http:
             try:
                 failed = await self._wait_healthy(http, base, exited)
                 if failed is not None:

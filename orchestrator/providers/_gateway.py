@@ -76,6 +76,8 @@ class LocalTarget(Protocol):
     def model(self) -> str: ...
     @property
     def base_url(self) -> str: ...
+    @property
+    def api_key(self) -> str: ...  # its server's key: `Authorization: Bearer` on each call
 
 
 LocalSource = Callable[[], Awaitable[Sequence[LocalTarget]]]
@@ -222,6 +224,7 @@ class Gateway:
                 name=LOCAL_PROVIDER,
                 kind="local",
                 base_url=target.base_url.rstrip("/"),
+                api_key=target.api_key or None,
                 timeout_s=self._settings.provider_timeout_s,
                 connect_timeout_s=self._settings.provider_connect_timeout_s,
             )

@@ -177,9 +177,10 @@ class QwenAdapter(OpenAIAdapter):
 class LocalAdapter(OpenAIAdapter):
     """A llama-server instance started by the inference manager. `base_url` is its
     OpenAI-compatible root, `http://127.0.0.1:<port>/v1` (chat at `/v1/chat/completions`);
-    no key unless the server was started with one; the model name is sent as given (the
-    server has one model and does not check it). `probe` is llama-server's own `GET /health`
-    on the server root (200 when the model is loaded, 503 while it loads)."""
+    `api_key` is the instance's own key, which its server requires on every route but
+    /health; the model name is sent as given (the server has one model and does not check
+    it). `probe` is llama-server's own `GET /health` on the server root (200 when the model
+    is loaded, 503 while it loads)."""
 
     def probe_url(self) -> str:
         root = self.config.base_url.rstrip("/").removesuffix("/v1")

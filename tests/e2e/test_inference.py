@@ -1,7 +1,8 @@
 """Local inference through the service the README starts (`scripts/serve`): a real llama.cpp
 instance (the bundled cyllama launcher serving SmolLM2) started with POST /inference on a
-Ray actor, chatted with on its own port by the openai SDK, stopped; a binary that exits at
-once ends failed; stopping the service leaves no model server behind."""
+Ray actor, whose own port answers only the service (its API key), chatted with through the
+service by the openai SDK, stopped; a binary that exits at once ends failed; stopping the
+service leaves no model server behind."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -154,8 +156,26 @@ def test_discover_start_chat_stream_stop(service: Service) -> None:
     assert server.parent().cmdline()[0].startswith("ray::InferenceInstance")
     assert "--port" in server.cmdline() and str(ready["port"]) in server.cmdline()
 
-    # Chat with the instance directly, as the gateway does: plain, then streamed.
-    client = openai.OpenAI(base_url=ready["base_url"], api_key="unused", max_retries=0)
+    # Only the service reaches the instance's port: its server got a key of its own in its
+    # environment (not on its command line, which any local user reads), and answers
+    # everything but /health with 401 without it, the service's own tokens included.
+    assert "--api-key" not in server.cmdline()
+    key = server.environ()["LLAMA_API_KEY"]
+    assert len(key) >= 32 and key not in service.log.read_text(errors="replace")
+    root = ready["base_url"].removesuffix("/v1")
+    assert httpx.get(f"{root}/health", timeout=10).status_code == 200
+    for wrong in ("unused", service.admin["Authorization"].removeprefix("Bearer ")):
+        outsider = openai.OpenAI(base_url=ready["base_url"], api_key=wrong, max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            outsider.chat.completions.create(
+                model=SMOL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            )
+        with pytest.raises(openai.AuthenticationError):
+            outsider.models.list()
+    assert httpx.get(f"{root}/slots", timeout=10).status_code == 401
+
+    # With the key (as the gateway calls it): plain, then streamed.
+    client = openai.OpenAI(base_url=ready["base_url"], api_key=key, max_retries=0)
     answer = client.chat.completions.create(
         model=SMOL,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -244,10 +264,15 @@ def test_a_killed_actor_comes_back_and_respawns_its_server(service: Service) -> 
         "model.started",
         "model.ready",
     ]
-    answer = openai.OpenAI(base_url=now["base_url"], api_key="unused", max_retries=0)
-    reply = answer.chat.completions.create(
-        model=SMOL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8
-    )
+    # The respawned server requires the instance's key too, and the service still has it.
+    assert psutil.Process(now["pid"]).environ()["LLAMA_API_KEY"]
+    root = now["base_url"].removesuffix("/v1")
+    assert httpx.get(f"{root}/v1/models", timeout=10).status_code == 401
+    token = service.admin["Authorization"].removeprefix("Bearer ")
+    with openai.OpenAI(base_url=f"{service.url}/api/v1", api_key=token, max_retries=0) as gw:
+        reply = gw.chat.completions.create(
+            model=SMOL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+        )
     assert reply.choices[0].message.content is not None
     assert service.post("/stop", headers=service.admin, json={"id": iid}).json()["state"] == (
         "stopped"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import uvicorn
 
@@ -130,7 +131,7 @@ async def test_smollm2_instance_lifecycle(make_settings, tmp_path: Path) -> None
         models = (await c.get("/api/v1/models", headers=bob)).json()["models"]
         assert {"name": SMOL, "status": "loaded", "provider": "local", "ctx_size": 2048} in models
 
-        # The gateway's view: one indexed query.
+        # The gateway's view: one indexed query, with the key the instance's server requires.
         db = await connect(settings.database_url)
         try:
             endpoints = await ready_endpoints(db.pool)
@@ -139,9 +140,43 @@ async def test_smollm2_instance_lifecycle(make_settings, tmp_path: Path) -> None
         assert [(e.id, e.model, e.base_url, e.ctx_size) for e in endpoints] == [
             (iid, SMOL, base_url, 2048)
         ]
+        key = endpoints[0].api_key
+        assert len(key) >= 32 and key not in repr(endpoints)
+        for shown in (ready, (await c.get("/api/v1/inference", headers=bob)).json()):
+            assert key not in json.dumps(shown)
+        assert key not in " ".join(psutil.Process(pid).cmdline())  # readable by any local user
 
-        # Chat straight to the instance: plain, then streamed with usage.
-        async with httpx.AsyncClient(base_url=base_url, timeout=60) as llm:
+        # Only the service reaches the instance's port: without its key (or with another,
+        # e.g. a user's token), everything but /health is a 401.
+        root = base_url.removesuffix("/v1")
+        async with httpx.AsyncClient(timeout=30) as outsider:
+            assert (await outsider.get(f"{root}/health")).status_code == 200
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            for auth in ({}, {"Authorization": "Bearer wrong"}, bob, {"Authorization": key}):
+                for method, path, body in (
+                    ("POST", "/v1/chat/completions", chat),
+                    ("POST", "/chat/completions", chat),
+                    ("GET", "/v1/models", None),
+                    ("GET", "/models", None),
+                    ("GET", "/slots", None),
+                ):
+                    r = await outsider.request(method, f"{root}{path}", json=body, headers=auth)
+                    assert r.status_code == 401, (path, auth, r.text)
+                    assert r.json()["error"]["type"] == "authentication_error"
+
+        # Instances are shared capacity: another user's chat through the service runs on it.
+        carol = await _token(c, "carol")
+        r = await c.post(
+            "/api/v1/chat/completions",
+            headers=carol,
+            json={"model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"]
+
+        # Chat straight to the instance with its key: plain, then streamed with usage.
+        keyed = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=base_url, timeout=60, headers=keyed) as llm:
             r = await llm.post(
                 "/chat/completions",
                 json={
@@ -226,7 +261,6 @@ async def test_smollm2_instance_lifecycle(make_settings, tmp_path: Path) -> None
             await wait_state(c, iid, {"ready"}, within=20)
 
         # Tenancy: another user neither sees nor stops it; an admin sees everything.
-        carol = await _token(c, "carol")
         assert (await c.get(f"/api/v1/inference/{iid}", headers=carol)).status_code == 404
         assert (await c.post("/api/v1/stop", headers=carol, json={"id": iid})).status_code == 404
         assert (await c.get("/api/v1/inference", headers=carol)).json()["data"] == []

@@ -3,11 +3,13 @@
 import json
 
 import pytest
+from starlette.testclient import TestClient
 
 from orchestrator.inference._llama_server import (
     ApiError,
     ChatBody,
     Completion,
+    LlamaServer,
     Outcome,
     StopMatcher,
     chat_messages,
@@ -45,6 +47,44 @@ def test_accepts_llama_server_flags_and_reports_the_rest() -> None:
     assert unknown == ["--flash-attn", "on", "--jinja"]
     long, _ = parse_args(["--model", "/m.gguf", "--ctx-size", "512", "--n-gpu-layers", "all"])
     assert (long.ctx_size, long.gpu_layers, long.model_id) == (512, -1, "/m.gguf")
+
+
+def test_the_api_key_comes_from_the_environment_or_the_flag(monkeypatch) -> None:
+    monkeypatch.delenv("LLAMA_API_KEY", raising=False)
+    assert parse_args(["-m", "/m.gguf"])[0].api_key is None
+    monkeypatch.setenv("LLAMA_API_KEY", "from-env")  # as llama-server: off the command line
+    assert parse_args(["-m", "/m.gguf"])[0].api_key == "from-env"
+    assert parse_args(["-m", "/m.gguf", "--api-key", "flag"])[0].api_key == "flag"
+    monkeypatch.setenv("LLAMA_API_KEY", "")
+    assert parse_args(["-m", "/m.gguf"])[0].api_key is None
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/models"),
+        ("GET", "/v1/models"),
+        ("GET", "/slots"),
+        ("POST", "/chat/completions"),
+        ("POST", "/v1/chat/completions"),
+    ],
+)
+def test_with_a_key_only_health_is_open(monkeypatch, method: str, path: str) -> None:
+    monkeypatch.delenv("LLAMA_API_KEY", raising=False)
+    options, _ = parse_args(["-m", "/m.gguf", "--api-key", "s3cret-key"])
+    client = TestClient(LlamaServer(options).app())  # no lifespan: no model is loaded
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"}):
+        r = client.request(method, path, headers=headers, json={})
+        assert r.status_code == 401, (headers, r.text)
+        assert r.json()["error"] == {
+            "code": 401,
+            "message": "Invalid API Key",
+            "type": "authentication_error",
+        }
+    keyed = client.request(method, path, headers={"Authorization": "Bearer s3cret-key"}, json={})
+    assert keyed.status_code != 401
+    assert client.get("/health").status_code == 503  # open, and honest: still loading
+    assert client.get("/v1/health").status_code == 503
 
 
 def test_stop_strings_are_cut_across_pieces() -> None:
