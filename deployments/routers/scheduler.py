@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
-from orchestrator.errors import BadRequest, NotFound, ValidationFailed
+from orchestrator.errors import BadRequest, ValidationFailed
 from orchestrator.scheduler import InvalidSchedule, JobSpec, Schedule, at, cron, every, natural
 
 router = APIRouter(tags=["scheduler"])
@@ -157,9 +157,7 @@ async def list_jobs(
 ) -> JobPage:
     """Admin: every job; anyone else: an empty list."""
     size = per_page or ctx.settings.schedules_per_page
-    if not caller.is_admin:
-        return JobPage(items=[], total=0, page=page, per_page=size)
-    jobs, total = await ctx.jobs.page(page, size)
+    jobs, total = await ctx.jobs.page(page, size, caller)
     return JobPage(
         items=[JobSummary(**j.summary()) for j in jobs], total=total, page=page, per_page=size
     )
@@ -168,10 +166,7 @@ async def list_jobs(
 @router.get("/schedules/{job_id}", response_model=JobDetail)
 async def get_job(job_id: JobId, ctx: Ctx, caller: CurrentUser) -> Any:
     """Every field of the job; admins and the job's creator (others: 404)."""
-    job = await ctx.jobs.get(_job_id(job_id))
-    if job is None or not (caller.is_admin or job.user_uuid == caller.user_uuid):
-        raise NotFound(f"job {job_id} not found")
-    return job.detail()
+    return (await ctx.jobs.visible(_job_id(job_id), caller)).detail()
 
 
 @router.delete("/schedules/{job_id}", response_model=JobStatus)

@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest, Conflict, NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.scheduler._schedule import Schedule
@@ -209,12 +210,30 @@ class JobStore:
             raise NotFound(f"job {job_id} not found")
         return job
 
-    async def page(self, page: int, per_page: int) -> tuple[list[Job], int]:
-        total = await self._pool.fetchval("SELECT count(*) FROM scheduled_jobs")
+    async def visible(self, job_id: int, principal: Principal) -> Job:
+        """The job as `principal` may see it: admins any, others only a job they created
+        (anything else is not there: 404)."""
+        row = await self._pool.fetchrow(
+            f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE id = $1 AND ($2 OR user_uuid = $3)",
+            job_id,
+            principal.is_admin,
+            principal.user_uuid,
+        )
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        return _job(row)
+
+    async def page(self, page: int, per_page: int, principal: Principal) -> tuple[list[Job], int]:
+        """Admins: every job. Anyone else: an empty list (SPEC part 5 rule 3), decided here
+        so no caller can list jobs by forgetting a check."""
+        total = await self._pool.fetchval(
+            "SELECT count(*) FROM scheduled_jobs WHERE $1", principal.is_admin
+        )
         rows = await self._pool.fetch(
-            f"SELECT {_COLUMNS} FROM scheduled_jobs ORDER BY id LIMIT $1 OFFSET $2",
+            f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE $3 ORDER BY id LIMIT $1 OFFSET $2",
             per_page,
             (page - 1) * per_page,
+            principal.is_admin,
         )
         return [_job(r) for r in rows], int(total)
 

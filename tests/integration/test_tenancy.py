@@ -139,3 +139,30 @@ async def test_every_event_names_its_owner(client: httpx.AsyncClient) -> None:
     assert dispatched[0]["user_uuid"] == "admin"
     system = (await c.get(f"{API}/events", headers=ADMIN, params={"limit": 1000})).json()["data"]
     assert all("user_uuid" in e for e in system)
+
+
+async def test_the_job_store_itself_scopes_reads(
+    client: httpx.AsyncClient, make_settings: Any
+) -> None:
+    """Ownership is decided in the store, not only in the router: a caller that forgets a
+    check still cannot list or read another user's job."""
+    from orchestrator.auth import Principal
+    from orchestrator.db import connect
+    from orchestrator.errors import NotFound
+    from orchestrator.events import EventStore
+    from orchestrator.scheduler import JobStore
+
+    job = await client.post(f"{API}/schedules", headers=ADMIN, json={"prompt": "p", "every": 60000})
+    jid = job.json()["id"]
+    db = await connect(make_settings().database_url, migrate=False)
+    try:
+        jobs = JobStore(db.pool, EventStore(db.pool))
+        admin, eve = Principal("admin", True), Principal("eve")
+        assert (await jobs.page(1, 50, eve)) == ([], 0)
+        listed, total = await jobs.page(1, 50, admin)
+        assert total == 1 and [j.id for j in listed] == [jid]
+        with pytest.raises(NotFound):
+            await jobs.visible(jid, eve)
+        assert (await jobs.visible(jid, admin)).id == jid
+    finally:
+        await db.close()
