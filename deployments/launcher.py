@@ -123,9 +123,9 @@ def haproxy_env(settings: Settings, binary: str) -> dict[str, str]:
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": _hardening_wrapper(settings, binary, run_dir),
+        "RAY_SERVE_HAPROXY_MAXCONN": str(_haproxy_maxconn(settings.proxy_max_connections)),
         # Serve's own proxy is HAProxy's backup server; its fixed default ports (8500/9500)
         # would make two services on one host answer each other's requests.
-        "RAY_SERVE_HAPROXY_MAXCONN": str(_haproxy_maxconn(settings.proxy_max_connections)),
         "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
         "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(run_dir / "haproxy.cfg"),

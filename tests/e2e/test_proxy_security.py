@@ -244,8 +244,16 @@ def test_failed_authentication_is_throttled_per_real_address(
 
 def _replicas(orch: Orchestrator) -> list[psutil.Process]:
     assert orch.proc is not None
-    tree = psutil.Process(orch.proc.pid).children(recursive=True)
-    return [p for p in tree if (p.cmdline() or [""])[0].startswith("ray::ServeReplica")]
+    found = []
+    for p in psutil.Process(orch.proc.pid).children(recursive=True):
+        try:  # a killed replica lingers as a zombie until its parent reaps it
+            if p.status() != psutil.STATUS_ZOMBIE and (p.cmdline() or [""])[0].startswith(
+                "ray::ServeReplica"
+            ):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _listening(orch: Orchestrator) -> set[tuple[str, int]]:

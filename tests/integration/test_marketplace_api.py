@@ -527,8 +527,6 @@ async def test_search_finds_any_part_of_a_name(api: httpx.AsyncClient) -> None:
         "stripe-counter",
     ]
     # Description words still find a skill.
-    assert await _names(api, ann, "/marketplace/search", q="counts") == [
-        "zebrafish-d7a2fd37-skill"
-    ]
+    assert await _names(api, ann, "/marketplace/search", q="counts") == ["zebrafish-d7a2fd37-skill"]
     # LIKE metacharacters are plain text.
     assert await _names(api, ann, "/marketplace/search", q="%") == []
