@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from deployments.deps import BIGINT_MAX, Ctx, CurrentUser, Offset, Position
 from orchestrator.auth import Principal
-from orchestrator.errors import BadRequest, Forbidden
+from orchestrator.errors import BadRequest
 from orchestrator.events import CATALOG, EventQuery, Fanout, StreamFilter, SubscriberTooSlow
 from orchestrator.events import stream_name as to_stream_name
 
@@ -41,15 +41,6 @@ def _types(type_: str | None, types: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(_TYPE_NAMES[n] for n in names))
 
 
-def _owner(caller: Principal, user_uuid: str | None) -> str | None:
-    """Whose events the caller may read: admins anyone's (or all), others only their own."""
-    if caller.is_admin:
-        return user_uuid
-    if user_uuid is not None and user_uuid != caller.user_uuid:
-        raise Forbidden("the user_uuid filter is admin only")
-    return caller.user_uuid
-
-
 def _wants_stream(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("accept", "")
 
@@ -67,11 +58,11 @@ def _last_event_id(header: str | None, query: int | None) -> int | None:
 
 
 async def _sse(
-    fanout: Fanout, flt: StreamFilter, after: int | None, ping_s: float
+    fanout: Fanout, flt: StreamFilter, after: int | None, caller: Principal, ping_s: float
 ) -> AsyncIterator[bytes]:
     # Registered before the first byte: whatever commits after the client sees `connected`
     # is on this stream.
-    stream = await fanout.open(flt, after)
+    stream = await fanout.open(flt, after, caller)
     events = aiter(stream)
     pending: asyncio.Task[Any] | None = None
     try:
@@ -117,12 +108,12 @@ async def _stream_response(
         agg = None if aggregate == "all" else aggregate
         after = await ctx.events.position_before(agg, from_seq)
     flt = StreamFilter(
-        user_uuid=_owner(caller, user_uuid),
+        user_uuid=user_uuid,
         aggregate=None if aggregate == "all" else aggregate,
         types=frozenset(types),
     )
     return StreamingResponse(
-        _sse(ctx.fanout, flt, after, ctx.settings.sse_ping_interval_s),
+        _sse(ctx.fanout, flt, after, caller, ctx.settings.sse_ping_interval_s),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -162,13 +153,13 @@ async def list_events(
         )
     query = EventQuery(
         aggregate=None if aggregate == "all" else aggregate,
-        user_uuid=_owner(caller, user_uuid),
+        user_uuid=user_uuid,
         types=wanted,
         from_seq=from_seq,
         limit=limit,
         offset=offset,
     )
-    events, total = await ctx.events.query(query)
+    events, total = await ctx.events.query(query, caller)
     return EventPage(data=[e.wire() for e in events], total=total, offset=offset, limit=limit)
 
 

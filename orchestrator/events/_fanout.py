@@ -14,11 +14,12 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from orchestrator.auth import Principal
 from orchestrator.events._catalog import stream_name
 from orchestrator.events._feed import SubscriberTooSlow
-from orchestrator.events._model import Event
+from orchestrator.events._model import Event, owner_scope
 from orchestrator.events._store import EventStore
 
 log = logging.getLogger(__name__)
@@ -158,11 +159,15 @@ class Fanout:
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
 
-    async def open(self, flt: StreamFilter, after: int | None) -> FanoutStream:
-        """Register a client now and return its stream: the events after `after` (its
-        Last-Event-ID) from the store, then live ones. Every event committed after this
+    async def open(
+        self, flt: StreamFilter, after: int | None, principal: Principal
+    ) -> FanoutStream:
+        """Register a client now and return its stream of what `principal` may read (its
+        own events; an admin's `flt.user_uuid` or every tenant's): the events after `after`
+        (its Last-Event-ID) from the store, then live ones. Every event committed after this
         returns is delivered. Iterating raises SubscriberTooSlow if the client falls too far
         behind; `aclose()` unregisters the client (also when it was never iterated)."""
+        flt = replace(flt, user_uuid=owner_scope(principal, flt.user_uuid))
         await self._ensure_started()
         client = _Client(flt, self._client_limit)
         # As in EventFeed.subscribe: register and read the position with no await between.

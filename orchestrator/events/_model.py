@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.errors import BadRequest, Conflict, ErrorCode
+from orchestrator.auth import Principal
+from orchestrator.errors import BadRequest, Conflict, ErrorCode, Forbidden
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,16 @@ class EventQuery:
     from_seq: int = 0  # seq within an aggregate; the global position across all
     limit: int = 100
     offset: int = 0
+
+
+def owner_scope(principal: Principal, requested: str | None) -> str | None:
+    """Whose events `principal` reads: admins anyone's (`requested`, None for every
+    tenant), others only their own (asking for another tenant's is a 403)."""
+    if principal.is_admin:
+        return requested
+    if requested is not None and requested != principal.user_uuid:
+        raise Forbidden("the user_uuid filter is admin only")
+    return principal.user_uuid
 
 
 class SeqConflict(Conflict):

@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 
+from orchestrator.auth import Principal
 from orchestrator.events._catalog import (
     InvalidEventData,
     UnknownEventType,
@@ -24,7 +25,14 @@ from orchestrator.events._catalog import (
     upcast,
     validate,
 )
-from orchestrator.events._model import Event, EventQuery, EventRejected, NewEvent, SeqConflict
+from orchestrator.events._model import (
+    Event,
+    EventQuery,
+    EventRejected,
+    NewEvent,
+    SeqConflict,
+    owner_scope,
+)
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +303,10 @@ class EventStore:
         """The last committed position (0 for an empty store)."""
         return int(await self._pool.fetchval("SELECT coalesce(max(position), 0) FROM events"))
 
-    async def query(self, q: EventQuery) -> tuple[list[Event], int]:
-        """A page of events in position order, and how many match in all."""
+    async def query(self, q: EventQuery, principal: Principal) -> tuple[list[Event], int]:
+        """A page of the events `principal` may read (its own; an admin's `q.user_uuid` or
+        every tenant's) in position order, and how many match in all."""
+        owner = owner_scope(principal, q.user_uuid)
         where, args = ["true"], []
 
         def arg(value: Any) -> str:
@@ -309,8 +319,8 @@ class EventStore:
                 where.append(f"seq >= {arg(q.from_seq)}")
         elif q.from_seq:
             where.append(f"position >= {arg(q.from_seq)}")
-        if q.user_uuid is not None:
-            where.append(f"user_uuid = {arg(q.user_uuid)}")
+        if owner is not None:
+            where.append(f"user_uuid = {arg(owner)}")
         if q.types:
             where.append(f"type = ANY({arg(list(q.types))}::text[])")
         clause = " AND ".join(where)

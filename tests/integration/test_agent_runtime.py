@@ -17,6 +17,7 @@ from orchestrator.agents import (
     ToolContext,
     default_registry,
 )
+from orchestrator.auth import Principal
 from orchestrator.db import connect
 from orchestrator.events import EventQuery, EventStore
 from orchestrator.observability import MetricsRecorder
@@ -61,7 +62,8 @@ async def runtime(make_settings: Any, llm: OpenAIFake) -> AsyncIterator[Any]:
 
 async def _events(events: EventStore, task_id: str) -> list[Any]:
     found, _ = await events.query(
-        EventQuery(aggregate=task_id, user_uuid=None, types=None, from_seq=0, limit=500, offset=0)
+        EventQuery(aggregate=task_id, user_uuid=None, types=(), from_seq=0, limit=500, offset=0),
+        Principal("test", is_admin=True),
     )
     return found
 

@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from orchestrator.auth import Principal
 from orchestrator.db import Database, connect
+from orchestrator.errors import Forbidden
 from orchestrator.events import (
     EventFeed,
     EventQuery,
@@ -22,6 +24,8 @@ from orchestrator.events import (
     SeqConflict,
     SubscriberTooSlow,
 )
+
+ADMIN = Principal("test", is_admin=True)
 
 
 @pytest.fixture
@@ -60,7 +64,7 @@ async def test_concurrent_appends_give_a_gapless_seq(db: Database) -> None:
             await store.append([task_event("busy", "task.dispatched", note=f"{n}-{i}")])
 
     await asyncio.gather(*(writer(n) for n in range(16)))
-    events, total = await store.query(EventQuery(aggregate="busy", limit=1000))
+    events, total = await store.query(EventQuery(aggregate="busy", limit=1000), ADMIN)
     assert total == 160
     assert [e.seq for e in events] == list(range(1, 161))
     positions = [e.position for e in events]
@@ -81,7 +85,7 @@ async def test_concurrent_transactions_keep_seq_and_position_order(db: Database)
             order.append(event.position)
 
     await asyncio.gather(*(writer(n) for n in range(12)))
-    events, _ = await store.query(EventQuery(aggregate="hot", limit=1000))
+    events, _ = await store.query(EventQuery(aggregate="hot", limit=1000), ADMIN)
     assert [e.seq for e in events] == list(range(1, 61))
     # Positions are handed out in commit order: seq order and position order agree.
     assert [e.position for e in events] == sorted(e.position for e in events)
@@ -102,7 +106,7 @@ async def test_expected_seq(db: Database) -> None:
         await store.append([task_event("opt", "task.failed", error="x")], expected_seq=1)
     assert info.value.status_code == 409
     assert info.value.extra == {"aggregate_id": "opt", "expected_seq": 1, "actual_seq": 2}
-    _, total = await store.query(EventQuery(aggregate="opt"))
+    _, total = await store.query(EventQuery(aggregate="opt"), ADMIN)
     assert total == 2
 
 
@@ -234,3 +238,19 @@ async def test_feed_live_catch_up_and_slow_subscribers(db: Database, database_ur
         assert feed.subscribers == 0
     finally:
         await feed.stop()
+
+
+async def test_reads_are_scoped_to_the_caller_in_the_store(db: Database) -> None:
+    store = EventStore(db.pool)
+    agg = f"scoped-{uuid.uuid4().hex[:8]}"
+    await store.append([task_event(agg, user="alice"), task_event(agg, "task.dispatched", "bob")])
+    q = EventQuery(aggregate=agg)
+    mine, total = await store.query(q, Principal("alice"))
+    assert [e.user_uuid for e in mine] == ["alice"] and total == 1
+    # A non-admin naming another tenant is refused, not silently narrowed.
+    with pytest.raises(Forbidden):
+        await store.query(EventQuery(aggregate=agg, user_uuid="bob"), Principal("alice"))
+    everyone, _ = await store.query(q, ADMIN)
+    assert {e.user_uuid for e in everyone} == {"alice", "bob"}
+    only_bob, _ = await store.query(EventQuery(aggregate=agg, user_uuid="bob"), ADMIN)
+    assert [e.user_uuid for e in only_bob] == ["bob"]

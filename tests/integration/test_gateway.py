@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from orchestrator.auth import Principal
 from orchestrator.db import connect
 from orchestrator.events import EventQuery, EventStore
 from tests.conftest import ADMIN_TOKEN, ServedApp
@@ -514,7 +515,9 @@ async def test_calls_are_recorded_as_inference_events(
     try:
         store = EventStore(db.pool)
         for _ in range(50):
-            events, _ = await store.query(EventQuery(aggregate=request_id))
+            events, _ = await store.query(
+                EventQuery(aggregate=request_id), Principal("test", is_admin=True)
+            )
             if events:
                 break
             await asyncio.sleep(0.05)
