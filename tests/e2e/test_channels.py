@@ -155,7 +155,7 @@ def test_a_killed_hub_delivers_what_waited(
         )
         assert r.json()["accepted"] is True
         _wait(lambda: len(g.requests) >= tried + 2)  # two failed deliveries so far
-        hubs = _actors("ChannelHub")
+        hubs = _actors("ChannelHub", service)
         assert hubs
         for hub in hubs:
             hub.send_signal(signal.SIGKILL)
@@ -164,4 +164,4 @@ def test_a_killed_hub_delivers_what_waited(
         assert g.sent[-1]["text"] == "survived" and str(g.sent[-1]["chat_id"]) == "4242"
         time.sleep(1)
         assert len([m for m in g.sent if m.get("text") == "survived"]) == 1
-        assert all(h.pid not in {p.pid for p in _actors("ChannelHub")} for h in hubs)
+        assert all(h.pid not in {p.pid for p in _actors("ChannelHub", service)} for h in hubs)

@@ -72,7 +72,7 @@ def test_every_job_run_now_and_scheduler_kill(service: Orchestrator) -> None:
         assert dispatched[0]["timestamp"] - asked < 1500
         # Kill the Scheduler while that run goes on: Ray restarts it; the run is recorded
         # as interrupted (an error), and nothing fires twice.
-        killed = _actors("Scheduler")
+        killed = _actors("Scheduler", service)
         assert len(killed) == 1
         killed[0].send_signal(signal.SIGKILL)
 

@@ -138,12 +138,18 @@ def _events(c: httpx.Client, aggregate: str) -> list[dict[str, Any]]:
     return list(c.get("/events", params={"aggregate": aggregate, "limit": 1000}).json()["data"])
 
 
-def _actors(kind: str) -> list[psutil.Process]:
+def _actors(kind: str, orch: Orchestrator) -> list[psutil.Process]:
+    """The live `ray::<kind>` processes of `orch` (its own Ray, started by `scripts/serve`):
+    another service on the machine (a test's, a developer's) is not counted."""
+    assert orch.proc is not None
     out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if cmd and cmd[0].startswith(f"ray::{kind}") and p.status() != psutil.STATUS_ZOMBIE:
-            out.append(p)
+    for p in psutil.Process(orch.proc.pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            if cmd and cmd[0].startswith(f"ray::{kind}") and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:  # exited meanwhile
+            continue
     return out
 
 
@@ -238,12 +244,12 @@ def test_kill_shards_and_a_worker_while_20_workflows_run(service: Orchestrator) 
             for n in range(20)
         ]
         time.sleep(1.5)
-        shards = _actors("WorkflowShard")
+        shards = _actors("WorkflowShard", service)
         assert len(shards) == 2
         for proc in shards:
             proc.send_signal(signal.SIGKILL)
         time.sleep(3.0)
-        workers = _actors("AgentWorker")
+        workers = _actors("AgentWorker", service)
         assert len(workers) == 2
         workers[0].send_signal(signal.SIGKILL)
         bodies = _wait_all(c, ids, 180)
