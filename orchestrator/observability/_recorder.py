@@ -64,6 +64,8 @@ class MetricsSnapshot:
     # provider -> (bucket counts, sum of seconds, count).
     provider_latency: dict[str, tuple[BucketCounts, float, int]] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
+    # supervised task name -> restarts since the last drain.
+    background_restarts: dict[str, int] = field(default_factory=dict)
     # provider -> (state, wall-clock time it was reported); the time lets the
     # aggregator pick the most recent report across sources.
     circuit_breakers: dict[str, tuple[int, float]] = field(default_factory=dict)
@@ -107,6 +109,7 @@ class MetricsRecorder:
         self._seconds: dict[int, tuple[list[int], list[int]]] = {}
         self._provider: dict[str, tuple[list[int], list[float]]] = {}
         self._events: dict[str, int] = {}
+        self._restarts: dict[str, int] = {}
         self._breakers: dict[str, tuple[int, float]] = {}
         self._workers = 0
         self._sockets = 0
@@ -149,12 +152,17 @@ class MetricsRecorder:
     def event(self, type: str, n: int = 1) -> None:
         self._events[type] = self._events.get(type, 0) + n
 
+    def background_restart(self, task: str) -> None:
+        """A supervised loop was restarted (the Supervisor's `on_restart`)."""
+        self._restarts[task] = self._restarts.get(task, 0) + 1
+
     def drain(self) -> MetricsSnapshot:
         """Return deltas since the previous drain plus current gauges, and reset deltas."""
         requests, self._requests = self._requests, {}
         seconds, self._seconds = self._seconds, {}
         provider, self._provider = self._provider, {}
         events, self._events = self._events, {}
+        restarts, self._restarts = self._restarts, {}
         return MetricsSnapshot(
             source=self._source,
             timestamp=self._clock(),
@@ -165,6 +173,7 @@ class MetricsRecorder:
                 p: (tuple(b), total[0], sum(b)) for p, (b, total) in provider.items()
             },
             events=events,
+            background_restarts=restarts,
             circuit_breakers=dict(self._breakers),
             active_workers=self._workers,
             stream_sockets=self._sockets,

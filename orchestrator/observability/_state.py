@@ -70,6 +70,7 @@ class MetricsState:
         self._requests: dict[tuple[str, str, int], int] = {}
         self._provider: dict[str, _Histogram] = {}
         self._events: dict[str, int] = {}
+        self._restarts: dict[str, int] = {}
         self._gauges: dict[str, _SourceGauges] = {}
         # Unix second -> (duration bucket counts, 5xx count), summed over sources.
         self._seconds: dict[int, tuple[list[int], list[int]]] = {}
@@ -80,6 +81,8 @@ class MetricsState:
             self._requests[key] = self._requests.get(key, 0) + n
         for type_, n in snapshot.events.items():
             self._events[type_] = self._events.get(type_, 0) + n
+        for task, n in snapshot.background_restarts.items():
+            self._restarts[task] = self._restarts.get(task, 0) + n
         for provider, (buckets, total, count) in snapshot.provider_latency.items():
             hist = self._provider.setdefault(provider, _Histogram())
             for i, n in enumerate(buckets):
@@ -253,3 +256,12 @@ class _Collector(Collector):
         for type_, n in sorted(totals.items()):
             events.add_metric((type_,), n)
         yield events
+
+        restarts = CounterMetricFamily(
+            "svc_background_restarts_total",
+            "Restarts of supervised background loops after they failed or returned",
+            labels=("task",),
+        )
+        for task, n in sorted(state._restarts.items()):
+            restarts.add_metric((task,), n)
+        yield restarts

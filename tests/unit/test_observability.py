@@ -65,6 +65,23 @@ def test_counters_are_summed_across_sources() -> None:
     assert samples[key("svc_event_total", type="job.paused")] == 1
 
 
+def test_background_restarts_are_summed_across_sources() -> None:
+    state = MetricsState()
+    a, b = MetricsRecorder("replica-a"), MetricsRecorder("event_bus")
+    a.background_restart("event-feed")
+    b.background_restart("event-feed")
+    b.background_restart("metrics-flush")
+    state.apply(a.drain())
+    state.apply(b.drain())
+    assert b.drain().background_restarts == {}  # a delta, reset by the drain
+
+    types, samples = parse(state)
+
+    assert types["svc_background_restarts"] == "counter"
+    assert samples[key("svc_background_restarts_total", task="event-feed")] == 2
+    assert samples[key("svc_background_restarts_total", task="metrics-flush")] == 1
+
+
 def test_drain_resets_deltas_but_keeps_gauges() -> None:
     recorder = MetricsRecorder("replica-a")
     recorder.http_request("POST", "/api/v1/workflows", 201, 0.05)
@@ -141,6 +158,7 @@ def test_all_families_present_when_empty() -> None:
         "svc_memory_bytes": "gauge",
         "svc_event": "counter",
         "svc_stream_sockets": "gauge",
+        "svc_background_restarts": "counter",
     }
     for name in ("svc_http_requests_total", "svc_event_total", "svc_circuit_breaker_state"):
         assert f"# HELP {name} " in text

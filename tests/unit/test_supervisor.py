@@ -1,0 +1,184 @@
+"""The task supervisor: restarts with backoff, counts restarts, cancels and awaits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from orchestrator.runtime.supervisor import Supervisor
+
+
+async def test_a_failing_loop_is_restarted_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    restarted: list[str] = []
+    runs = 0
+    third_run = asyncio.Event()
+
+    async def loop() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 3:
+            third_run.set()
+            await asyncio.Event().wait()
+        raise RuntimeError(f"boom {runs}")
+
+    sup = Supervisor("test", on_restart=restarted.append, base_delay=0.001, max_delay=0.01)
+    with caplog.at_level(logging.ERROR, logger="orchestrator.runtime.supervisor"):
+        sup.spawn("pump", loop)
+        await asyncio.wait_for(third_run.wait(), 5)
+    assert restarted == ["pump", "pump"]
+    assert sup.restarts() == {"pump": 2}
+    failures = [r for r in caplog.records if "pump failed" in r.getMessage()]
+    assert len(failures) == 2 and all(r.exc_info for r in failures)  # with the traceback
+    await sup.aclose()
+
+
+async def test_a_loop_that_returns_is_restarted() -> None:
+    runs = 0
+    again = asyncio.Event()
+
+    async def loop() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 2:
+            again.set()
+            await asyncio.Event().wait()
+
+    sup = Supervisor("test", base_delay=0.001)
+    sup.spawn("tick", loop)
+    await asyncio.wait_for(again.wait(), 5)
+    assert sup.restarts() == {"tick": 1}
+    await sup.aclose()
+
+
+def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
+    sup = Supervisor("test", base_delay=0.5, max_delay=30.0)
+    for failures, full in [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (7, 30.0), (100, 30.0)]:
+        delays = [sup._delay(failures) for _ in range(200)]
+        assert all(full / 2 <= d <= full for d in delays), (failures, min(delays), max(delays))
+        assert len(set(delays)) > 1  # jittered, not one fixed instant
+
+
+async def test_waits_between_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+    done = asyncio.Event()
+
+    async def fake_sleep(delay: float) -> None:
+        slept.append(delay)
+        if len(slept) == 4:
+            done.set()
+        await real_sleep(0)
+
+    monkeypatch.setattr("orchestrator.runtime.supervisor.asyncio.sleep", fake_sleep)
+
+    async def loop() -> None:
+        raise OSError("database away")
+
+    sup = Supervisor("test", base_delay=1.0, max_delay=4.0)
+    sup.spawn("feed", loop)
+    await asyncio.wait_for(done.wait(), 5)
+    await sup.aclose()
+    for delay, full in zip(slept[:4], [1.0, 2.0, 4.0, 4.0], strict=True):
+        assert full / 2 <= delay <= full
+
+
+async def test_aclose_cancels_and_awaits_every_task() -> None:
+    cleaned: list[str] = []
+    started = asyncio.Event()
+
+    async def loop() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.01)  # cleanup that itself awaits
+            cleaned.append("loop")
+
+    sup = Supervisor("test")
+    task = sup.spawn("loop", loop)
+    await asyncio.wait_for(started.wait(), 5)
+    await sup.aclose()
+    assert cleaned == ["loop"] and task.cancelled()
+    assert sup.tasks() == {}
+    with pytest.raises(RuntimeError):
+        sup.spawn("late", loop)
+
+
+async def test_cancelled_error_ends_the_task_without_a_restart() -> None:
+    restarted: list[str] = []
+
+    async def loop() -> None:
+        raise asyncio.CancelledError
+
+    sup = Supervisor("test", on_restart=restarted.append, base_delay=0.001)
+    task = sup.spawn("loop", loop)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert restarted == [] and sup.tasks() == {}
+
+
+async def test_a_loop_swallowing_its_cancel_is_not_restarted() -> None:
+    restarted: list[str] = []
+    started = asyncio.Event()
+
+    async def loop() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return  # a badly behaved loop
+
+    sup = Supervisor("test", on_restart=restarted.append, base_delay=0.001)
+    task = sup.spawn("loop", loop)
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert restarted == []
+
+
+async def test_without_restart_a_failure_is_logged_and_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def once() -> None:
+        raise ValueError("bad start")
+
+    sup = Supervisor("test")
+    with caplog.at_level(logging.ERROR, logger="orchestrator.runtime.supervisor"):
+        await sup.spawn("boot", once, restart=False)
+    assert sup.restarts() == {} and sup.tasks() == {}
+    assert any("boot failed" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_names_are_unique_while_running() -> None:
+    sup = Supervisor("test")
+    sup.spawn("a", asyncio.Event().wait)
+    with pytest.raises(ValueError):
+        sup.spawn("a", asyncio.Event().wait)
+    assert set(sup.tasks()) == {"a"}
+    await sup.aclose()
+
+
+async def test_a_failing_restart_callback_does_not_end_the_loop() -> None:
+    runs = 0
+    second = asyncio.Event()
+
+    def broken(_: str) -> None:
+        raise KeyError("recorder gone")
+
+    async def loop() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 2:
+            second.set()
+            await asyncio.Event().wait()
+        raise RuntimeError("x")
+
+    sup = Supervisor("test", on_restart=broken, base_delay=0.001)
+    sup.spawn("loop", loop)
+    await asyncio.wait_for(second.wait(), 5)
+    await sup.aclose()
