@@ -24,6 +24,7 @@ from orchestrator.events._store import NOTIFY_CHANNEL, EventStore
 log = logging.getLogger(__name__)
 
 BatchHook = Callable[[list[Event]], Awaitable[None]]
+IN_FLIGHT_POLL_S = 0.05
 
 
 class SubscriberTooSlow(ServiceUnavailable):
@@ -146,8 +147,11 @@ class EventFeed:
     async def _run(self) -> None:
         backoff = self._poll_s
         while True:
+            # An append in flight may hold committed events back; if it rolls back, no NOTIFY
+            # says so: look again soon.
+            wait = min(backoff, IN_FLIGHT_POLL_S) if self._store.in_flight else backoff
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
             self._wake.clear()
             try:
                 await self._advance()

@@ -37,9 +37,11 @@ from orchestrator.events._model import (
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "orch_events"  # also named in append_events (migration 0002)
-# `append_events` (migration 0002) takes a transaction-scoped advisory lock so that global
-# positions commit in order: a reader that has seen position N never later finds a smaller
-# one, so following the store by position skips nothing.
+# Appends in different transactions commit concurrently (migration 0014), so a position can
+# be visible while a smaller one is still in flight. Every read that follows positions
+# therefore stops at the horizon (`events_horizon()`, read in an earlier statement than the
+# rows): nothing at or below it can still appear, so a reader that has seen position N never
+# later finds a smaller one and following the store by position skips nothing.
 _COLUMNS = "position, id, type, version, aggregate_id, seq, timestamp, data, user_uuid"
 
 # An event ready to write: validated (and enriched) event, its aggregate, its type's version.
@@ -95,10 +97,17 @@ class EventStore:
         self._post: list[PostCommitHook] = []
         self._queue: list[tuple[list[_Prepared], asyncio.Future[list[Event]]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._in_flight = False
 
     @property
     def pool(self) -> asyncpg.Pool:
         return self._pool
+
+    @property
+    def in_flight(self) -> bool:
+        """At the last read, some append was in flight: a position may be waiting behind it,
+        and it will show without a NOTIFY if that transaction rolls back (poll soon)."""
+        return self._in_flight
 
     def add_pre_commit_hook(self, hook: PreCommitHook) -> None:
         """Runs on each event before it is written; returns it (maybe enriched) or raises
@@ -278,10 +287,24 @@ class EventStore:
 
     # --- reading -----------------------------------------------------------------------
 
+    async def horizon(self) -> int:
+        """A position no later-committing event can be at or below: read events up to it in a
+        later statement (a newer snapshot) and none can be missed (migration 0014)."""
+        row = await self._pool.fetchrow("SELECT horizon, allocated FROM events_horizon()")
+        assert row is not None
+        self._in_flight = row["allocated"] > row["horizon"]
+        return int(row["horizon"])
+
     async def read_after(self, position: int, limit: int = 500) -> list[Event]:
+        """Committed events after `position` in position order, up to the horizon."""
+        horizon = await self.horizon()
+        if horizon <= position:
+            return []
         rows = await self._pool.fetch(
-            f"SELECT {_COLUMNS} FROM events WHERE position > $1 ORDER BY position LIMIT $2",
+            f"SELECT {_COLUMNS} FROM events WHERE position > $1 AND position <= $2"
+            " ORDER BY position LIMIT $3",
             position,
+            horizon,
             limit,
         )
         return [row_to_event(r) for r in rows]
@@ -300,8 +323,9 @@ class EventStore:
         return await self.head() if first is None else int(first) - 1
 
     async def head(self) -> int:
-        """The last committed position (0 for an empty store)."""
-        return int(await self._pool.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+        """Where a follower starts to see only what commits from now on: every event at or
+        below it is already visible (0 for an empty store)."""
+        return await self.horizon()
 
     async def query(self, q: EventQuery, principal: Principal) -> tuple[list[Event], int]:
         """A page of the events `principal` may read (its own; an admin's `q.user_uuid` or
