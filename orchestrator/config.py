@@ -351,6 +351,12 @@ class Settings(BaseSettings):
     marketplace_browse_limit: int = Field(50, ge=1, description="Browse page default")
     events_limit: int = Field(100, ge=1, description="GET /events page default")
     events_max_limit: int = Field(1000, ge=1, description="GET /events largest page")
+    events_total_exact_max: int = Field(
+        10_000,
+        ge=0,
+        description="GET /events counts matches exactly up to this many; above it `total` is "
+        "the planner's estimate and the answer carries X-Total-Estimated: true",
+    )
     sse_ping_interval_s: float = Field(15.0, gt=0, description="Keep-alive comment period")
     sse_client_buffer: int = Field(
         10_000, ge=1, description="Events buffered per stream client before it is cut off"

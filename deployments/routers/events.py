@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -130,6 +130,7 @@ LastIdQ = Annotated[int | None, Query(ge=0, le=BIGINT_MAX)]
 @router.get("/events", response_model=EventPage)
 async def list_events(
     request: Request,
+    response: Response,
     ctx: Ctx,
     caller: CurrentUser,
     aggregate: AggregateQ = "all",
@@ -158,9 +159,13 @@ async def list_events(
         from_seq=from_seq,
         limit=limit,
         offset=offset,
+        count_limit=ctx.settings.events_total_exact_max,
     )
-    events, total = await ctx.events.query(query, caller)
-    return EventPage(data=[e.wire() for e in events], total=total, offset=offset, limit=limit)
+    found = await ctx.events.page(query, caller)
+    if not found.total_exact:  # the body keeps the SPEC's shape; the header says "estimate"
+        response.headers["X-Total-Estimated"] = "true"
+    data = [e.wire() for e in found.events]
+    return EventPage(data=data, total=found.total, offset=offset, limit=limit)
 
 
 @router.get("/sync-events")

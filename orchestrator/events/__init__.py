@@ -10,7 +10,14 @@ from orchestrator.events._catalog import (
 )
 from orchestrator.events._fanout import Fanout, StreamFilter, sse_frame
 from orchestrator.events._feed import EventFeed, SubscriberTooSlow
-from orchestrator.events._model import Event, EventQuery, EventRejected, NewEvent, SeqConflict
+from orchestrator.events._model import (
+    Event,
+    EventPage,
+    EventQuery,
+    EventRejected,
+    NewEvent,
+    SeqConflict,
+)
 from orchestrator.events._projections import EventTypeCounts, Projection, ProjectionRunner
 from orchestrator.events._services import EventServices
 from orchestrator.events._store import NOTIFY_CHANNEL, EventStore, EventTransaction
@@ -20,6 +27,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "Event",
     "EventFeed",
+    "EventPage",
     "EventQuery",
     "EventRejected",
     "EventServices",

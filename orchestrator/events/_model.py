@@ -59,6 +59,17 @@ class EventQuery:
     from_seq: int = 0  # seq within an aggregate; the global position across all
     limit: int = 100
     offset: int = 0
+    count_limit: int = 10_000  # `total` is exact up to this many, an estimate above
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    """What `EventStore.page` found: the page, and how many match in all (`total_exact`
+    False: the planner's estimate, past `EventQuery.count_limit`)."""
+
+    events: list[Event]
+    total: int
+    total_exact: bool = True
 
 
 def owner_scope(principal: Principal, requested: str | None) -> str | None:

@@ -27,6 +27,7 @@ from orchestrator.events._catalog import (
 )
 from orchestrator.events._model import (
     Event,
+    EventPage,
     EventQuery,
     EventRejected,
     NewEvent,
@@ -328,8 +329,18 @@ class EventStore:
         return await self.horizon()
 
     async def query(self, q: EventQuery, principal: Principal) -> tuple[list[Event], int]:
+        """`page` as (events, total)."""
+        found = await self.page(q, principal)
+        return found.events, found.total
+
+    async def page(self, q: EventQuery, principal: Principal) -> EventPage:
         """A page of the events `principal` may read (its own; an admin's `q.user_uuid` or
-        every tenant's) in position order, and how many match in all."""
+        every tenant's) in position order, and how many match in all: counted exactly up to
+        `q.count_limit`, the planner's estimate above it (so paging never counts the table).
+
+        Across all aggregates `from_seq` is a position and the page stops at the horizon,
+        so paging by `from_seq = last position + 1` skips nothing that commits late. Within
+        one aggregate it is a seq, which is gapless: paging by seq skips nothing either."""
         owner = owner_scope(principal, q.user_uuid)
         where, args = ["true"], []
 
@@ -341,17 +352,32 @@ class EventStore:
             where.append(f"aggregate_id = {arg(q.aggregate)}")
             if q.from_seq:
                 where.append(f"seq >= {arg(q.from_seq)}")
-        elif q.from_seq:
-            where.append(f"position >= {arg(q.from_seq)}")
+        else:
+            if q.from_seq:
+                where.append(f"position >= {arg(q.from_seq)}")
+            where.append(f"position <= {arg(await self.horizon())}")
         if owner is not None:
             where.append(f"user_uuid = {arg(owner)}")
         if q.types:
             where.append(f"type = ANY({arg(list(q.types))}::text[])")
-        clause = " AND ".join(where)
-        total = await self._pool.fetchval(f"SELECT count(*) FROM events WHERE {clause}", *args)
+        clause, n = " AND ".join(where), len(args)
+        counted = await self._pool.fetchval(
+            f"SELECT count(*) FROM (SELECT 1 FROM events WHERE {clause} LIMIT ${n + 1}) AS m",
+            *args,
+            q.count_limit + 1,
+        )
+        total, exact = int(counted), True
+        if total > q.count_limit:
+            plan = await self._pool.fetchval(
+                f"EXPLAIN (FORMAT JSON) SELECT 1 FROM events WHERE {clause}", *args
+            )
+            estimate = int(json.loads(plan)[0]["Plan"]["Plan Rows"])
+            total, exact = max(total, estimate), False
         rows = await self._pool.fetch(
             f"SELECT {_COLUMNS} FROM events WHERE {clause} ORDER BY position"
-            f" LIMIT {arg(q.limit)} OFFSET {arg(q.offset)}",
+            f" LIMIT ${n + 1} OFFSET ${n + 2}",
             *args,
+            q.limit,
+            q.offset,
         )
-        return [row_to_event(r) for r in rows], int(total)
+        return EventPage([row_to_event(r) for r in rows], total, exact)

@@ -170,3 +170,65 @@ async def test_stream_from_seq_and_slow_client(make_settings) -> None:
                 assert json.loads(errors[0]["data"])["code"] == "subscriber_too_slow"
         finally:
             await db.close()
+
+
+async def test_events_keyset_paging_skips_nothing_and_total_is_bounded(make_settings) -> None:
+    """Paging GET /events by position (`from_seq` = last position + 1) while events commit
+    between pages, one of them late behind a higher position: every event exactly once, in
+    order. `total` is exact up to events_total_exact_max, an estimate (flagged) above."""
+    settings = make_settings(events_total_exact_max=5)
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url) as c:
+        db = await connect(settings.database_url)
+        store = EventStore(db.pool)
+        n = 0
+
+        async def append(k: int) -> None:
+            nonlocal n
+            await store.append(
+                [NewEvent("task.created", {"task_id": f"k{n + i}"}) for i in range(k)]
+            )
+            n += k
+
+        async def page(cursor: int, **params: object) -> httpx.Response:
+            params = {"from_seq": cursor + 1, "limit": 4, **params}
+            r = await c.get("/api/v1/events", headers=ADMIN, params=params)
+            assert r.status_code == 200, r.text
+            return r
+
+        try:
+            await append(12)
+            first = await page(0)
+            assert first.headers.get("X-Total-Estimated") == "true"
+            assert first.json()["total"] > 5 and len(first.json()["data"]) == 4
+            # offset still pages as the SPEC says
+            everything = (await c.get("/api/v1/events", headers=ADMIN)).json()["data"]
+            by_offset = (await page(0, offset=2, limit=3)).json()["data"]
+            assert by_offset == everything[2:5]
+
+            seen = [e["position"] for e in first.json()["data"]]
+            held_back_checked = False
+            while True:
+                if len(seen) == 8 and not held_back_checked:
+                    # One transaction holds an append open; a later one commits meanwhile.
+                    async with store.transaction() as slow:
+                        [late] = await slow.append([NewEvent("task.created", {"task_id": "late"})])
+                        [quick] = await asyncio.wait_for(
+                            store.append([NewEvent("task.created", {"task_id": "quick"})]), 5
+                        )
+                        body = (await page(seen[-1], limit=100)).json()
+                        got = [e["position"] for e in body["data"]]
+                        assert late.position not in got and quick.position not in got
+                    held_back_checked = True
+                    n += 2
+                body = (await page(seen[-1])).json()
+                if not body["data"]:
+                    break
+                seen += [e["position"] for e in body["data"]]
+                if n < 20:
+                    await append(1)  # appended between page requests
+            stored = [r["position"] for r in await db.pool.fetch("SELECT position FROM events")]
+            assert seen == sorted(stored) and len(seen) == n
+            last = await page(seen[-3])
+            assert last.json()["total"] == 2 and "X-Total-Estimated" not in last.headers
+        finally:
+            await db.close()
