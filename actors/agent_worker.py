@@ -1,7 +1,8 @@
-"""The AgentWorker pool: `agent-worker-<i>` actors, each running many agent tasks at once
-(async), with fractional CPU. `RayDispatcher` is the caller's side: it sends a task to the
-least-loaded worker and, when that worker dies mid-task, records `worker.crashed` and runs the
-task again on another one (at-least-once: same task id and idempotency key)."""
+"""The AgentWorker pool: `<generation>-AgentWorker-<i>` actors (worker ids `agent-worker-<i>`),
+each running many agent tasks at once (async), with fractional CPU. `RayDispatcher` is the
+caller's side: it sends a task to the least-loaded worker and, when that worker dies mid-task,
+records `worker.crashed` and runs the task again on another one (at-least-once: same task id
+and idempotency key)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import ray
 import redis.asyncio as aioredis
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors import NAMESPACE, until_started
-from actors.metrics import ActorMetricsHub, get_or_create_metrics
+from actors import Generation, Shards, until_started
+from actors.metrics import ActorMetricsHub
 from orchestrator.agents import (
     AgentRunner,
     AgentTask,
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 METRICS_FLUSH_S = 1.0
 MAX_REDISPATCH = 3
+KIND = "AgentWorker"
 
 
 def worker_name(index: int) -> str:
@@ -46,8 +48,12 @@ def worker_name(index: int) -> str:
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class AgentWorker:
-    def __init__(self, settings: Settings, index: int) -> None:
+    def __init__(self, settings: Settings, index: int, generation: Generation) -> None:
         self._settings = settings
+        self._generation = generation
+        self._draining = False
+        self._idle = asyncio.Event()  # no task running here
+        self._idle.set()
         self._redis: aioredis.Redis | None = None
         self._id = worker_name(index)
         self._active = 0
@@ -110,7 +116,7 @@ class AgentWorker:
             [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
         )
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
-        hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
+        hub = ActorMetricsHub(self._generation)
         asyncio.get_running_loop().create_task(self._flush(MetricsPusher(self._recorder, hub)))
         self._runner = runner
         return runner
@@ -126,51 +132,49 @@ class AgentWorker:
         await self._boot
         return repr(self)
 
+    async def describe(self) -> dict[str, Any]:
+        """What this worker runs with: its generation and its settings (secrets masked)."""
+        return {
+            "id": self._id,
+            "generation": self._generation.version,
+            "settings": self._settings.model_dump(mode="json"),
+            "resources": ray.get_runtime_context().get_assigned_resources(),  # type: ignore[no-untyped-call]
+        }
+
+    async def drain(self) -> int:
+        """Take no new task; return once the running ones have ended (the caller bounds the
+        wait): the generation is being replaced. Returns how many ran to their end here."""
+        self._draining = True
+        await self._idle.wait()
+        return self._completed
+
     async def run(self, task: AgentTask) -> TaskResult:
+        if self._draining:
+            # A RayTaskError at the caller: it sends the task to another worker.
+            raise RuntimeError(f"{self._id} is draining (its generation is being replaced)")
         runner = await self._boot
         self._active += 1
+        self._idle.clear()
         self._recorder.active_workers(1)
         try:
             return await runner.run(task, self._id)
         finally:
             self._active -= 1
             self._completed += 1
-
-
-def get_or_create_worker(settings: Settings, index: int) -> Any:
-    return AgentWorker.options(  # type: ignore[attr-defined]
-        name=worker_name(index),
-        namespace=NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        num_cpus=settings.agent_worker_cpus,
-        max_concurrency=settings.agent_worker_concurrency,
-    ).remote(settings, index)
-
-
-def ensure_agent_workers(settings: Settings) -> None:
-    """The whole pool runs (and reports ready) before the first task needs it."""
-    for index in range(settings.agent_workers):
-        get_or_create_worker(settings, index).ready.remote()
+            if not self._active:
+                self._idle.set()
 
 
 class RayDispatcher:
     """TaskDispatcher over the AgentWorker pool (least loaded first, by this caller's own
     in-flight counts: a caller that sends most of the work balances it well enough)."""
 
-    def __init__(self, settings: Settings, events: EventStore) -> None:
+    def __init__(self, settings: Settings, events: EventStore, generation: Generation) -> None:
         self._settings = settings
         self._events = events
         self._size = settings.agent_workers
-        self._actors: dict[int, Any] = {}
+        self._pool = Shards(generation, KIND, self._size)
         self._inflight = [0] * self._size
-
-    def _actor(self, index: int) -> Any:
-        actor = self._actors.get(index)
-        if actor is None:
-            actor = get_or_create_worker(self._settings, index)
-            self._actors[index] = actor
-        return actor
 
     async def run(self, task: AgentTask) -> TaskResult:
         if not task.announced:
@@ -181,8 +185,14 @@ class RayDispatcher:
             candidates = [i for i in range(self._size) if i not in tried] or list(range(self._size))
             index = min(candidates, key=lambda i: self._inflight[i])
             tried.add(index)
+            try:
+                actor = self._pool.actor(index)
+            except RayActorError as exc:  # not running: its generation is starting or gone
+                last_error = str(exc)
+                await asyncio.sleep(0.5)
+                continue
             self._inflight[index] += 1
-            ref = self._actor(index).run.remote(task)
+            ref = actor.run.remote(task)
             try:
                 result: TaskResult = await ref
                 return result
@@ -191,7 +201,7 @@ class RayDispatcher:
                 raise
             except RayActorError as exc:
                 # The worker died mid-task: Ray restarts it; this task runs again elsewhere.
-                self._actors.pop(index, None)
+                self._pool.forget(index)
                 log.warning("%s died running %s: %s", worker_name(index), task.task_id, exc)
                 await self._events.append(
                     [

@@ -1,4 +1,4 @@
-"""`ChannelHub` actors (`channel-hub-<i>`, k of them): each relays the messages of the
+"""`ChannelHub` actors (k per generation): each relays the messages of the
 channels whose number is `i` modulo k (answer by an agent task on the AgentWorker pool, then
 delivery to the platform with retries), and on (re)start picks up whatever its channels left
 in the inbox. `RayChannels` is how the HTTP replicas hand a just-received message to its hub;
@@ -13,7 +13,7 @@ import httpx
 import ray
 from ray.exceptions import RayActorError
 
-from actors import Shards, until_started
+from actors import Generation, Shards, until_started
 from actors.agent_worker import RayDispatcher
 from orchestrator.channels import (
     ChannelRelay,
@@ -30,6 +30,7 @@ from orchestrator.events import EventStore
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
+KIND = "ChannelHub"
 
 
 def hub_name(index: int) -> str:
@@ -40,7 +41,8 @@ def hub_name(index: int) -> str:
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000
 )
 class ChannelHub:
-    def __init__(self, settings: Settings, index: int, shards: int) -> None:
+    def __init__(self, settings: Settings, index: int, shards: int, generation: Generation) -> None:
+        self._generation = generation
         # httpx logs request URLs at INFO, and a Telegram URL holds the bot token.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self._settings = settings
@@ -80,7 +82,7 @@ class ChannelHub:
         self._http = channel_egress(s)
         relay = ChannelRelay(
             store,
-            RayDispatcher(s, EventStore(self._db.pool)),
+            RayDispatcher(s, EventStore(self._db.pool), self._generation),
             s,
             self._http,
             shard=self._index,
@@ -96,6 +98,15 @@ class ChannelHub:
         await self._boot
         return repr(self)
 
+    async def drain(self) -> None:
+        """Relay nothing more (the generation is being replaced): items in flight stay in the
+        inbox, claimed until their lease ends, for the next generation's hubs."""
+        relay = await self._boot
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await relay.close()
+
     async def submit(self, inbox_id: int) -> None:
         relay = await self._boot
         relay.submit(inbox_id)
@@ -106,17 +117,11 @@ class ChannelHub:
 
 
 class RayChannels:
-    """Caller side: hands an inbox item to the hub of its channel; creates missing hubs."""
+    """Caller side: hands an inbox item to the hub of its channel (the caller's generation)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, generation: Generation) -> None:
         self._shards = max(1, settings.channel_hubs)
-        self._pool = Shards(
-            settings, ChannelHub, "channel-hub", self._shards, settings.channel_hub_cpus
-        )
-
-    def ensure_started(self) -> None:
-        """Every hub exists (and so picks up what its channels left in the inbox)."""
-        self._pool.ensure_started()
+        self._pool = Shards(generation, KIND, self._shards)
 
     async def submit(self, channel_id: str, inbox_id: int) -> None:
         index = channel_shard(channel_id, self._shards)
@@ -135,4 +140,4 @@ class RayChannels:
         return result
 
     async def close(self) -> None:
-        """Hubs are detached: they keep running while replicas come and go."""
+        """Hubs belong to the generation (actors/generation.py), not to this caller."""

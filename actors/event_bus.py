@@ -14,14 +14,14 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors import NAMESPACE
-from actors.metrics import ActorMetricsHub, get_or_create_metrics
+from actors import Generation, lookup
+from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import Event, EventServices, EventStore
 from orchestrator.observability import MetricsPusher, MetricsRecorder
 
-ACTOR_NAME = "event_bus"
+KIND = "EventBus"
 METRICS_FLUSH_S = 1.0
 
 
@@ -29,8 +29,9 @@ METRICS_FLUSH_S = 1.0
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000
 )
 class EventBus:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, generation: Generation) -> None:
         self._settings = settings
+        self._generation = generation
         self._services: EventServices | None = None
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
@@ -49,7 +50,7 @@ class EventBus:
                 recorder = MetricsRecorder(f"event_bus:{socket.gethostname()}:{os.getpid()}")
                 services = EventServices(EventStore(db.pool), self._settings.database_url, recorder)
                 await services.start()
-                hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
+                hub = ActorMetricsHub(self._generation)
                 self._flusher = asyncio.create_task(
                     self._flush_metrics(MetricsPusher(recorder, hub))
                 )
@@ -79,25 +80,17 @@ class EventBus:
             yield batch
 
 
-def get_or_create_event_bus(settings: Settings) -> Any:
-    return EventBus.options(  # type: ignore[attr-defined]
-        name=ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote(settings)
-
-
 class ActorEventSource:
-    """A replica's upstream: the EventBus's `subscribe`, as an async iterator of batches.
-    Ray restarts a killed bus under the same handle; one killed for good (`ray.kill` without
-    restart) is created again on the next subscription."""
+    """A replica's upstream: its generation's EventBus's `subscribe`, as an async iterator of
+    batches. Ray restarts a killed bus under the same handle; one not (yet) running is looked
+    up again on the next subscription."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(self, generation: Generation) -> None:
+        self._generation = generation
         self._actor: Any = None
 
     def start(self) -> None:
-        """Make sure the bus runs (its projections count events even before any stream)."""
-        self._actor = get_or_create_event_bus(self._settings)
-        self._actor.head.remote()
+        self._actor = lookup(self._generation.name(KIND))
 
     async def subscribe(self, after: int) -> AsyncIterator[list[Event]]:
         if self._actor is None:

@@ -1,4 +1,5 @@
-"""`InferenceInstance`: one actor per local inference instance (named `inf-<n>`), placed by Ray
+"""`InferenceInstance`: one actor per local inference instance (`orch-<app>-InferenceInstance-
+<id>`; not part of a generation: a redeploy keeps its loaded model serving), placed by Ray
 on a node with the GPUs it asks for; it owns its llama-server process and nothing else
 (requests go straight to the process's port). `RayLocalInference` is how the HTTP replicas
 start and stop them."""
@@ -15,7 +16,7 @@ import ray
 import ray.util
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors import NAMESPACE
+from actors import NAMESPACE, app_prefix
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
@@ -29,6 +30,11 @@ from orchestrator.inference import (
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 60.0
+KIND = "InferenceInstance"
+
+
+def instance_actor_name(app: str, instance_id: str) -> str:
+    return f"{app_prefix(app)}{KIND}-{instance_id}"
 
 
 @ray.remote(  # type: ignore[call-overload]
@@ -102,15 +108,17 @@ def _num_gpus(settings: Settings) -> float:
 
 class RayLocalInference:
     """`LocalInference` under Ray: instances are detached named actors, so any replica can
-    stop an instance another one started, and instances outlive replicas."""
+    stop an instance another one started, and instances outlive replicas and generations; the
+    application's deletion stops them (actors/generation.py `sweep`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, app: str) -> None:
         self._settings = settings
+        self._app = app
 
     async def start(self, instance_id: str) -> None:
         gpus = _num_gpus(self._settings)
         actor: Any = InferenceInstance.options(  # type: ignore[attr-defined]
-            name=instance_id,
+            name=instance_actor_name(self._app, instance_id),
             namespace=NAMESPACE,
             lifetime="detached",
             num_cpus=self._settings.inference_actor_cpus,
@@ -131,7 +139,7 @@ class RayLocalInference:
 
     async def stop(self, instance_id: str, reason: str) -> bool:
         try:
-            actor = ray.get_actor(instance_id, namespace=NAMESPACE)
+            actor = ray.get_actor(instance_actor_name(self._app, instance_id), namespace=NAMESPACE)
         except ValueError:  # never started, or ended (failed) and gone
             return False
         try:
@@ -148,4 +156,4 @@ class RayLocalInference:
         return list(await asyncio.gather(*(self.stop(i, reason) for i in instance_ids)))
 
     async def close(self) -> None:
-        """Instances are detached: they keep serving while replicas come and go."""
+        """Instances are detached: they keep serving while replicas and generations change."""

@@ -7,10 +7,10 @@ from typing import Any
 
 import ray
 
-from actors import NAMESPACE
+from actors import Generation, lookup
 from orchestrator.observability import MetricsSnapshot, MetricsState, SloQuery
 
-ACTOR_NAME = "metrics"
+KIND = "Metrics"
 # A source silent this long no longer contributes gauges (a replica that went away).
 STALE_SOURCE_S = 30.0
 
@@ -47,17 +47,24 @@ class Metrics:
         }
 
 
-def get_or_create_metrics(window_s: float) -> Any:
-    return Metrics.options(  # type: ignore[attr-defined]
-        name=ACTOR_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote(window_s)
+def metrics_actor(generation: Generation) -> Any:
+    """The generation's Metrics actor (ActorUnavailableError while it is not running)."""
+    return lookup(generation.name(KIND))
 
 
 class ActorMetricsHub:
-    """The `MetricsHub` of a replica running under Ray."""
+    """The `MetricsHub` of a replica or actor running under Ray: the Metrics actor of its
+    generation, looked up on first use (until found: it may still be starting)."""
 
-    def __init__(self, actor: Any) -> None:
-        self._actor = actor
+    def __init__(self, generation: Generation) -> None:
+        self._generation = generation
+        self._handle: Any = None
+
+    @property
+    def _actor(self) -> Any:
+        if self._handle is None:
+            self._handle = metrics_actor(self._generation)
+        return self._handle  # Ray restarts a crashed Metrics actor under the same handle
 
     async def push(self, snapshot: MetricsSnapshot) -> None:
         await self._actor.push.remote(snapshot)

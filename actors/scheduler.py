@@ -1,16 +1,17 @@
-"""The `Scheduler` actor (named `scheduler`, detached, restarted by Ray): hosts the
+"""The `Scheduler` actor (one per generation, restarted by Ray): hosts the
 SchedulerService, whose Postgres lease keeps exactly one scheduler active even if a second
 actor is started (it waits for the lease). Runs go to the AgentWorker pool."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
 import ray
 
-from actors import NAMESPACE
+from actors import Generation
 from actors.agent_worker import RayDispatcher
 from orchestrator.config import Settings
 from orchestrator.db import connect
@@ -19,16 +20,17 @@ from orchestrator.scheduler import JobStore, SchedulerService
 
 log = logging.getLogger(__name__)
 
-ACTOR_NAME = "scheduler"
+KIND = "Scheduler"
 
 
 @ray.remote(  # type: ignore[call-overload]
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=100
 )
 class Scheduler:
-    def __init__(self, settings: Settings, name: str = ACTOR_NAME) -> None:
+    def __init__(self, settings: Settings, generation: Generation, name: str = "") -> None:
         self._settings = settings
-        self._name = name
+        self._generation = generation
+        self._name = name or generation.name(KIND)
         self._service: SchedulerService | None = None
         self._main = asyncio.get_running_loop().create_task(self._run())
 
@@ -50,7 +52,7 @@ class Scheduler:
         events = EventStore(db.pool)
         self._service = SchedulerService(
             JobStore(db.pool, events),
-            RayDispatcher(self._settings, events),
+            RayDispatcher(self._settings, events, self._generation),
             self._settings,
             self._settings.database_url,
             name=self._name,
@@ -60,6 +62,15 @@ class Scheduler:
     async def settings(self) -> Settings:
         return self._settings
 
+    async def drain(self) -> None:
+        """Schedule nothing more (the generation is being replaced): stop the loop, end the
+        runs in flight and give the lease up for the next generation's scheduler."""
+        self._main.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._main
+        if self._service is not None:
+            await self._service.shutdown()
+
     async def status(self) -> dict[str, Any]:
         s = self._service
         return {
@@ -67,9 +78,3 @@ class Scheduler:
             "active": bool(s and s.active),
             "dispatched": s.dispatched if s else 0,
         }
-
-
-def get_or_create_scheduler(settings: Settings, name: str = ACTOR_NAME) -> Any:
-    return Scheduler.options(  # type: ignore[attr-defined]
-        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote(settings, name)

@@ -1,4 +1,4 @@
-"""`WorkflowShard` actors (`workflow-shard-<i>`, k of them): each drives the workflows whose
+"""`WorkflowShard` actors (k per generation): each drives the workflows whose
 number is `i` modulo k, many at once as asyncio tasks, and resumes its unfinished ones from
 Postgres when it (re)starts. `RayWorkflows` is how the HTTP replicas reach them: creation
 and reads go straight to Postgres; starting and cancelling go to the owning shard."""
@@ -13,7 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors import Shards, until_started
+from actors import Generation, Shards, until_started
 from actors.agent_worker import RayDispatcher
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
@@ -23,6 +23,7 @@ from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
+KIND = "WorkflowShard"
 
 
 def shard_name(index: int) -> str:
@@ -36,8 +37,9 @@ class WorkflowShard:
     """Ray restarts a killed shard; the new incarnation's __init__ resumes its workflows
     (nobody needs to call it: a step that was running is dispatched again)."""
 
-    def __init__(self, settings: Settings, index: int, shards: int) -> None:
+    def __init__(self, settings: Settings, index: int, shards: int, generation: Generation) -> None:
         self._settings = settings
+        self._generation = generation
         self._index = index
         self._shards = shards
         self._db: Database | None = None
@@ -64,10 +66,10 @@ class WorkflowShard:
         self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
         events = EventStore(self._db.pool)
         store = WorkflowStore(self._db.pool, events)
-        router = RayWorkflows(self._settings)
+        router = RayWorkflows(self._settings, self._generation)
         engine = WorkflowEngine(
             store,
-            RayDispatcher(self._settings, events),
+            RayDispatcher(self._settings, events, self._generation),
             self._settings,
             starter=router.start,
             canceller=router.cancel,
@@ -81,6 +83,12 @@ class WorkflowShard:
         await self._boot
         return repr(self)
 
+    async def drain(self) -> None:
+        """Stop driving (the generation is being replaced): every workflow stays as it is in
+        Postgres, for the next generation's shards to resume."""
+        engine = await self._boot
+        await engine.shutdown()
+
     async def start(self, workflow_id: str) -> None:
         """Drive a workflow just created (idempotent)."""
         engine = await self._boot
@@ -92,29 +100,23 @@ class WorkflowShard:
 
 
 class RayWorkflows:
-    """Caller side: routes a workflow to its shard by id; creates missing shards."""
+    """Caller side: routes a workflow to its shard (of the caller's generation) by id."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, generation: Generation) -> None:
         self._settings = settings
         self._shards = max(1, settings.workflow_shards)
-        self._pool = Shards(
-            settings, WorkflowShard, "workflow-shard", self._shards, settings.workflow_shard_cpus
-        )
-
-    def ensure_started(self) -> None:
-        """Every shard exists (and so resumes its unfinished workflows)."""
-        self._pool.ensure_started()
+        self._pool = Shards(generation, KIND, self._shards)
 
     async def _call(self, workflow_id: str, method: str) -> Any:
         index = shard_of(workflow_id, self._shards)
         for attempt in range(3):
-            actor = self._pool.actor(index)
             try:
+                actor = self._pool.actor(index)
                 return await asyncio.wait_for(
                     getattr(actor, method).remote(workflow_id), CALL_TIMEOUT_S
                 )
             except RayActorError:
-                # Restarting, or killed for good: look it up (or create it) again.
+                # Restarting, or not running: look it up again.
                 self._pool.forget(index)
                 if attempt == 2:
                     raise
@@ -137,4 +139,4 @@ class RayWorkflows:
         return result
 
     async def close(self) -> None:
-        """Shards are detached: they keep running while replicas come and go."""
+        """Shards belong to the generation (actors/generation.py), not to this caller."""

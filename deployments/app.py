@@ -11,14 +11,14 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
-from actors.agent_worker import ensure_agent_workers
+from actors import Generation
 from actors.channel_hub import RayChannels
 from actors.event_bus import ActorEventSource
 from actors.inference import RayLocalInference
-from actors.metrics import ActorMetricsHub, get_or_create_metrics
-from actors.scheduler import get_or_create_scheduler
+from actors.metrics import ActorMetricsHub
 from actors.workflow_shard import RayWorkflows
 from deployments.api import create_app
+from deployments.runtime import runtime_deployment
 from orchestrator.config import Settings
 
 APP_NAME = "orchestrator"
@@ -41,33 +41,32 @@ def _log_like_serve(level: str) -> None:
 @serve.deployment(name="Api", max_ongoing_requests=256)
 @serve.ingress()
 class Api:
-    """HTTP ingress replica: the FastAPI app, built on the replica after construction."""
+    """HTTP ingress replica: the FastAPI app, built on the replica after construction. It
+    creates no actor: it reaches its version's generation, which the Runtime deployment owns,
+    by name (so a replica restarting never makes a second generation)."""
 
-    def __init__(self, settings: Settings, started_at: float) -> None:
+    def __init__(
+        self, settings: Settings, started_at: float, generation: Generation, runtime: Any
+    ) -> None:
         self._settings = settings
         self._started_at = started_at
+        self._generation = generation
+        self._runtime = runtime  # bound so the Runtime deployment is part of the application
         _log_like_serve(settings.log_level)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        hub = ActorMetricsHub(get_or_create_metrics(self._settings.slo_window_s))
-        bus = ActorEventSource(self._settings)
-        bus.start()
-        ensure_agent_workers(self._settings)
-        workflows = RayWorkflows(self._settings)
-        workflows.ensure_started()  # shards resume their unfinished workflows
-        get_or_create_scheduler(self._settings).status.remote()
-        channels = RayChannels(self._settings)
-        channels.ensure_started()  # hubs pick up what their channels left in the inbox
+        generation = self._generation
+        bus = ActorEventSource(generation)
         return create_app(
             self._settings,
-            metrics=hub,
+            metrics=ActorMetricsHub(generation),
             event_upstream=bus.subscribe,
             started_at=self._started_at,
             echo_request_id=False,
-            local_inference=RayLocalInference(self._settings),
-            workflow_runner=workflows,
+            local_inference=RayLocalInference(self._settings, generation.app),
+            workflow_runner=RayWorkflows(self._settings, generation),
             run_scheduler=False,
-            channel_runner=channels,
+            channel_runner=RayChannels(self._settings, generation),
         )
 
     def __repr__(self) -> str:
@@ -101,5 +100,9 @@ def build_app(args: dict[str, Any]) -> Application:
             enable_access_log=settings.access_log, log_level=settings.log_level
         ),
     )
-    app: Application = deployment.bind(settings, started_at)
+    # One version of the application: its code and settings. Every actor it runs carries it
+    # in its name, so a redeploy with other code or settings gets new actors.
+    generation = Generation.of(APP_NAME, settings)
+    runtime = runtime_deployment(settings).bind(settings, generation)
+    app: Application = deployment.bind(settings, started_at, generation, runtime)
     return app

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -321,15 +320,20 @@ def _shutdown(
         if ray.is_initialized():
             from ray import serve
 
-            from actors import NAMESPACE
-            from actors.metrics import ACTOR_NAME as METRICS_ACTOR
+            from actors.generation import sweep, wait_gone
             from deployments.app import APP_NAME
 
             if not ray_started:
-                # A shared cluster: remove only what is ours (the app and the Metrics actor).
+                # A shared cluster: remove only what is ours. Deleting the app stops its
+                # Runtime replica, which drains and kills the actor generation it owns;
+                # the sweep gets what outlives generations (inference instances) and
+                # anything a replica that died uncleanly left.
                 serve.delete(APP_NAME)
-                with contextlib.suppress(ValueError):
-                    ray.kill(ray.get_actor(METRICS_ACTOR, namespace=NAMESPACE))
+                killed = sweep(APP_NAME)
+                if killed:
+                    progress(f"stopped {len(killed)} leftover actors: {', '.join(killed)}")
+                if left := wait_gone(APP_NAME, timeout_s=30):
+                    progress(f"WARNING: actors still alive after stopping: {sorted(left)}")
             # Our own local cluster goes whole with ray.shutdown (proxy and HAProxy included):
             # measured 1.4 s, where serve.shutdown first waits ~30 s on the controller.
             ray.shutdown()

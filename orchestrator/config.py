@@ -328,6 +328,16 @@ class Settings(BaseSettings):
     )
     channel_hubs: int = Field(2, ge=1, le=64, description="ChannelHub actors")
     channel_hub_cpus: float = Field(0.0, ge=0, description="Ray CPUs per ChannelHub")
+    generation_drain_s: float = Field(
+        20.0,
+        ge=0,
+        le=600,
+        description=(
+            "Seconds an actor generation gets to drain (schedule nothing new, hand its "
+            "workflows and inbox items over, let running agent tasks end) before it is killed, "
+            "when a redeploy replaces it or the application is deleted"
+        ),
+    )
 
     # --- scheduler (SPEC part 8) ---------------------------------------------------------
     max_scheduled_jobs: int = Field(1000, ge=1, description="Maximum active jobs")

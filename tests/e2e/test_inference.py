@@ -148,7 +148,7 @@ def test_discover_start_chat_stream_stop(service: Service) -> None:
     assert models[SMOL] == {"name": SMOL, "status": "loaded", "provider": "local", "ctx_size": 2048}
 
     # The actor named after the instance holds it, and the server is the actor's child.
-    described = _instance_actor(service, iid)
+    described = _instance_actor(service, f"orch-orchestrator-InferenceInstance-{iid}")
     assert described == (
         f"InferenceInstance(id={iid}, model={SMOL}, port={ready['port']}, state=ready)"
     )

@@ -217,13 +217,15 @@ def test_health_503_while_postgres_is_down(service: Service) -> None:
 
 
 def _kill_event_bus(service: Service) -> None:
-    """ray.kill the EventBus actor for good (no restart), from a separate driver: replicas
-    create it again and resubscribe from their positions."""
+    """ray.kill the EventBus actor for good (no restart), from a separate driver: the
+    application's Runtime replica creates it again and the replicas resubscribe from their
+    positions."""
     runtime = json.loads((service.data_dir / "runtime.json").read_text())
     address = runtime["ray_address"]
     code = (
         f"import ray; ray.init(address={address!r}, namespace='orchestrator', "
-        "logging_level='ERROR'); ray.kill(ray.get_actor('event_bus'))"
+        "logging_level='ERROR'); [bus] = [n for n in ray.util.list_named_actors() "
+        "if n.endswith('-EventBus')]; ray.kill(ray.get_actor(bus))"
     )
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     subprocess.run(

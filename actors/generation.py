@@ -1,0 +1,224 @@
+"""One generation of the application's actors: every Metrics, EventBus, AgentWorker,
+WorkflowShard, Scheduler and ChannelHub actor of one application version, named
+`orch-<app>-<version8>-<Kind>[-<i>]` in our namespace.
+
+The application's `Runtime` deployment (deployments/runtime.py) creates them and owns them:
+they are not detached, so Ray kills them when that replica's process ends, however it ends.
+When Serve stops the replica (a redeploy with another version, or the application's
+deletion) the generation is drained first: nothing new starts, the work in flight ends or
+stays claimed in Postgres for the next generation, then every actor is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import ray.util
+
+from actors import NAMESPACE, Generation, app_prefix
+from actors.agent_worker import KIND as WORKER
+from actors.agent_worker import AgentWorker
+from actors.channel_hub import KIND as HUB
+from actors.channel_hub import ChannelHub
+from actors.event_bus import KIND as BUS
+from actors.event_bus import EventBus
+from actors.metrics import KIND as METRICS
+from actors.metrics import Metrics
+from actors.scheduler import KIND as SCHEDULER
+from actors.scheduler import Scheduler
+from actors.workflow_shard import KIND as SHARD
+from actors.workflow_shard import WorkflowShard
+from orchestrator.config import Settings
+
+log = logging.getLogger(__name__)
+
+# How long a new generation waits for a name its predecessor of the same version still holds
+# (that predecessor's owner has died; Ray is killing its actors).
+NAME_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Member:
+    """One actor of a generation: how to create it and which call starts its work."""
+
+    kind: str
+    name: str
+    actor_class: Any
+    args: tuple[Any, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    start: str = "ready"
+
+
+def members(settings: Settings, generation: Generation) -> list[Member]:
+    """Every actor of `generation`, in creation order: what others look up comes first."""
+    g = generation
+    shards, hubs = max(1, settings.workflow_shards), max(1, settings.channel_hubs)
+    return [
+        Member(METRICS, g.name(METRICS), Metrics, (settings.slo_window_s,), start="gauges"),
+        Member(BUS, g.name(BUS), EventBus, (settings, g), start="head"),
+        *(
+            Member(
+                WORKER,
+                g.name(WORKER, i),
+                AgentWorker,
+                (settings, i, g),
+                {
+                    "num_cpus": settings.agent_worker_cpus,
+                    "max_concurrency": settings.agent_worker_concurrency,
+                },
+            )
+            for i in range(settings.agent_workers)
+        ),
+        *(
+            Member(
+                SHARD,
+                g.name(SHARD, i),
+                WorkflowShard,
+                (settings, i, shards, g),
+                {"num_cpus": settings.workflow_shard_cpus},
+            )
+            for i in range(shards)
+        ),
+        Member(SCHEDULER, g.name(SCHEDULER), Scheduler, (settings, g), start="status"),
+        *(
+            Member(
+                HUB,
+                g.name(HUB, i),
+                ChannelHub,
+                (settings, i, hubs, g),
+                {"num_cpus": settings.channel_hub_cpus},
+            )
+            for i in range(hubs)
+        ),
+    ]
+
+
+def _create(member: Member) -> Any:
+    # Not detached: owned by the calling process (the Runtime replica) and killed with it.
+    handle = member.actor_class.options(
+        name=member.name, namespace=NAMESPACE, **member.options
+    ).remote(*member.args)
+    getattr(handle, member.start).remote()  # start its work now, not at its first call
+    return handle
+
+
+def _name_taken(exc: ValueError) -> bool:
+    return "already taken" in str(exc) or "already exists" in str(exc)
+
+
+async def create(members_: Iterable[Member], wait_s: float = NAME_WAIT_S) -> dict[str, Any]:
+    """Create every member; a name still held by a dying predecessor is waited for."""
+    handles: dict[str, Any] = {}
+    deadline = time.monotonic() + wait_s
+    for member in members_:
+        while True:
+            try:
+                handles[member.name] = _create(member)
+                break
+            except ValueError as exc:
+                if not _name_taken(exc) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+    return handles
+
+
+def alive_names(prefix: str) -> set[str]:
+    """Names of our namespace's live (or restarting) actors that start with `prefix`."""
+    names = ray.util.list_named_actors(all_namespaces=True)
+    return {
+        n["name"]
+        for n in names
+        if isinstance(n, dict) and n.get("namespace") == NAMESPACE and n["name"].startswith(prefix)
+    }
+
+
+async def replace_missing(
+    generation: Generation, members_: Iterable[Member], handles: dict[str, Any]
+) -> list[str]:
+    """Create again any member that no longer exists (killed for good: `ray.kill`, or
+    failed past its restarts); Ray restarts crashed ones by itself. Returns their names."""
+    wanted = list(members_)
+    alive = await asyncio.to_thread(alive_names, generation.prefix)
+    again: list[str] = []
+    for member in wanted:
+        if member.name in alive:
+            continue
+        try:
+            handles[member.name] = _create(member)
+        except ValueError as exc:  # it came back meanwhile
+            if not _name_taken(exc):
+                raise
+            continue
+        log.warning("%s was gone; created it again", member.name)
+        again.append(member.name)
+    return again
+
+
+async def _bounded(calls: list[Any], timeout_s: float, what: str) -> None:
+    if not calls:
+        return
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(*calls, return_exceptions=True), max(0.1, timeout_s)
+        )
+    except TimeoutError:
+        log.warning("draining: %s did not finish within %.1fs", what, timeout_s)
+        return
+    for result in results:
+        if isinstance(result, BaseException):
+            log.warning("draining: %s: %r", what, result)
+
+
+async def drain(members_: Iterable[Member], handles: dict[str, Any], timeout_s: float) -> None:
+    """Drain the generation, then kill it. First nothing new starts: the scheduler stops
+    dispatching and gives its lease up, shards and hubs stop driving (their workflows and
+    inbox items stay in Postgres, for the next generation to claim). Then the agent tasks
+    still running end (within what is left of `timeout_s`). Then every actor is killed."""
+    deadline = time.monotonic() + timeout_s
+    by_kind: dict[str, list[Any]] = {}
+    for member in members_:
+        handle = handles.get(member.name)
+        if handle is not None:
+            by_kind.setdefault(member.kind, []).append(handle)
+    consumers = [h for k in (SCHEDULER, SHARD, HUB) for h in by_kind.get(k, [])]
+    await _bounded(
+        [h.drain.remote() for h in consumers],
+        deadline - time.monotonic(),
+        "scheduler, shards and hubs",
+    )
+    await _bounded(
+        [h.drain.remote() for h in by_kind.get(WORKER, [])],
+        deadline - time.monotonic(),
+        "agent workers",
+    )
+    for handle in handles.values():
+        with contextlib.suppress(Exception):
+            ray.kill(handle, no_restart=True)
+
+
+def sweep(app: str) -> list[str]:
+    """Kill every actor of application `app` still alive in our namespace (any generation,
+    and the inference instances): what stopping the application leaves behind. Returns the
+    names killed."""
+    killed: list[str] = []
+    for name in sorted(alive_names(app_prefix(app))):
+        with contextlib.suppress(ValueError):  # gone meanwhile
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            killed.append(name)
+    return killed
+
+
+def wait_gone(app: str, timeout_s: float) -> set[str]:
+    """Until no actor of `app` is alive (or the timeout); what is still alive."""
+    deadline = time.monotonic() + timeout_s
+    while alive := alive_names(app_prefix(app)):
+        if time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+    return set()

@@ -1,0 +1,107 @@
+"""The `Runtime` deployment: one replica per application version that owns its actor
+generation (actors/generation.py).
+
+Why a deployment of our own rather than actors made by `build_app` or Serve's deployment
+actors: `build_app` runs in the driver or in Serve's build task, so what it creates is either
+tied to that process or detached and owned by nobody. Serve's `deployment_actors` are killed
+without a drain and never restarted by Ray (handles go stale until the controller's health
+checks recreate them). A replica that creates them is stopped by Serve gracefully on a
+redeploy and on `serve delete` (its `__del__` drains and kills the generation), and its
+actors are not detached, so Ray kills them even when the replica dies some other way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Any
+
+from ray import serve
+from ray.serve.schema import ApplicationStatus
+
+from actors import Generation
+from actors.generation import Member, create, drain, members, replace_missing, sweep
+from actors.metrics import ActorMetricsHub
+from orchestrator.config import Settings
+from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.runtime.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+# How often the replica makes sure every member of its generation exists.
+KEEP_S = 2.0
+# What Serve grants `__del__` beyond the drain itself (killing, the inference sweep).
+SHUTDOWN_MARGIN_S = 15.0
+
+
+def _app_deleting(app: str) -> bool:
+    """Whether Serve is deleting `app` (rather than replacing this version of it)."""
+    try:
+        status = serve.status().applications.get(app)
+    except Exception as exc:  # noqa: BLE001 - unknown: keep what outlives generations
+        log.warning("cannot read the status of %s (%r)", app, exc)
+        return False
+    return status is None or status.status == ApplicationStatus.DELETING
+
+
+@serve.deployment(name="Runtime", num_replicas=1, max_ongoing_requests=16)
+class Runtime:
+    """Creates the generation when it starts; drains and kills it when Serve stops it."""
+
+    # Serve awaits an async constructor: the generation exists before the replica is ready.
+    async def __init__(self, settings: Settings, generation: Generation) -> None:  # type: ignore[misc]
+        from deployments.app import _log_like_serve  # app.py imports this module
+
+        _log_like_serve(settings.log_level)
+        self._settings = settings
+        self._generation = generation
+        self._members: list[Member] = members(settings, generation)
+        self._handles: dict[str, Any] = await create(self._members)
+        self._recorder = MetricsRecorder(f"runtime:{socket.gethostname()}:{os.getpid()}")
+        self._pusher = MetricsPusher(self._recorder, ActorMetricsHub(generation))
+        self._supervisor = Supervisor(
+            f"runtime {generation.prefix}", on_restart=self._recorder.background_restart
+        )
+        self._supervisor.spawn("keep-generation", self._keep)
+        log.info("generation %s: %d actors", generation.prefix, len(self._handles))
+
+    def __repr__(self) -> str:
+        return f"Runtime({self._generation.prefix}, actors={len(self._handles)})"
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(KEEP_S)
+            await replace_missing(self._generation, self._members, self._handles)
+            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
+                await self._pusher.flush()
+
+    async def describe(self) -> dict[str, Any]:
+        return {
+            "app": self._generation.app,
+            "version": self._generation.version,
+            "actors": sorted(self._handles),
+        }
+
+    async def __del__(self) -> None:
+        """Serve stops this replica: drain and kill the generation; when the application is
+        being deleted, also stop its inference instances (they outlive redeploys)."""
+        await self._supervisor.aclose()
+        deleting = await asyncio.to_thread(_app_deleting, self._generation.app)
+        await drain(self._members, self._handles, self._settings.generation_drain_s)
+        if deleting:
+            killed = await asyncio.to_thread(sweep, self._generation.app)
+            log.info("application %s deleted: killed %s", self._generation.app, killed)
+        log.info("generation %s drained and killed", self._generation.prefix)
+
+
+def runtime_deployment(settings: Settings) -> Any:
+    """The Runtime deployment with Serve's stop budget covering the drain."""
+    return Runtime.options(  # type: ignore[attr-defined]
+        ray_actor_options={"num_cpus": 0},
+        graceful_shutdown_timeout_s=settings.generation_drain_s + SHUTDOWN_MARGIN_S,
+        # Stopped before its successor starts (Serve's default, said here because the
+        # successor of the same version must find the names free).
+        max_surge_percent=0,
+    )

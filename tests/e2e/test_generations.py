@@ -1,0 +1,354 @@
+"""Actors owned by the application, through `orchestrator serve --address` on a `ray start`
+cluster (Postgres and Redis outside the service, as on a shared cluster, so they outlive it):
+
+- a redeploy with changed settings gets a new actor generation that runs with them (the
+  agent workers report the new values, their CPU reservation included), the old generation
+  is gone, and a workflow running across the redeploy completes;
+- Serve restarting a replica (the ingress, or the Runtime replica that owns the actors) does
+  not make a second generation;
+- SIGTERM of the service leaves no actor of ours alive on the cluster, and a job due every
+  second fires no more."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import psutil
+import pytest
+import yaml
+
+from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
+from tests.conftest import free_port
+from tests.e2e.test_join_cluster import _stop_cluster, ray_env, start_head
+from tests.e2e.test_serve import ROOT, _wait_for_ready_line
+from tests.e2e.test_workflows import MODEL
+from tests.fakes.agent_llm import agent_reply
+from tests.fakes.openai_server import OpenAIFake
+
+pytestmark = pytest.mark.e2e
+
+# A driver on the cluster: `ours()` are the names of our namespace's live actors.
+PRELUDE = """
+import json, sys, time
+import ray
+ray.init(address=sys.argv[1], namespace="orchestrator", logging_level="ERROR")
+
+def ours():
+    return sorted(
+        n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+        if n["namespace"] == "orchestrator"
+    )
+
+def wait(check, within, what):
+    deadline = time.monotonic() + within
+    while not (got := check()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}: {ours()}")
+        time.sleep(0.5)
+    return got
+
+def version(name):  # orch-<app>-<version8>-<Kind>[-<i>]
+    return name.split("-")[2]
+"""
+
+
+@dataclass
+class Cluster:
+    root: Path
+    gcs: str
+    env: dict[str, str]
+    database_url: str
+    llm: OpenAIFake
+
+    def driver(self, code: str, timeout: float = 300) -> Any:
+        """Run `code` (after PRELUDE) in a driver joined to the cluster; its last line, JSON."""
+        out = subprocess.run(
+            [sys.executable, "-c", PRELUDE + code, self.gcs],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=self.env,
+            cwd=ROOT,
+        )
+        assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Service:
+    cluster: Cluster
+    work: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1"
+
+    def client(self) -> httpx.Client:
+        token = (self.work / "data" / "admin_token").read_text().strip()
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
+
+    def start(self) -> None:
+        config = self.work / "orchestrator.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "providers": {
+                        "openai": {
+                            "base_url": self.cluster.llm.base_url,
+                            "api_key": "sk-agent",
+                            "models": [MODEL],
+                        }
+                    },
+                    "default_model": MODEL,
+                    "rate_limit_per_minute": 0,
+                    "api_replicas": 1,
+                    "generation_drain_s": 10,
+                }
+            )
+        )
+        log = self.work / "serve.log"
+        offset = log.stat().st_size if log.exists() else 0
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    str(ROOT / "scripts" / "serve"),
+                    "--address",
+                    self.cluster.gcs,
+                    "--config",
+                    str(config),
+                    "--data-dir",
+                    str(self.work / "data"),
+                    "--port",
+                    str(self.port),
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.cluster.env,
+            )
+        _wait_for_ready_line(self.proc, log, offset)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM, as an operator stops it; its exit code."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return None
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("generations")
+    pg, redis = EmbeddedPostgres(root / "pg"), EmbeddedRedis(root / "redis")
+    temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay short
+    gcs_port = free_port()
+    env = ray_env()
+    try:
+        with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
+            database_url = pg.start()
+            env["ORCH_DATABASE_URL"] = database_url
+            env["ORCH_REDIS_URL"] = redis.start()
+            start_head(env, gcs_port, temp_dir)
+            yield Cluster(root, f"127.0.0.1:{gcs_port}", env, database_url, llm)
+    finally:
+        _stop_cluster(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        redis.stop()
+        pg.stop()
+
+
+@pytest.fixture(scope="module")
+def holder(cluster: Cluster) -> Iterator[dict[str, Service]]:
+    """The module's service, started on demand (a test that stops it leaves it stopped)."""
+    services: dict[str, Service] = {}
+    yield services
+    for service in services.values():
+        service.stop()
+        sys.stdout.write((service.work / "serve.log").read_text(errors="replace")[-3000:])
+
+
+@pytest.fixture
+def service(cluster: Cluster, holder: dict[str, Service]) -> Service:
+    current = holder.get("service")
+    if current is None or not current.running:
+        current = Service(cluster, cluster.root / "service")
+        current.work.mkdir(exist_ok=True)
+        holder["service"] = current
+        current.start()
+    return current
+
+
+def _replicas(deployment: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and cmd[0].startswith(f"ray::ServeReplica:orchestrator:{deployment}"):
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+    return found
+
+
+REDEPLOY = """
+from ray import serve
+from deployments.app import APP_NAME, build_app
+before = ours()
+worker = ray.get_actor(next(n for n in before if "-AgentWorker-" in n))
+was = ray.get(worker.describe.remote())
+old = f"orch-orchestrator-{was['generation'][:8]}-"
+scheduler = ray.get_actor(next(n for n in before if n.endswith("-Scheduler")))
+settings = ray.get(scheduler.settings.remote())
+new = settings.model_copy(update={"provider_retries": 4, "agent_worker_cpus": 0.05})
+serve.run(build_app({"settings": new}), name=APP_NAME, route_prefix="/", blocking=False)
+after = wait(lambda: (n := ours()) and not any(x.startswith(old) for x in n)
+             and sum("-AgentWorker-" in x for x in n) == new.agent_workers and n, 240,
+             "the old generation to go and the new one to come")
+reports = [ray.get(ray.get_actor(n).describe.remote()) for n in after if "-AgentWorker-" in n]
+print(json.dumps({"before": before, "after": after, "was": was, "reports": reports}))
+"""
+
+
+def test_redeploy_reaches_the_workers_and_retires_the_old_generation(service: Service) -> None:
+    with service.client() as c:
+        # A workflow whose steps run across the redeploy.
+        r = c.post(
+            "/workflows",
+            json={
+                "name": "across",
+                "steps": [{"name": f"s{i}", "prompt": "[sleep 2]"} for i in range(4)],
+            },
+        )
+        assert r.status_code == 200, r.text
+        wid = r.json()["id"]
+    got = service.cluster.driver(REDEPLOY)
+    before, after, was = got["before"], got["after"], got["was"]
+    assert was["settings"]["provider_retries"] == 2
+    assert was["resources"].get("CPU") == pytest.approx(0.1)
+    old = f"orch-orchestrator-{was['generation'][:8]}-"
+    assert all(n.startswith(old) for n in before)
+    # The same actors, under the new version only: none of the old one is alive.
+    assert not [n for n in after if n.startswith(old)]
+    assert {_version(n) for n in after} == {got["reports"][0]["generation"][:8]}
+    assert sorted(_kind(n) for n in after) == sorted(_kind(n) for n in before)
+    assert len(got["reports"]) == 2
+    for report in got["reports"]:
+        assert report["generation"] != was["generation"]
+        assert report["settings"]["provider_retries"] == 4
+        assert report["resources"].get("CPU") == pytest.approx(0.05)
+    # The new generation serves: the workflow started before the redeploy completes.
+    with service.client() as c:
+        deadline = time.monotonic() + 120
+        while (body := c.get(f"/workflows/{wid}").json())["status"] not in (
+            "completed",
+            "failed",
+            "cancelled",
+        ):
+            assert time.monotonic() < deadline, body
+            time.sleep(0.5)
+        assert body["status"] == "completed", body
+        assert [s["status"] for s in body["steps"]] == ["completed"] * 4
+
+
+def _version(name: str) -> str:
+    return name.split("-")[2]  # orch-<app>-<version8>-<Kind>[-<i>]
+
+
+def _kind(name: str) -> str:
+    return name.split("-", 3)[3]
+
+
+LIST = """
+print(json.dumps(ours()))
+"""
+
+
+def test_replicas_restarting_make_no_second_generation(service: Service) -> None:
+    before = service.cluster.driver(LIST)
+    assert before and len({_version(n) for n in before}) == 1
+    # The ingress replica dies: Serve starts another; it finds the generation, makes none.
+    [api] = _replicas("Api")
+    api.kill()
+    deadline = time.monotonic() + 120
+    while not [p for p in _replicas("Api") if p.pid != api.pid]:
+        assert time.monotonic() < deadline, "Serve did not replace the Api replica"
+        time.sleep(0.5)
+    with service.client() as c:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if c.get("/ready").text == "OK":
+                    break
+            assert time.monotonic() < deadline, "the new Api replica did not become ready"
+            time.sleep(0.5)
+    assert service.cluster.driver(LIST) == before
+    # The Runtime replica dies: its actors die with it (they are not detached), and its
+    # replacement creates the same generation again: the same names, one set of them.
+    [runtime] = _replicas("Runtime")
+    runtime.kill()
+    again = service.cluster.driver(
+        f"""
+wait(lambda: ours() == {before!r}, 180, "the generation to come back")
+time.sleep(3)  # and not a second one after it
+print(json.dumps(ours()))
+"""
+    )
+    assert again == before
+
+
+def test_shutdown_leaves_no_actor_and_no_job_fires(
+    service: Service, holder: dict[str, Service]
+) -> None:
+    cluster = service.cluster
+    with service.client() as c:
+        fired = len(cluster.llm.chat_requests)
+        r = c.post("/schedules", json={"prompt": "tick", "every": 1000})
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 60
+        while len(cluster.llm.chat_requests) < fired + 2:
+            assert time.monotonic() < deadline, "the every-second job did not fire"
+            time.sleep(0.2)
+    assert service.stop() == 0
+    holder.pop("service", None)
+    left = cluster.driver("print(json.dumps(ours()))")
+    assert left == [], f"actors of ours still alive after shutdown: {left}"
+
+    async def runs() -> int:
+        conn = await asyncpg.connect(cluster.database_url)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM scheduled_runs"))
+        finally:
+            await conn.close()
+
+    counted, hits = asyncio.run(runs()), len(cluster.llm.chat_requests)
+    # Proving that nothing happens takes a window: five of the job's periods.
+    time.sleep(5)
+    assert asyncio.run(runs()) == counted
+    assert len(cluster.llm.chat_requests) == hits
