@@ -259,6 +259,24 @@ class Settings(BaseSettings):
         200, ge=1, description="Steps one workflow may execute (guards branch loops)"
     )
     workflow_list_limit: int = Field(50, ge=1, le=1000, description="Default workflow list page")
+    workflow_claim_ttl_ms: int = Field(
+        15000,
+        ge=500,
+        description="How long a driver's claim on a workflow lasts unrenewed (renewed every"
+        " third of it); a dead driver's workflows move to a live shard after this",
+    )
+    workflow_retry_attempts: int = Field(
+        5,
+        ge=1,
+        description="Infrastructure failures (database, actor) in a row before a workflow"
+        " is failed with the reason",
+    )
+    workflow_retry_base_ms: int = Field(
+        500, ge=1, description="First backoff after an infrastructure failure of a workflow"
+    )
+    workflow_retry_max_ms: int = Field(
+        30000, ge=1, description="Longest backoff between a workflow's retries (doubling)"
+    )
 
     # --- workspace -----------------------------------------------------------------------
     workspace_root: Path | None = Field(None, description="Default <data_dir>/workspace")
@@ -345,6 +363,12 @@ class Settings(BaseSettings):
     max_catchup_runs: int = Field(5, ge=0, description="Missed jobs dispatched on startup")
     catchup_stagger_ms: int = Field(5000, ge=0, description="Delay between catch-up dispatches")
     timer_clamp_ms: int = Field(60000, ge=1, description="Longest scheduler sleep")
+    scheduler_lease_ttl_ms: int = Field(
+        10000,
+        ge=500,
+        description="How long the active scheduler's claim lasts unrenewed; a standby takes"
+        " over after this",
+    )
     max_dispatch_per_tick: int = Field(5, ge=1, description="Jobs dispatched per tick")
     schedules_per_page: int = Field(50, ge=1, description="GET /schedules per_page default")
     catchup_enabled: bool = Field(True, description="Dispatch missed jobs on scheduler start")

@@ -1,14 +1,31 @@
-"""The workflow engine: drives workflows (each an asyncio task), step by step, through the
-store's transitions, and runs each task step on the agent runtime (a `TaskDispatcher`).
+"""The workflow engine: drives workflows (each a supervised asyncio task), step by step,
+through the store's transitions, and runs each task step on the agent runtime (a
+`TaskDispatcher`).
 
+- Ownership: a driver first acquires the workflow's claim (orchestrator/runtime/claims.py,
+  kind `workflow`), renews it every third of `workflow_claim_ttl_ms` while driving, and
+  passes its fence to every transition: a driver whose claim was taken over (a zombie: an
+  old actor generation, a shard of an older `workflow_shards`, a paused process) has its
+  next write rejected (StaleClaim) and stops. The step's start (and its task's
+  task.created) commits under the fence before the task is dispatched, so a zombie cannot
+  dispatch a new attempt. A workflow whose claim is free (never started, driver dead) is
+  taken by the next sweep of any live engine (`sweep`, every third of the TTL).
 - A workflow starts on creation: pending -> running (workflow.started), then its steps in
   order: a false `condition` skips a step; a task step runs as an agent task (its mode,
   tools, timeout, the workflow's or step's model, the creator's user_uuid; context: the
   original prompt (the first step's) and every earlier completed result); a branch step
-  jumps; a spawn step starts child workflows and waits for them.
+  jumps; a spawn step starts child workflows and waits for them: a child's end commits
+  with `NOTIFY orch_workflows 'done:<id>'`, which wakes the parent (a re-check every
+  CHILD_RECHECK_S covers a notification lost while the listener reconnects).
 - Each step attempt has the idempotency key `<workflow>:<step>:<attempt>` (also the task's
   id); its outcome is recorded once. After a crash, the step that was running is dispatched
-  again as a new attempt (at-least-once); a late result of an older attempt is dropped.
+  again as a new attempt (at-least-once per step, at most once per attempt); a late result
+  of an older attempt is dropped.
+- Infrastructure failures (the database, an actor: anything raised rather than a failed
+  task result) are retried with doubling, jittered backoff from `workflow_retry_base_ms` up
+  to `workflow_retry_max_ms`; `workflow_retry_attempts` in a row (progress resets the count)
+  fail the workflow with the reason (compensation first; if that fails too, failed at
+  once).
 - A failed step (or a branch with no match, or the step budget spent): workflow.step_failed,
   workflow.compensating, compensation of the completed steps in reverse order (each step's
   `compensate`: a prompt run as an agent task, or `{notify}`; every compensated step gets a
@@ -23,25 +40,38 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+
+import asyncpg
 
 from orchestrator.agents import AgentTask, TaskDispatcher, created_event
 from orchestrator.config import Settings
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.events import NewEvent
+from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.workflows._resolve import resolve_child
 from orchestrator.workflows._spec import Condition, StepSpec, choose_branch, fill_refs
-from orchestrator.workflows._states import StepState, WorkflowState
-from orchestrator.workflows._store import WorkflowRecord, WorkflowStore
+from orchestrator.workflows._states import FINISHED, StepState, WorkflowState
+from orchestrator.workflows._store import (
+    CLAIM_KIND,
+    NOTIFY_CHANNEL,
+    WorkflowRecord,
+    WorkflowStore,
+)
 
 log = logging.getLogger(__name__)
 
 Starter = Callable[[str], Awaitable[None]]
 Canceller = Callable[[str], Awaitable[str]]
-CHILD_POLL_S = 0.25
+CHILD_RECHECK_S = 10.0  # a safety net only: children's ends arrive by NOTIFY
 CANCEL_WAIT_S = 30.0
+SWEEP_BATCH = 200
+_DONE = frozenset(str(s) for s in FINISHED)
 
 
 class WorkflowEngine:
@@ -53,40 +83,79 @@ class WorkflowEngine:
         *,
         starter: Starter | None = None,
         canceller: Canceller | None = None,
+        owner: str | None = None,
+        supervisor: Supervisor | None = None,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         self._store = store
         self._dispatcher = dispatcher
         self._settings = settings
         self._starter = starter or self.start
         self._canceller = canceller or self.cancel
-        self._drivers: dict[str, asyncio.Task[None]] = {}
+        # Unique per process incarnation: a restarted actor of the same name is a new owner.
+        self.owner = owner or f"engine/{uuid.uuid4().hex[:12]}"
+        self._claims = ClaimStore(store.pool, settings.workflow_claim_ttl_ms)
+        self._sup = supervisor or Supervisor(f"workflows {self.owner}")
+        self._own_supervisor = supervisor is None
+        self._shard = shard
+        self._fences: dict[str, Fence] = {}
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._progress: dict[str, int] = {}
+        self._listening = asyncio.Event()
+        self._loops_started = False
         self._closed = False
 
     @property
     def store(self) -> WorkflowStore:
         return self._store
 
+    @property
+    def claims(self) -> ClaimStore:
+        return self._claims
+
     def running_count(self) -> int:
-        return sum(1 for t in self._drivers.values() if not t.done())
+        return sum(1 for name in self._sup.tasks() if name.startswith("workflow "))
+
+    def _driver(self, workflow_id: str) -> asyncio.Task[None] | None:
+        task = self._sup.tasks().get(f"workflow {workflow_id}")
+        return task if task is not None and not task.done() else None
+
+    def _ensure_loops(self) -> None:
+        """The listener and the sweep, once (they need the running loop)."""
+        if self._loops_started or self._closed:
+            return
+        self._loops_started = True
+        if self._settings.database_url:
+            self._sup.spawn("workflow listener", self._listen)
+        self._sup.spawn("workflow sweep", self._sweep_forever)
 
     async def start(self, workflow_id: str) -> None:
-        """Drive the workflow here (no-op when it already is)."""
-        driver = self._drivers.get(workflow_id)
-        if self._closed or (driver is not None and not driver.done()):
+        """Drive the workflow here (no-op when it already is here; a driver elsewhere keeps
+        it: this one finds the claim taken and ends)."""
+        if self._closed or self._driver(workflow_id) is not None:
             return
-        task = asyncio.create_task(self._guarded(workflow_id), name=f"workflow {workflow_id}")
-        self._drivers[workflow_id] = task
-        task.add_done_callback(lambda t: self._forget(workflow_id, t))
-
-    def _forget(self, workflow_id: str, task: asyncio.Task[None]) -> None:
-        if self._drivers.get(workflow_id) is task:
-            del self._drivers[workflow_id]
+        self._ensure_loops()
+        self._sup.spawn(f"workflow {workflow_id}", lambda: self._own(workflow_id), restart=False)
 
     async def resume_unfinished(self, shard_index: int = 0, shards: int = 1) -> int:
-        ids = await self._store.unfinished(shard_index, shards)
+        """Start driving every unfinished workflow nobody drives (this shard's first)."""
+        self._shard = (shard_index, shards)
+        self._ensure_loops()
+        return await self.sweep()
+
+    async def sweep(self) -> int:
+        """Take up unfinished workflows without a live claim; how many were found."""
+        shard_index, shards = self._shard
+        ids = await self._store.unclaimed(SWEEP_BATCH, shard_index, shards)
         for workflow_id in ids:
             await self.start(workflow_id)
         return len(ids)
+
+    async def _sweep_forever(self) -> None:
+        period = self._settings.workflow_claim_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(period * (0.75 + random.random() / 2))
+            await self.sweep()
 
     async def cancel(self, workflow_id: str) -> str:
         """Cancel a pending or running workflow; its status once compensation ended (or
@@ -100,11 +169,12 @@ class WorkflowEngine:
                 " workflow can be cancelled",
                 extra={"status": str(record.status)},
             )
-        driver = self._drivers.get(workflow_id)
-        if driver is not None and not driver.done() and record.ending is None:
+        driver = self._driver(workflow_id)
+        if driver is not None and record.ending is None:
             driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await driver
+        # Not fenced: a request, from anywhere. A driver elsewhere hears `cancel:<id>`.
         await self._store.begin_ending(workflow_id, "cancelled", "cancelled by request")
         try:
             # Children at once; one that cannot be reached (its shard down, slow to
@@ -120,67 +190,212 @@ class WorkflowEngine:
                     log.warning("cancelling child %s of %s: %r", child, workflow_id, outcome)
         finally:
             await self.start(workflow_id)
-        driver = self._drivers.get(workflow_id)
-        if driver is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(driver), CANCEL_WAIT_S)
+        with contextlib.suppress(TimeoutError):
+            await self._until_finished([workflow_id], CANCEL_WAIT_S)
         final = await self._store.load(workflow_id)
         return str(final.status) if final is not None else "cancelled"
 
     async def wait(self, workflow_id: str, within: float = 60.0) -> WorkflowRecord:
         """Until the workflow has finished (tests, benchmarks)."""
-        deadline = time.monotonic() + within
-        while True:
-            record = await self._store.load(workflow_id)
-            if record is None:
-                raise NotFound(f"workflow {workflow_id} not found")
-            if record.finished:
-                return record
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"workflow {workflow_id} still {record.status}")
-            await asyncio.sleep(0.05)
+        self._ensure_loops()
+        await self._until_finished([workflow_id], within)
+        record = await self._store.load(workflow_id)
+        if record is None:
+            raise NotFound(f"workflow {workflow_id} not found")
+        return record
 
     async def shutdown(self) -> None:
-        """Stop driving (state stays as it is: whoever starts next resumes)."""
+        """Stop driving and give the claims up (state stays as it is: whichever engine
+        sweeps next resumes at once, without waiting for the claims to expire)."""
         self._closed = True
-        drivers = list(self._drivers.values())
-        for task in drivers:
-            task.cancel()
-        for task in drivers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._own_supervisor:
+            await self._sup.aclose()
+        else:
+            drivers = [t for n, t in self._sup.tasks().items() if n.startswith("workflow")]
+            for task in drivers:
+                task.cancel()
+            await asyncio.gather(*drivers, return_exceptions=True)
 
     async def close(self) -> None:
         await self.shutdown()
 
-    # --- driving ----------------------------------------------------------------------------
+    # --- hearing about workflows --------------------------------------------------------------
 
-    async def _guarded(self, workflow_id: str) -> None:
+    async def _listen(self) -> None:
+        """LISTEN orch_workflows: ends wake waiters; a cancel stops the step we drive."""
+        assert self._settings.database_url
+        conn = await asyncpg.connect(self._settings.database_url)
+        closed = asyncio.Event()
         try:
-            await self._drive(workflow_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("workflow %s: driving failed; retrying", workflow_id)
-            await asyncio.sleep(1.0)
-            if not self._closed:
-                asyncio.get_running_loop().call_soon(
-                    lambda: asyncio.ensure_future(self._restart(workflow_id))
-                )
+            conn.add_termination_listener(lambda _: closed.set())
+            await conn.add_listener(NOTIFY_CHANNEL, self._notified)
+            self._listening.set()
+            # Whatever ended while we were not listening: every waiter looks again.
+            self._wake_all()
+            await closed.wait()
+            raise ConnectionError("the workflow listener's connection closed")
+        finally:
+            self._listening.clear()
+            with contextlib.suppress(Exception):
+                await conn.close()
 
-    async def _restart(self, workflow_id: str) -> None:
-        self._drivers.pop(workflow_id, None)
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        what, _, workflow_id = payload.partition(":")
+        if what == "done":
+            for event in self._waiters.get(workflow_id, ()):
+                event.set()
+        elif what == "cancel" and self._driver(workflow_id) is not None:
+            self._sup.spawn(
+                f"interrupt {workflow_id} {uuid.uuid4().hex[:6]}",
+                lambda: self._interrupt(workflow_id),
+                restart=False,
+            )
+
+    def _wake_all(self) -> None:
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
+    async def _interrupt(self, workflow_id: str) -> None:
+        """Cancelled elsewhere: abandon the running step, drive on (compensation)."""
+        driver = self._driver(workflow_id)
+        if driver is not None:
+            driver.cancel()
+            await asyncio.gather(driver, return_exceptions=True)
         await self.start(workflow_id)
 
-    async def _drive(self, workflow_id: str) -> None:
+    async def _until_finished(self, ids: Sequence[str], within: float | None = None) -> None:
+        """Until every workflow of `ids` has finished (woken by their `done` NOTIFY)."""
+        event = asyncio.Event()
+        for workflow_id in ids:
+            self._waiters.setdefault(workflow_id, set()).add(event)
+        deadline = None if within is None else time.monotonic() + within
+        try:
+            while True:
+                event.clear()
+                statuses = await self._store.statuses(ids)
+                if all(statuses.get(i, "cancelled") in _DONE for i in ids):
+                    return
+                wait = CHILD_RECHECK_S if self._listening.is_set() else 0.5
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"workflows still running: {', '.join(ids)}")
+                    wait = min(wait, left)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), wait)
+        finally:
+            for workflow_id in ids:
+                waiting = self._waiters.get(workflow_id)
+                if waiting is not None:
+                    waiting.discard(event)
+                    if not waiting:
+                        del self._waiters[workflow_id]
+
+    # --- owning and driving ---------------------------------------------------------------
+
+    async def _own(self, workflow_id: str) -> None:
+        fence = await self._claims.acquire(CLAIM_KIND, workflow_id, self.owner)
+        if fence is None:
+            return  # driven elsewhere; a sweep takes it up if that driver dies
+        self._fences[workflow_id] = fence
+        driver = asyncio.current_task()
+        assert driver is not None
+        renewer = asyncio.create_task(self._renew(fence, driver), name=f"renew {workflow_id}")
+        try:
+            await self._drive_with_retries(workflow_id, fence)
+        except StaleClaim as exc:
+            log.warning("workflow %s: no longer ours, stopping (%s)", workflow_id, exc)
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            self._fences.pop(workflow_id, None)
+            self._progress.pop(workflow_id, None)
+            with contextlib.suppress(Exception):
+                # Shielded: a cancelled driver (shutdown) still hands its claim back.
+                await asyncio.shield(self._claims.release(fence))
+
+    async def _renew(self, fence: Fence, driver: asyncio.Task[None]) -> None:
+        """Keep the claim while driving. Lost (taken over), or not renewed before it
+        expired (the database unreachable meanwhile): stop the driver, which may no longer
+        be the only one."""
+        ttl = self._claims.ttl_ms / 1000
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await self._claims.renew(fence)
+                renewed = time.monotonic()
+            except StaleClaim:
+                log.warning("workflow %s: claim taken over; stopping its driver", fence.key)
+                driver.cancel()
+                return
+            except Exception as exc:  # noqa: BLE001 - the database away: retry until expiry
+                log.warning("workflow %s: renewing its claim failed (%r)", fence.key, exc)
+                if time.monotonic() - renewed >= ttl * 0.9:
+                    driver.cancel()
+                    return
+
+    async def _drive_with_retries(self, workflow_id: str, fence: Fence) -> None:
+        attempts = self._settings.workflow_retry_attempts
+        failures, progress = 0, 0
+        while True:
+            try:
+                await self._drive(workflow_id, fence)
+                return
+            except (asyncio.CancelledError, StaleClaim):
+                raise
+            except Exception as exc:
+                now = self._progress.get(workflow_id, 0)
+                failures, progress = (1, now) if now > progress else (failures + 1, progress)
+                if failures >= attempts:
+                    await self._give_up(workflow_id, fence, exc, failures)
+                    return
+                delay = min(
+                    self._settings.workflow_retry_max_ms,
+                    self._settings.workflow_retry_base_ms * 2 ** (failures - 1),
+                ) * (0.5 + random.random() / 2)
+                log.warning(
+                    "workflow %s: infrastructure failure %d/%d (%r); retrying in %.0f ms",
+                    workflow_id,
+                    failures,
+                    attempts,
+                    exc,
+                    delay,
+                    exc_info=exc,
+                )
+                await asyncio.sleep(delay / 1000)
+
+    async def _give_up(self, workflow_id: str, fence: Fence, exc: Exception, n: int) -> None:
+        reason = f"infrastructure failure, {n} attempts in a row: {exc!r}"[:2000]
+        log.error("workflow %s: failing it: %s", workflow_id, reason)
+        record = await self._store.load(workflow_id)
+        if record is None or record.finished:
+            return
+        if record.ending is None:
+            ended = await self._store.begin_ending(workflow_id, "failed", reason, fence=fence)
+            if ended is None:
+                return
+            try:
+                await self._compensate(ended, fence)
+                return
+            except (asyncio.CancelledError, StaleClaim):
+                raise
+            except Exception as again:  # noqa: BLE001 - compensation failed the same way
+                reason = f"{reason}; compensation did not complete: {again!r}"[:2000]
+        await self._store.finish(
+            workflow_id, WorkflowState.FAILED, error=reason, step=None, fence=fence
+        )
+
+    async def _drive(self, workflow_id: str, fence: Fence) -> None:
         record = await self._store.load(workflow_id)
         if record is None or record.finished:
             return
         if record.status == WorkflowState.PENDING and record.ending is None:
-            record = await self._store.mark_started(workflow_id)
+            record = await self._store.mark_started(workflow_id, fence)
         while record.ending is None:
             if record.cursor >= len(record.steps):
-                await self._store.finish(workflow_id, WorkflowState.COMPLETED)
+                await self._store.finish(workflow_id, WorkflowState.COMPLETED, fence=fence)
                 return
             if record.executed >= self._settings.workflow_max_steps:
                 await self._store.begin_ending(
@@ -188,32 +403,36 @@ class WorkflowEngine:
                     "failed",
                     f"step budget spent: {self._settings.workflow_max_steps} steps executed"
                     " (workflow_max_steps); a branch loop?",
+                    fence=fence,
                 )
             else:
-                await self._step(record, record.cursor)
+                await self._step(record, record.cursor, fence)
+                self._progress[workflow_id] = self._progress.get(workflow_id, 0) + 1
             loaded = await self._store.load(workflow_id)
             assert loaded is not None
             record = loaded
-        await self._compensate(record)
+        await self._compensate(record, fence)
 
-    async def _step(self, record: WorkflowRecord, idx: int) -> None:
+    async def _step(self, record: WorkflowRecord, idx: int, fence: Fence) -> None:
         spec, step = record.spec.steps[idx], record.steps[idx]
         if step.status in (StepState.COMPLETED, StepState.SKIPPED):
-            await self._store.skip_steps(record.id, (), idx + 1)
+            await self._store.skip_steps(record.id, (), idx + 1, fence)
             return
         if step.status == StepState.FAILED:
-            await self._store.begin_ending(record.id, "failed", step.error or "step failed")
+            await self._store.begin_ending(
+                record.id, "failed", step.error or "step failed", fence=fence
+            )
             return
         if step.status == StepState.PENDING and spec.condition is not None:
             if not Condition(spec.condition).evaluate(record.lookup):
-                await self._store.skip_steps(record.id, (idx,), idx + 1)
+                await self._store.skip_steps(record.id, (idx,), idx + 1, fence)
                 return
         if spec.type == "branch":
-            await self._branch(record, idx, spec)
+            await self._branch(record, idx, spec, fence)
         elif spec.type == "spawn":
-            await self._spawn(record, idx, spec)
+            await self._spawn(record, idx, spec, fence)
         else:
-            await self._task(record, idx, spec)
+            await self._task(record, idx, spec, fence)
 
     def _task_for(
         self, record: WorkflowRecord, spec: StepSpec, task_id: str, prompt: str
@@ -239,7 +458,7 @@ class WorkflowEngine:
             idempotency_key=task_id,
         )
 
-    async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec) -> None:
+    async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
         assert spec.prompt is not None
         prompt = spec.prompt
         tasks: list[AgentTask] = []
@@ -249,8 +468,9 @@ class WorkflowEngine:
             tasks.append(task)
             return [created_event(task, self._settings)]
 
-        # The task's task.created commits with the step's start: one transaction, not two.
-        _, key = await self._store.start_step(record.id, idx, created)
+        # The task's task.created commits with the step's start: one transaction, not two,
+        # and under the fence: a driver that lost the claim never dispatches this attempt.
+        _, key = await self._store.start_step(record.id, idx, created, fence)
         result = await self._dispatcher.run(tasks[-1])
         error = result.error or result.status
         if result.status == "timeout":
@@ -264,14 +484,15 @@ class WorkflowEngine:
             error=error,
             duration_ms=result.duration_ms,
             next_cursor=idx + 1,
+            fence=fence,
         )
         if recorded and not result.ok:
             await self._store.begin_ending(
-                record.id, "failed", f"step {spec.name} failed: {error}", step=spec.name
+                record.id, "failed", f"step {spec.name} failed: {error}", spec.name, fence
             )
 
-    async def _branch(self, record: WorkflowRecord, idx: int, spec: StepSpec) -> None:
-        _, key = await self._store.start_step(record.id, idx)
+    async def _branch(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
+        _, key = await self._store.start_step(record.id, idx, fence=fence)
         rule = choose_branch(spec, record.lookup)
         if rule is None:
             error = "no branch condition matched and there is no fallback"
@@ -284,9 +505,10 @@ class WorkflowEngine:
                 error=error,
                 duration_ms=0,
                 next_cursor=idx,
+                fence=fence,
             ):
                 await self._store.begin_ending(
-                    record.id, "failed", f"step {spec.name}: {error}", step=spec.name
+                    record.id, "failed", f"step {spec.name}: {error}", spec.name, fence
                 )
             return
         target = record.spec.step_index[rule.then]
@@ -301,11 +523,12 @@ class WorkflowEngine:
             next_cursor=target,
             skip=range(idx + 1, target) if target > idx else (),
             rewind=range(target, idx + 1) if target < idx else None,
+            fence=fence,
         )
 
-    async def _spawn(self, record: WorkflowRecord, idx: int, spec: StepSpec) -> None:
+    async def _spawn(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
         started = time.monotonic()
-        _, key = await self._store.start_step(record.id, idx)
+        _, key = await self._store.start_step(record.id, idx, fence=fence)
         children = await self._store.children_of_step(record.id, spec.name)
         if not children:
             specs = [
@@ -313,6 +536,7 @@ class WorkflowEngine:
                 for i, child in enumerate(spec.workflows)
             ]
             async with self._store.pool.acquire() as conn, conn.transaction():
+                await fence.check(conn)  # a zombie creates no children
                 children = [
                     await self._store.create(
                         s,
@@ -325,23 +549,17 @@ class WorkflowEngine:
                 ]
         for child_id in children:
             await self._starter(child_id)
-        while True:
-            statuses = await self._store.statuses(children)
-            if all(s in ("completed", "failed", "cancelled") for s in statuses.values()):
-                break
-            await asyncio.sleep(CHILD_POLL_S)
-        summary = []
-        for child_id in children:
-            loaded = await self._store.load(child_id)
-            if loaded is not None:
-                summary.append(
-                    {
-                        "id": loaded.id,
-                        "name": loaded.name,
-                        "status": str(loaded.status),
-                        "result": loaded.last_result(),
-                    }
-                )
+        # Woken by each child's `done` NOTIFY (no polling); the renewer keeps our claim.
+        await self._until_finished(children)
+        summary = [
+            {
+                "id": child.id,
+                "name": child.name,
+                "status": str(child.status),
+                "result": child.last_result(),
+            }
+            for child in await self._store.load_many(children)
+        ]
         failed = [str(c["id"]) for c in summary if c["status"] != "completed"]
         error = f"child workflows did not complete: {', '.join(failed)}" if failed else None
         recorded = await self._store.finish_step(
@@ -353,13 +571,14 @@ class WorkflowEngine:
             error=error,
             duration_ms=int((time.monotonic() - started) * 1000),
             next_cursor=idx + 1,
+            fence=fence,
         )
         if recorded and failed:
             await self._store.begin_ending(
-                record.id, "failed", f"step {spec.name} failed: {error}", step=spec.name
+                record.id, "failed", f"step {spec.name} failed: {error}", spec.name, fence
             )
 
-    async def _compensate(self, record: WorkflowRecord) -> None:
+    async def _compensate(self, record: WorkflowRecord, fence: Fence) -> None:
         for step in reversed(record.steps):
             if step.status != StepState.COMPLETED or step.compensated:
                 continue
@@ -377,7 +596,11 @@ class WorkflowEngine:
                     if ok
                     else f"compensation failed: {result.error}"
                 )
-            await self._store.mark_compensated(record.id, step.idx, ok=ok, detail=detail)
+            await self._store.mark_compensated(
+                record.id, step.idx, ok=ok, detail=detail, fence=fence
+            )
         failed_step = next((s.name for s in record.steps if s.status == StepState.FAILED), None)
         final = WorkflowState.FAILED if record.ending == "failed" else WorkflowState.CANCELLED
-        await self._store.finish(record.id, final, error=record.error, step=failed_step)
+        await self._store.finish(
+            record.id, final, error=record.error, step=failed_step, fence=fence
+        )

@@ -16,6 +16,7 @@ import asyncpg
 from orchestrator.auth import Principal
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.runtime.claims import ClaimStore, Fence
 from orchestrator.workflows._spec import WorkflowSpec, template_variables
 from orchestrator.workflows._states import (
     DELETABLE,
@@ -30,8 +31,16 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# Drivers hear of a workflow's end (`done:<id>`: a parent waiting for its children, a
+# cancel waiting for compensation) and of a cancel (`cancel:<id>`: its driver stops the
+# running step) on this channel, sent by the transaction that commits the change.
+NOTIFY_CHANNEL = "orch_workflows"
+CLAIM_KIND = "workflow"
+
+
 def shard_of(workflow_id: str, shards: int) -> int:
-    """The shard that drives a workflow: its number modulo the shard count."""
+    """The shard a new workflow is sent to first: its number modulo the shard count (any
+    live shard takes it over once its claim is free; see WorkflowEngine)."""
     return int(workflow_id.removeprefix("wf-")) % max(1, shards)
 
 
@@ -94,14 +103,15 @@ class WorkflowRecord:
         return done[-1].result if done else None
 
 
-_LOAD = (
+_SELECT = (
     "SELECT w.id, w.user_uuid, w.name, w.status, w.spec::text AS spec, w.parent_id,"
     " w.parent_step, w.cursor, w.executed, w.ending, w.error, w.created_at, w.updated_at,"
     " (SELECT json_agg(json_build_array(s.idx, s.name, s.status, s.attempt,"
     " s.idempotency_key, s.result, s.error, s.compensated) ORDER BY s.idx)"
     " FROM workflow_steps s WHERE s.workflow_id = w.id)::text AS steps"
-    " FROM workflows w WHERE w.id = $1"
+    " FROM workflows w"
 )
+_LOAD = _SELECT + " WHERE w.id = $1"
 
 
 class WorkflowStore:
@@ -213,11 +223,18 @@ class WorkflowStore:
         return [dict(r) for r in rows], int(total)
 
     async def children(self, workflow_id: str) -> list[WorkflowRecord]:
-        ids = await self._pool.fetch(
-            "SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number", workflow_id
+        """Every child with its steps, in one query."""
+        rows = await self._pool.fetch(
+            _SELECT + " WHERE w.parent_id = $1 ORDER BY w.number", workflow_id
         )
-        out = [await self.load(r["id"]) for r in ids]
-        return [r for r in out if r is not None]
+        return [_record(r) for r in rows]
+
+    async def load_many(self, ids: Sequence[str]) -> list[WorkflowRecord]:
+        """The workflows of `ids` that exist, with their steps, in one query (by number)."""
+        rows = await self._pool.fetch(
+            _SELECT + " WHERE w.id = ANY($1::text[]) ORDER BY w.number", list(ids)
+        )
+        return [_record(r) for r in rows]
 
     async def children_of_step(self, workflow_id: str, step: str) -> list[str]:
         rows = await self._pool.fetch(
@@ -273,9 +290,28 @@ class WorkflowStore:
         )
         return [r["id"] for r in rows]
 
+    async def unclaimed(self, limit: int, shard_index: int = 0, shards: int = 1) -> list[str]:
+        """Unfinished workflows nobody drives (no live claim): never started, their driver
+        dead, or an old shard layout's. This shard's own (`number % shards`) first."""
+        rows = await self._pool.fetch(
+            "SELECT id FROM workflows w WHERE status IN ('pending', 'running') AND "
+            + ClaimStore.unclaimed_sql(CLAIM_KIND, "w.id")
+            + " ORDER BY (number % $1 = $2) DESC, number LIMIT $3",
+            max(1, shards),
+            shard_index,
+            limit,
+        )
+        return [r["id"] for r in rows]
+
     # --- transitions (each one transaction: rows + events) ----------------------------------
 
-    async def _tx_load(self, tx: EventTransaction, workflow_id: str) -> WorkflowRecord:
+    async def _tx_load(
+        self, tx: EventTransaction, workflow_id: str, fence: Fence | None
+    ) -> WorkflowRecord:
+        """The workflow locked for this transaction; with a fence, first proof that the
+        caller still drives it (StaleClaim, and nothing written, otherwise)."""
+        if fence is not None:
+            await fence.check(tx.conn)
         record = await self.load(workflow_id, tx.conn, for_update=True)
         if record is None:
             raise NotFound(f"workflow {workflow_id} not found")
@@ -311,9 +347,9 @@ class WorkflowStore:
         payload = {"workflow_id": record.id, **{k: v for k, v in data.items() if v is not None}}
         return NewEvent(type_, payload, record.user_uuid)
 
-    async def mark_started(self, workflow_id: str) -> WorkflowRecord:
+    async def mark_started(self, workflow_id: str, fence: Fence | None = None) -> WorkflowRecord:
         async with self._events.transaction() as tx:
-            record = await self._tx_load(tx, workflow_id)
+            record = await self._tx_load(tx, workflow_id, fence)
             if record.status == WorkflowState.PENDING:
                 await self._set_workflow(tx, record, status=WorkflowState.RUNNING)
                 await tx.append(
@@ -337,11 +373,12 @@ class WorkflowStore:
         workflow_id: str,
         idx: int,
         with_events: Callable[[str], Sequence[NewEvent]] | None = None,
+        fence: Fence | None = None,
     ) -> tuple[int, str]:
         """pending/running -> running with a new attempt; its idempotency key.
         `with_events(key)` gives events to commit with it (the step task's task.created)."""
         async with self._events.transaction() as tx:
-            record = await self._tx_load(tx, workflow_id)
+            record = await self._tx_load(tx, workflow_id, fence)
             step = record.steps[idx]
             attempt = step.attempt + 1
             key = f"{workflow_id}:{step.name}:{attempt}"
@@ -377,11 +414,12 @@ class WorkflowStore:
         next_cursor: int,
         skip: Sequence[int] = (),
         rewind: range | None = None,
+        fence: Fence | None = None,
     ) -> bool:
         """Record the step attempt's outcome once. False (nothing written) when the attempt
         is not the step's current running one or its result is already recorded."""
         async with self._events.transaction() as tx:
-            record = await self._tx_load(tx, workflow_id)
+            record = await self._tx_load(tx, workflow_id, fence)
             step = record.steps[idx]
             if step.status != StepState.RUNNING or step.key != key:
                 return False
@@ -440,21 +478,33 @@ class WorkflowStore:
             await tx.append([event])
         return True
 
-    async def skip_steps(self, workflow_id: str, idxs: Iterable[int], next_cursor: int) -> None:
+    async def skip_steps(
+        self,
+        workflow_id: str,
+        idxs: Iterable[int],
+        next_cursor: int,
+        fence: Fence | None = None,
+    ) -> None:
         async with self._events.transaction() as tx:
-            record = await self._tx_load(tx, workflow_id)
+            record = await self._tx_load(tx, workflow_id, fence)
             for idx in idxs:
                 if record.steps[idx].status == StepState.PENDING:
                     await self._set_step(tx, record, idx, status=StepState.SKIPPED)
             await self._set_workflow(tx, record, cursor=next_cursor)
 
     async def begin_ending(
-        self, workflow_id: str, ending: str, reason: str, step: str | None = None
+        self,
+        workflow_id: str,
+        ending: str,
+        reason: str,
+        step: str | None = None,
+        fence: Fence | None = None,
     ) -> WorkflowRecord | None:
         """Start compensating towards failed or cancelled (once). Steps still pending or
-        running are skipped. None when the workflow has finished already."""
+        running are skipped. None when the workflow has finished already. Without a fence
+        (a cancel request, from anywhere) its driver hears `cancel:<id>`."""
         async with self._events.transaction() as tx:
-            record = await self._tx_load(tx, workflow_id)
+            record = await self._tx_load(tx, workflow_id, fence)
             if record.finished:
                 return None
             if record.ending is None:
@@ -471,6 +521,10 @@ class WorkflowStore:
                 to_compensate = [
                     s.name for s in reversed(record.steps) if s.status == StepState.COMPLETED
                 ]
+                if fence is None:
+                    await tx.conn.execute(
+                        "SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"cancel:{workflow_id}"
+                    )
                 await tx.append(
                     [
                         self._event(
@@ -485,9 +539,11 @@ class WorkflowStore:
                 )
         return await self.load(workflow_id)
 
-    async def mark_compensated(self, workflow_id: str, idx: int, *, ok: bool, detail: str) -> None:
+    async def mark_compensated(
+        self, workflow_id: str, idx: int, *, ok: bool, detail: str, fence: Fence | None = None
+    ) -> None:
         async with self._events.transaction() as tx:
-            record = await self._tx_load(tx, workflow_id)
+            record = await self._tx_load(tx, workflow_id, fence)
             step = record.steps[idx]
             if step.compensated:
                 return
@@ -511,9 +567,10 @@ class WorkflowStore:
         *,
         error: str | None = None,
         step: str | None = None,
+        fence: Fence | None = None,
     ) -> bool:
         async with self._events.transaction() as tx:
-            record = await self._tx_load(tx, workflow_id)
+            record = await self._tx_load(tx, workflow_id, fence)
             if record.finished:
                 return False
             await self._set_workflow(tx, record, status=status, error=error)
@@ -530,6 +587,9 @@ class WorkflowStore:
             else:
                 event = self._event(record, "workflow.cancelled", reason=error)
             await tx.append([event])
+            await tx.conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"done:{workflow_id}")
+            if fence is not None:
+                await fence.release_in(tx.conn)  # finished: nobody needs to drive it again
         return True
 
     # --- templates ------------------------------------------------------------------------
