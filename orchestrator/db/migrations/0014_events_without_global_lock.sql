@@ -30,12 +30,12 @@
 
 ALTER SEQUENCE events_position_seq CACHE 1;
 
-CREATE FUNCTION events_next_position() RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+-- The writer's half: once per transaction (the setting is transaction-local and, like the
+-- lock, undone when a savepoint rolls back), before the transaction's first position.
+CREATE FUNCTION events_hold_floor() RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     k bigint;
 BEGIN
-    -- Once per transaction (the setting is transaction-local and, like the lock, undone
-    -- when a savepoint rolls back).
     IF current_setting('orch.events_floor_held', true) IS DISTINCT FROM 'on' THEN
         k := coalesce(pg_sequence_last_value('events_position_seq'), 0);
         PERFORM pg_advisory_xact_lock_shared(
@@ -43,6 +43,12 @@ BEGIN
                                               THEN 4294967296 ELSE 0 END)::integer);
         PERFORM set_config('orch.events_floor_held', 'on', true);
     END IF;
+END
+$$;
+
+CREATE FUNCTION events_next_position() RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM events_hold_floor();
     RETURN nextval('events_position_seq');
 END
 $$;
@@ -71,39 +77,57 @@ $$;
 
 -- As in 0002, minus the global lock: each aggregate's appends take turns (so seq stays
 -- gapless and follows position order within the aggregate); aggregates locked in one order,
--- so two appends to the same aggregates cannot deadlock each other.
-CREATE OR REPLACE FUNCTION append_events(
+-- so two appends to the same aggregates cannot deadlock each other. Returns only what the
+-- caller does not know (position, seq); one event, the common case, takes a shorter path.
+DROP FUNCTION append_events(uuid[], text[], integer[], text[], jsonb[], text[], bigint, text, bigint);
+CREATE FUNCTION append_events(
     p_ids uuid[], p_types text[], p_versions integer[], p_aggregates text[], p_data jsonb[],
     p_users text[], p_timestamp bigint, p_expected_aggregate text, p_expected_seq bigint
-) RETURNS SETOF events LANGUAGE plpgsql AS $$
+) RETURNS TABLE (out_position bigint, out_seq bigint) LANGUAGE plpgsql AS $$
 DECLARE
     actual bigint;
     k integer;
 BEGIN
-    FOR k IN SELECT DISTINCT hashtext(a) FROM unnest(p_aggregates) AS a ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(947742, k);
-    END LOOP;
-    IF p_expected_aggregate IS NOT NULL THEN
-        SELECT coalesce(max(seq), 0) INTO actual FROM events WHERE aggregate_id = p_expected_aggregate;
-        IF actual <> p_expected_seq THEN
-            RAISE EXCEPTION 'seq_conflict' USING DETAIL = actual::text, ERRCODE = 'P0001';
+    IF cardinality(p_ids) = 1 THEN
+        PERFORM pg_advisory_xact_lock(947742, hashtext(p_aggregates[1]));
+        SELECT coalesce(max(e.seq), 0) INTO actual FROM events e
+        WHERE e.aggregate_id = p_aggregates[1];
+    ELSE
+        FOR k IN SELECT DISTINCT hashtext(a) FROM unnest(p_aggregates) AS a ORDER BY 1 LOOP
+            PERFORM pg_advisory_xact_lock(947742, k);
+        END LOOP;
+        IF p_expected_aggregate IS NOT NULL THEN
+            SELECT coalesce(max(e.seq), 0) INTO actual FROM events e
+            WHERE e.aggregate_id = p_expected_aggregate;
         END IF;
     END IF;
-    RETURN QUERY
-    WITH input AS (
-        SELECT * FROM unnest(p_ids, p_types, p_versions, p_aggregates, p_data, p_users)
-            WITH ORDINALITY AS x(i, t, v, a, d, u, ord)
-    ), last AS (
-        SELECT s.a, coalesce((SELECT max(e.seq) FROM events e WHERE e.aggregate_id = s.a), 0) AS n
-        FROM (SELECT DISTINCT input.a FROM input) s
-    )
-    INSERT INTO events (id, type, version, aggregate_id, seq, timestamp, data, user_uuid)
-    SELECT input.i, input.t, input.v, input.a,
-           last.n + row_number() OVER (PARTITION BY input.a ORDER BY input.ord),
-           p_timestamp, input.d, input.u
-    FROM input JOIN last ON last.a = input.a
-    ORDER BY input.ord
-    RETURNING *;
+    IF p_expected_aggregate IS NOT NULL AND actual <> p_expected_seq THEN
+        RAISE EXCEPTION 'seq_conflict' USING DETAIL = actual::text, ERRCODE = 'P0001';
+    END IF;
+    PERFORM events_hold_floor();
+    IF cardinality(p_ids) = 1 THEN
+        RETURN QUERY
+        INSERT INTO events (position, id, type, version, aggregate_id, seq, timestamp, data, user_uuid)
+        VALUES (nextval('events_position_seq'), p_ids[1], p_types[1], p_versions[1],
+                p_aggregates[1], actual + 1, p_timestamp, p_data[1], p_users[1])
+        RETURNING events.position, events.seq;
+    ELSE
+        RETURN QUERY
+        WITH input AS (
+            SELECT * FROM unnest(p_ids, p_types, p_versions, p_aggregates, p_data, p_users)
+                WITH ORDINALITY AS x(i, t, v, a, d, u, ord)
+        ), last AS (
+            SELECT s.a, coalesce((SELECT max(e.seq) FROM events e WHERE e.aggregate_id = s.a), 0) AS n
+            FROM (SELECT DISTINCT input.a FROM input) s
+        ), numbered AS (
+            SELECT input.*, last.n + row_number() OVER (PARTITION BY input.a ORDER BY input.ord) AS sq
+            FROM input JOIN last ON last.a = input.a
+        )
+        INSERT INTO events AS e (position, id, type, version, aggregate_id, seq, timestamp, data, user_uuid)
+        SELECT nextval('events_position_seq'), i, t, v, a, sq, p_timestamp, d, u
+        FROM (SELECT * FROM numbered ORDER BY ord) ordered
+        RETURNING e.position, e.seq;
+    END IF;
     PERFORM pg_notify('orch_events', '');
 END
 $$;
