@@ -1,13 +1,17 @@
-"""`WorkflowShard` actors (k per generation): each drives the workflows whose
-number is `i` modulo k, many at once as asyncio tasks, and resumes its unfinished ones from
-Postgres when it (re)starts. `RayWorkflows` is how the HTTP replicas reach them: creation
-and reads go straight to Postgres; starting and cancelling go to the owning shard."""
+"""`WorkflowShard` actors (k per generation): each drives the workflows it holds the claim
+of (orchestrator/runtime/claims.py), many at once as asyncio tasks: new ones are sent to
+shard `number % k`; any shard sweeps up unfinished workflows whose claim is free (a dead
+shard's, an old generation's or an old `workflow_shards` layout's), its own first.
+`RayWorkflows` is how the HTTP replicas reach them: creation and reads go straight to
+Postgres; starting and cancelling go to shard `number % k` (a cancel reaches the driver,
+wherever it is, by NOTIFY)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import uuid
 from typing import Any
 
 import ray
@@ -73,6 +77,8 @@ class WorkflowShard:
             self._settings,
             starter=router.start,
             canceller=router.cancel,
+            # Per incarnation: a restarted shard is a new owner, its predecessor a zombie.
+            owner=f"{self._generation.name(KIND, self._index)}/{uuid.uuid4().hex[:8]}",
         )
         self._engine = engine
         resumed = await engine.resume_unfinished(self._index, self._shards)
