@@ -14,6 +14,7 @@ import asyncpg
 from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest, Conflict, NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.runtime.claims import Fence
 from orchestrator.scheduler._schedule import Schedule
 
 WAKE_CHANNEL = "orch_scheduler"
@@ -145,6 +146,10 @@ class JobStore:
     def __init__(self, pool: asyncpg.Pool, events: EventStore) -> None:
         self._pool = pool
         self._events = events
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
 
     # --- the API's side -------------------------------------------------------------------
 
@@ -332,14 +337,31 @@ class JobStore:
         runs: Sequence[tuple[Job, int | None, bool]],
         now: int,
         extra_events: Callable[[Job, str], Sequence[NewEvent]] | None = None,
-    ) -> list[tuple[int, str]]:
+        fence: Fence | None = None,
+    ) -> list[tuple[Job, int, str]]:
         """Record dispatches — (job, its next run, catch-up?) each — in one transaction (one
-        commit for a whole tick); each run's id and task id. `extra_events(job, task_id)`
-        commit with them (the task's task.created)."""
-        out: list[tuple[int, str]] = []
+        commit for a whole tick); (job, run id, task id) of each started. Under `fence`
+        (the scheduler's lease; StaleClaim if lost) and the jobs' row locks, a job deleted
+        or disabled since it was read is left out: a pause or DELETE that has answered is
+        never followed by a dispatch. `extra_events(job, task_id)` commit with them (the
+        task's task.created)."""
+        out: list[tuple[Job, int, str]] = []
         if not runs:
             return out
         async with self._events.transaction() as tx:
+            if fence is not None:
+                await fence.check(tx.conn)
+            live = {
+                r["id"]
+                for r in await tx.conn.fetch(
+                    "SELECT id FROM scheduled_jobs WHERE id = ANY($1::bigint[]) AND enabled"
+                    " ORDER BY id FOR UPDATE",
+                    [job.id for job, _, _ in runs],
+                )
+            }
+            runs = [run for run in runs if run[0].id in live]
+            if not runs:
+                return out
             run_ids = await tx.conn.fetch(
                 "INSERT INTO scheduled_runs (job_id, task_id, catchup, started_at)"
                 " SELECT j, '', c, $3 FROM unnest($1::bigint[], $2::boolean[]) AS x(j, c)"
@@ -359,7 +381,7 @@ class JobStore:
             for job, next_run, catchup in runs:
                 run_id = ids[job.id]
                 task_id = f"job-{job.id}-run-{run_id}"
-                out.append((run_id, task_id))
+                out.append((job, run_id, task_id))
                 updates.append((job.id, now, next_run))
                 events.append(
                     _event(
@@ -383,15 +405,20 @@ class JobStore:
             await tx.append(events)
         return out
 
-    async def reschedule(self, job: Job, next_run: int | None, *, queue: bool = False) -> None:
-        await self._pool.execute(
-            "UPDATE scheduled_jobs SET next_run = $2, queued = queued OR $3, updated_at = $4"
-            " WHERE id = $1",
-            job.id,
-            next_run,
-            queue,
-            now_ms(),
-        )
+    async def reschedule(
+        self, job: Job, next_run: int | None, *, queue: bool = False, fence: Fence | None = None
+    ) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            if fence is not None:
+                await fence.check(conn)
+            await conn.execute(
+                "UPDATE scheduled_jobs SET next_run = $2, queued = queued OR $3, updated_at = $4"
+                " WHERE id = $1 AND enabled",
+                job.id,
+                next_run,
+                queue,
+                now_ms(),
+            )
 
     async def finish_run(
         self,

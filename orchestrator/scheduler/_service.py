@@ -1,6 +1,10 @@
-"""The scheduler loop: one active instance (a Postgres advisory lock held on its own
-connection; a second instance waits for it), woken by `NOTIFY orch_scheduler` or by its
-timer, which never sleeps longer than `timer_clamp_ms`.
+"""The scheduler loop: one active instance, the holder of the claim `scheduler/leader`
+(orchestrator/runtime/claims.py; renewed every third of `scheduler_lease_ttl_ms`; a second
+instance waits for it and takes it over once it is released or has expired), woken by
+`NOTIFY orch_scheduler` or by its timer, which never sleeps longer than `timer_clamp_ms`.
+Every dispatch transaction checks the claim's epoch and re-reads its jobs under a row lock
+(FOR UPDATE): a deposed scheduler dispatches nothing, and a job paused or deleted before
+that transaction is not dispatched (once the pause or DELETE has answered, never again).
 
 On start: runs a crash interrupted are recorded `error` (and counted); then catch-up: jobs
 whose next run passed while nobody was scheduling are missed; up to `max_catchup_runs`, most
@@ -22,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -31,11 +36,12 @@ import asyncpg
 from orchestrator.agents import AgentTask, TaskDispatcher, TaskResult, created_event
 from orchestrator.config import Settings
 from orchestrator.events import NewEvent
+from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.scheduler._jobs import WAKE_CHANNEL, Job, JobStore
 
 log = logging.getLogger(__name__)
 
-LEASE_KEY = 947737
+LEASE = ("scheduler", "leader")
 LEASE_RETRY_S = 1.0
 FINISH_ATTEMPTS = 60  # one a second: a Postgres restart is over long before
 
@@ -61,6 +67,10 @@ class SchedulerService:
         self._runs: set[asyncio.Task[None]] = set()
         self._inflight: set[int] = set()  # run ids this scheduler is waiting on
         self._conn: asyncpg.Connection | None = None
+        self._claims = ClaimStore(store.pool, settings.scheduler_lease_ttl_ms)
+        # Per instance: a restarted scheduler is a new owner, its predecessor fenced off.
+        self.owner = f"{name}/{uuid.uuid4().hex[:12]}"
+        self._fence: Fence | None = None
         self.active = False
         self.dispatched = 0
 
@@ -78,6 +88,9 @@ class SchedulerService:
                 await self._hold_lease_and_run()
             except asyncio.CancelledError:
                 raise
+            except StaleClaim as exc:
+                log.warning("%s: lost the lease (%s); standing by", self.name, exc)
+                await asyncio.sleep(LEASE_RETRY_S)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("%s: database trouble (%r); starting over", self.name, exc)
                 self.active = False
@@ -91,29 +104,62 @@ class SchedulerService:
 
     async def _release(self) -> None:
         self.active = False
+        fence, self._fence = self._fence, None
+        if fence is not None:
+            with contextlib.suppress(Exception):
+                # Shielded: a cancelled scheduler still hands the lease to a standby at once.
+                await asyncio.shield(self._claims.release(fence))
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._conn.close()
             self._conn = None
 
     async def _hold_lease_and_run(self) -> None:
-        self._conn = await asyncpg.connect(self._dsn)
-        # Polled rather than blocking in pg_advisory_lock, so a waiting scheduler can be
-        # cancelled at once and notices a dead connection.
-        while not await self._conn.fetchval(  # noqa: ASYNC110 - polling Postgres, not a flag
-            "SELECT pg_try_advisory_lock($1)", LEASE_KEY
-        ):
+        while True:
+            self._fence = await self._claims.acquire(*LEASE, self.owner)
+            if self._fence is not None:
+                break
             await asyncio.sleep(LEASE_RETRY_S)  # another scheduler is active
+        self._conn = await asyncpg.connect(self._dsn)
         await self._conn.add_listener(WAKE_CHANNEL, lambda *_: self._wake.set())
         self.active = True
-        log.info("%s: active", self.name)
+        log.info("%s: active (lease epoch %d)", self.name, self._fence.epoch)
+        schedule = asyncio.create_task(self._schedule(), name=f"{self.name} schedule")
+        keep = asyncio.create_task(self._keep_lease(self._fence), name=f"{self.name} lease")
+        try:
+            # Whichever ends first (the lease lost, the loop failed) ends both.
+            done, _ = await asyncio.wait({schedule, keep}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in (schedule, keep):
+                task.cancel()
+            await asyncio.gather(schedule, keep, return_exceptions=True)
+
+    async def _schedule(self) -> None:
+        assert self._conn is not None
         await self._recover()
         await self._catch_up()
         while True:
             await self.tick()
             await self._sleep_until_due()
             if self._conn.is_closed():
-                raise OSError("the lease connection closed")
+                raise OSError("the scheduler's LISTEN connection closed")
+
+    async def _keep_lease(self, fence: Fence) -> None:
+        """Renew the lease every third of its TTL. Raises StaleClaim when it was taken
+        over, or when it could not be renewed before expiring (Postgres unreachable)."""
+        ttl = self._claims.ttl_ms / 1000
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await self._claims.renew(fence)
+                renewed = time.monotonic()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                if time.monotonic() - renewed >= ttl * 0.9:
+                    raise StaleClaim(f"{self.name}: lease not renewed in time ({exc!r})") from exc
+                log.warning("%s: renewing the lease failed (%r)", self.name, exc)
 
     async def _sleep_until_due(self) -> None:
         clamp = self._settings.timer_clamp_ms
@@ -158,7 +204,9 @@ class SchedulerService:
         chosen = {j.id for j in runnable}
         for job in missed:
             if job.id not in chosen:
-                await self._store.reschedule(job, job.schedule.next_after(now, job.created_at))
+                await self._store.reschedule(
+                    job, job.schedule.next_after(now, job.created_at), fence=self._fence
+                )
         for i, job in enumerate(runnable):
             if i:
                 await asyncio.sleep(self._settings.catchup_stagger_ms / 1000)
@@ -179,7 +227,9 @@ class SchedulerService:
             elif job.running and job.overlap != "allow":
                 # Still going: this slot is skipped (or, with `queue`, waits for the end).
                 nxt = job.schedule.next_after(now, job.created_at)
-                await self._store.reschedule(job, nxt, queue=job.overlap == "queue")
+                await self._store.reschedule(
+                    job, nxt, queue=job.overlap == "queue", fence=self._fence
+                )
             else:
                 batch.append((job, False))
         await self._dispatch_many(batch)
@@ -209,8 +259,11 @@ class SchedulerService:
             tasks[task_id] = task
             return [created_event(task, self._settings)]
 
-        started = await self._store.start_runs(runs, now, created)
-        for (job, _, _), (run_id, task_id) in zip(runs, started, strict=True):
+        if self._fence is None:
+            raise StaleClaim(f"{self.name}: not the active scheduler")
+        # Only jobs still there and enabled under the lease check are started.
+        started = await self._store.start_runs(runs, now, created, self._fence)
+        for job, run_id, task_id in started:
             self.dispatched += 1
             self._inflight.add(run_id)
             run = asyncio.create_task(self._run(job, run_id, tasks[task_id]))

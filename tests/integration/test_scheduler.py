@@ -366,7 +366,7 @@ async def test_catch_up_switched_off(make_settings: Any) -> None:
 
 
 async def test_lease_lost_mid_run_counts_the_run_once(make_settings: Any) -> None:
-    """The lease connection dies while a run is in flight: the scheduler takes the lease back
+    """The scheduler's connection dies while a run is in flight: it takes the lease back
     without calling its own run interrupted, and the run's end is recorded exactly once."""
     settings = make_settings()
     assert settings.database_url
@@ -383,10 +383,11 @@ async def test_lease_lost_mid_run_counts_the_run_once(make_settings: Any) -> Non
         await store.request_run(job.id)
         service.poke()
         await _until(lambda: _started(slow))
-        # Kill the lease connection (the one holding the advisory lock) under it.
+        # Kill the scheduler's own connection (its LISTEN) under it: it gives the lease up
+        # and takes it again.
         killed = await db.pool.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
-            " WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()"
         )
         assert killed == 1
         await _until(lambda: _ended(slow), within=10)

@@ -1,0 +1,150 @@
+"""The scheduler's lease as a fenced claim (issue 16, item 1), against real Postgres: a job
+paused or deleted after the tick read what is due (the request answered mid-tick) is not
+dispatched and costs the scheduler nothing; a deposed scheduler dispatches nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from orchestrator.agents import AgentTask, TaskResult
+from orchestrator.db import Database, connect
+from orchestrator.events import EventStore
+from orchestrator.runtime.claims import StaleClaim
+from orchestrator.scheduler import Job, JobSpec, JobStore, SchedulerService, every
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.seen: list[AgentTask] = []
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        self.seen.append(task)
+        return TaskResult(task.task_id, "completed", "ok", None, 1, "test")
+
+
+class _MidTick(JobStore):
+    """The real store; `meanwhile` runs after the tick has read what is due and before it
+    dispatches: a request answered in between."""
+
+    meanwhile: Callable[[list[Job]], Awaitable[None]] | None = None
+
+    async def due(self, now: int, limit: int) -> list[Job]:
+        jobs = await super().due(now, limit)
+        if self.meanwhile is not None and jobs:
+            hook, self.meanwhile = self.meanwhile, None
+            await hook(jobs)
+        return jobs
+
+
+@pytest.fixture
+async def db(make_settings: Any) -> AsyncIterator[Database]:
+    database = await connect(make_settings().database_url)
+    yield database
+    await database.close()
+
+
+async def _due_job(store: JobStore, db: Database, name: str) -> Job:
+    job = await store.create(JobSpec(name=name, prompt=name, schedule=every(3_600_000)), "a", 10)
+    past = int(time.time() * 1000) - 1000
+    await db.pool.execute("UPDATE scheduled_jobs SET next_run = $2 WHERE id = $1", job.id, past)
+    return job
+
+
+async def _active(service: SchedulerService) -> asyncio.Task[None]:
+    runner = asyncio.create_task(service.run_forever())
+    for _ in range(200):
+        if service.active:
+            return runner
+        await asyncio.sleep(0.05)
+    raise AssertionError("the scheduler never became active")
+
+
+@pytest.mark.parametrize("change", ["pause", "delete"])
+async def test_a_job_changed_mid_tick_is_not_dispatched(
+    make_settings: Any, db: Database, change: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(timer_clamp_ms=200)
+    assert settings.database_url
+    store = _MidTick(db.pool, EventStore(db.pool))
+    other = await _due_job(store, db, "other")
+    recorder = _Recorder()
+    service = SchedulerService(store, recorder, settings, settings.database_url)
+    runner = await _active(service)
+    try:
+        await asyncio.wait_for(_seen(recorder, 1), 10)  # `other` ran: the loop is healthy
+        assert recorder.seen[0].prompt == "other"
+        holder = await service._claims.holder("scheduler", "leader")
+        target = await _due_job(store, db, "target")
+        changed = asyncio.Event()
+
+        async def answer(jobs: list[Job]) -> None:
+            assert target.id in [j.id for j in jobs]
+            if change == "pause":
+                await store.pause(target.id)
+            else:
+                await store.delete(target.id)
+            changed.set()
+
+        store.meanwhile = answer
+        service.poke()
+        await asyncio.wait_for(changed.wait(), 10)
+        # The next due job still goes out: the scheduler kept its lease and its loop.
+        third = await _due_job(store, db, "third")
+        service.poke()
+        await asyncio.wait_for(_seen(recorder, 2), 10)
+        assert [t.prompt for t in recorder.seen] == ["other", "third"]
+        assert service.active
+        # Never dropped its lease to start over (the FK violation of a deleted job did).
+        assert not [r for r in caplog.records if "starting over" in r.getMessage()]
+        assert await service._claims.holder("scheduler", "leader") == holder
+        runs = await db.pool.fetchval(
+            "SELECT count(*) FROM scheduled_runs WHERE job_id = $1", target.id
+        )
+        assert runs == 0
+        assert third.id != other.id
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await service.shutdown()
+
+
+async def _seen(recorder: _Recorder, n: int) -> None:
+    while len(recorder.seen) < n:  # noqa: ASYNC110 - the recorder is a plain list
+        await asyncio.sleep(0.02)
+
+
+async def test_a_deposed_scheduler_dispatches_nothing(make_settings: Any, db: Database) -> None:
+    settings = make_settings(timer_clamp_ms=200, scheduler_lease_ttl_ms=60_000)
+    assert settings.database_url
+    store = JobStore(db.pool, EventStore(db.pool))
+    recorder = _Recorder()
+    service = SchedulerService(store, recorder, settings, settings.database_url)
+    runner = await _active(service)
+    try:
+        fence = service._fence
+        assert fence is not None
+        # Its lease expires (a paused process) and another scheduler takes it over.
+        await db.pool.execute("UPDATE claims SET expires_at = 0 WHERE kind = 'scheduler'")
+        usurper = await service._claims.acquire("scheduler", "leader", "other/1")
+        assert usurper is not None and usurper.epoch > fence.epoch
+        job = await _due_job(store, db, "late")
+        with pytest.raises(StaleClaim):
+            await store.start_runs([(job, None, False)], int(time.time() * 1000), None, fence)
+        assert await db.pool.fetchval("SELECT count(*) FROM scheduled_runs") == 0
+        service.poke()  # its next tick finds `late` due: refused, and it stands down
+        for _ in range(200):
+            if not service.active:
+                break
+            await asyncio.sleep(0.05)
+        assert not service.active
+        assert recorder.seen == []
+        assert await db.pool.fetchval("SELECT count(*) FROM scheduled_runs") == 0
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await service.shutdown()
