@@ -2,7 +2,7 @@
 """Benchmarks of the service, one subcommand each.
 
     python scripts/bench.py ingress [--json] [--duration S] [--concurrency C]
-    python scripts/bench.py events [--json] [--duration S] [--subscribers 100,1000]
+    python scripts/bench.py events [--json] [--duration S] [--subscribers 100,1000] [--append-only]
     python scripts/bench.py gateway [--json] [--duration S] [--concurrency C]
     python scripts/bench.py workflows [--json] [--workflows 100] [--sequential 20]
     python scripts/bench.py scheduler [--json] [--jobs 1000] [--interval-ms 20000]

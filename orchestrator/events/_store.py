@@ -38,7 +38,16 @@ from orchestrator.events._model import (
 
 log = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "orch_events"  # also named in append_events (migration 0002)
+NOTIFY_CHANNEL = "orch_events"
+# Sent after commit, not inside the appending transaction: Postgres holds its notify-queue
+# lock from a notifying transaction's pre-commit to its end (WAL flush included), which
+# would serialise concurrent appenders' commits. Not flushed (it is a wake-up, not data),
+# and coalesced: at most one per NOTIFY_COALESCE_S per process; a lost one costs a feed's
+# poll interval, never an event.
+_NOTIFY_SQL = (
+    f"SELECT set_config('synchronous_commit', 'off', true), pg_notify('{NOTIFY_CHANNEL}', '')"
+)
+NOTIFY_COALESCE_S = 0.005
 # Appends in different transactions commit concurrently (migration 0014), so a position can
 # be visible while a smaller one is still in flight. Every read that follows positions
 # therefore stops at the horizon (`events_horizon()`, read in an earlier statement than the
@@ -102,6 +111,8 @@ class EventStore:
         self._writer: asyncio.Task[None] | None = None
         self._more = asyncio.Event()  # more queued while the writer lingers
         self._in_flight = False
+        self._notify_due = False
+        self._notifier: asyncio.Task[None] | None = None
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -340,11 +351,27 @@ class EventStore:
     async def _after_commit(self, events: list[Event]) -> None:
         if not events:
             return
+        self._notify_soon()
         for hook in self._post:
             try:
                 await hook(events)
             except Exception:
                 log.exception("post-commit hook %r failed for %d event(s)", hook, len(events))
+
+    def _notify_soon(self) -> None:
+        self._notify_due = True
+        if self._notifier is None or self._notifier.done():
+            self._notifier = asyncio.create_task(self._notify_loop(), name="event-notify")
+
+    async def _notify_loop(self) -> None:
+        while self._notify_due:
+            self._notify_due = False
+            try:
+                await self._pool.execute(_NOTIFY_SQL)
+            except Exception as exc:  # noqa: BLE001 - the feeds' poll timers catch up
+                log.warning("cannot NOTIFY %s (feeds catch up by polling): %r", NOTIFY_CHANNEL, exc)
+                return
+            await asyncio.sleep(NOTIFY_COALESCE_S)
 
     # --- reading -----------------------------------------------------------------------
 

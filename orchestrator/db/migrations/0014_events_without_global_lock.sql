@@ -4,6 +4,7 @@
 -- at the same time, so a position can become visible while a smaller one is still in flight;
 -- a reader that follows positions must then stop below it. This migration gives readers the
 -- bound (`events_horizon`) and keeps seq gapless per aggregate with a lock per aggregate.
+-- (NOTIFY moved out of the append, see append_events below.)
 --
 -- Why not "read only rows whose xid is below the snapshot's xmin": positions come from a
 -- sequence, and a transaction can own an older xid than one that drew a smaller position
@@ -87,6 +88,7 @@ CREATE FUNCTION append_events(
 DECLARE
     actual bigint;
     k integer;
+    floor_k bigint;
 BEGIN
     IF cardinality(p_ids) = 1 THEN
         PERFORM pg_advisory_xact_lock(947742, hashtext(p_aggregates[1]));
@@ -104,7 +106,14 @@ BEGIN
     IF p_expected_aggregate IS NOT NULL AND actual <> p_expected_seq THEN
         RAISE EXCEPTION 'seq_conflict' USING DETAIL = actual::text, ERRCODE = 'P0001';
     END IF;
-    PERFORM events_hold_floor();
+    -- events_hold_floor(), inlined (this is the hot path).
+    IF current_setting('orch.events_floor_held', true) IS DISTINCT FROM 'on' THEN
+        floor_k := coalesce(pg_sequence_last_value('events_position_seq'), 0);
+        PERFORM pg_advisory_xact_lock_shared(
+            947741, ((floor_k & 4294967295) - CASE WHEN floor_k & 2147483648 <> 0
+                                                  THEN 4294967296 ELSE 0 END)::integer);
+        PERFORM set_config('orch.events_floor_held', 'on', true);
+    END IF;
     IF cardinality(p_ids) = 1 THEN
         RETURN QUERY
         INSERT INTO events (position, id, type, version, aggregate_id, seq, timestamp, data, user_uuid)
@@ -128,6 +137,8 @@ BEGIN
         FROM (SELECT * FROM numbered ORDER BY ord) ordered
         RETURNING e.position, e.seq;
     END IF;
-    PERFORM pg_notify('orch_events', '');
+    -- No NOTIFY here any more: a notifying transaction holds Postgres' notify-queue lock
+    -- through its commit (WAL flush included), which would serialise appenders' commits
+    -- again. The store notifies after commit instead (EventStore._notify_soon).
 END
 $$;
