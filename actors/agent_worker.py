@@ -42,6 +42,11 @@ MAX_REDISPATCH = 3
 KIND = "AgentWorker"
 
 
+class AttemptLost(RuntimeError):
+    """A workflow step attempt's worker died mid-task: its tool calls may have run, so the
+    attempt is not sent again; the engine retries the step as a new attempt."""
+
+
 def worker_name(index: int) -> str:
     return f"agent-worker-{index}"
 
@@ -216,6 +221,9 @@ class RayDispatcher:
                         )
                     ]
                 )
+                if task.workflow_id is not None and task.idempotency_key is not None:
+                    # At most once per attempt (issue 16): not re-sent under the same key.
+                    raise AttemptLost(f"{worker_name(index)} died running {task.task_id}") from exc
             except RayTaskError as exc:
                 # The runner returns the task's own failures as results: this is the
                 # worker's (its database went away mid-task...). Run it again elsewhere.
