@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from typing import Any
 
 import ray
@@ -77,8 +76,10 @@ class WorkflowShard:
             self._settings,
             starter=router.start,
             canceller=router.cancel,
-            # Per incarnation: a restarted shard is a new owner, its predecessor a zombie.
-            owner=f"{self._generation.name(KIND, self._index)}/{uuid.uuid4().hex[:8]}",
+            # By name: a restarted shard takes its claims back at once, with new epochs (its
+            # predecessor, were it alive, is fenced off); another generation's shard waits
+            # for the claims to be released (drain) or to expire.
+            owner=self._generation.name(KIND, self._index),
         )
         self._engine = engine
         resumed = await engine.resume_unfinished(self._index, self._shards)

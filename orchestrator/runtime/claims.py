@@ -121,11 +121,14 @@ class ClaimStore:
         return (row["owner"], int(row["epoch"]), bool(row["live"])) if row is not None else None
 
     @staticmethod
-    def unclaimed_sql(kind: str, key_expr: str) -> str:
+    def unclaimed_sql(kind: str, key_expr: str, owner_param: str | None = None) -> str:
         """A SQL condition, for a query in the module owning the claimed rows: no live claim
-        of `kind` on `key_expr`. `kind` is a constant of ours (never user input)."""
+        of `kind` on `key_expr` (but for one of the owner in `owner_param`, e.g. `$4`: a
+        restarted actor takes its predecessor's claims back at once). `kind` is a constant
+        of ours, never user input."""
         assert kind.isidentifier()
+        mine = f" AND c.owner <> {owner_param}" if owner_param else ""
         return (
             f"NOT EXISTS (SELECT 1 FROM claims c WHERE c.kind = '{kind}' AND c.key = {key_expr}"
-            f" AND c.expires_at > {_NOW})"
+            f" AND c.expires_at > {_NOW}{mine})"
         )

@@ -92,7 +92,8 @@ class WorkflowEngine:
         self._settings = settings
         self._starter = starter or self.start
         self._canceller = canceller or self.cancel
-        # Unique per process incarnation: a restarted actor of the same name is a new owner.
+        # An actor passes its name: a restarted incarnation takes its claims back at once
+        # (with new epochs: the old one, were it still alive, is fenced off).
         self.owner = owner or f"engine/{uuid.uuid4().hex[:12]}"
         self._claims = ClaimStore(store.pool, settings.workflow_claim_ttl_ms)
         self._sup = supervisor or Supervisor(f"workflows {self.owner}")
@@ -146,7 +147,7 @@ class WorkflowEngine:
     async def sweep(self) -> int:
         """Take up unfinished workflows without a live claim; how many were found."""
         shard_index, shards = self._shard
-        ids = await self._store.unclaimed(SWEEP_BATCH, shard_index, shards)
+        ids = await self._store.unclaimed(SWEEP_BATCH, self.owner, shard_index, shards)
         for workflow_id in ids:
             await self.start(workflow_id)
         return len(ids)

@@ -290,16 +290,20 @@ class WorkflowStore:
         )
         return [r["id"] for r in rows]
 
-    async def unclaimed(self, limit: int, shard_index: int = 0, shards: int = 1) -> list[str]:
-        """Unfinished workflows nobody drives (no live claim): never started, their driver
-        dead, or an old shard layout's. This shard's own (`number % shards`) first."""
+    async def unclaimed(
+        self, limit: int, owner: str, shard_index: int = 0, shards: int = 1
+    ) -> list[str]:
+        """Unfinished workflows nobody else drives (no live claim but `owner`'s): never
+        started, their driver dead, an old shard layout's, or `owner`'s previous
+        incarnation's. This shard's own (`number % shards`) first."""
         rows = await self._pool.fetch(
             "SELECT id FROM workflows w WHERE status IN ('pending', 'running') AND "
-            + ClaimStore.unclaimed_sql(CLAIM_KIND, "w.id")
+            + ClaimStore.unclaimed_sql(CLAIM_KIND, "w.id", "$4")
             + " ORDER BY (number % $1 = $2) DESC, number LIMIT $3",
             max(1, shards),
             shard_index,
             limit,
+            owner,
         )
         return [r["id"] for r in rows]
 

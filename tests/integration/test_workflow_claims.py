@@ -279,3 +279,33 @@ async def test_a_parent_wakes_on_its_childrens_notify(
     finally:
         await engine.shutdown()
         await listener.close()
+
+
+async def test_a_restarted_shard_takes_its_claims_back_at_once(
+    make_settings: Any, db: Database
+) -> None:
+    """A shard restarted under the same name (its process killed) need not wait for its
+    predecessor's claims to expire; the predecessor, were it still running, is fenced."""
+    settings = make_settings(workflow_claim_ttl_ms=600_000)
+    store = _store(db)
+    agent = _Agent()
+    first = WorkflowEngine(store, agent, settings, owner="gen-a-WorkflowShard-0")
+    again = WorkflowEngine(store, agent, settings, owner="gen-a-WorkflowShard-0")
+    other = WorkflowEngine(store, agent, settings, owner="gen-a-WorkflowShard-1")
+    try:
+        wid = await store.create(_spec("w", 2), "ann")
+        gated = f"{wid}:s0:1"
+        agent.gates[gated] = asyncio.Event()
+        await first.start(wid)
+        await asyncio.wait_for(agent.started[gated].wait(), 20)
+        assert await other.resume_unfinished(1, 2) == 0  # live claim, another owner: no
+        assert await again.resume_unfinished(0, 2) == 1  # its own name: at once
+        final = await again.wait(wid, within=30)
+        assert str(final.status) == "completed"
+        agent.gates[gated].set()  # the predecessor's late result is refused
+        await asyncio.sleep(0)
+        assert await _completions(db, wid) == {"s0": 1, "s1": 1}
+        assert agent.dispatched[f"{wid}:s0:2"] == 1
+    finally:
+        for engine in (first, again, other):
+            await engine.shutdown()
