@@ -94,7 +94,9 @@ class WorkflowShard:
         """Stop driving (the generation is being replaced): every workflow stays as it is in
         Postgres, for the next generation's shards to resume."""
         engine = await self._boot
-        await engine.shutdown()
+        # Steps in flight end and are recorded (not run again by the next generation);
+        # the rest of the drain budget is the agent workers'.
+        await engine.shutdown(drain_s=self._settings.generation_drain_s * 0.75)
 
     async def start(self, workflow_id: str) -> None:
         """Drive a workflow just created (idempotent)."""

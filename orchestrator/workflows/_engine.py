@@ -72,6 +72,12 @@ CHILD_RECHECK_S = 10.0  # a safety net only: children's ends arrive by NOTIFY
 CANCEL_WAIT_S = 30.0
 SWEEP_BATCH = 200
 _DONE = frozenset(str(s) for s in FINISHED)
+# Names of the engine's tasks in its supervisor.
+_DRIVER, _INTERRUPT, _LISTENER, _SWEEP = "drive ", "interrupt ", "workflow-listener", "sweep"
+
+
+class _Drained(Exception):
+    """The engine drains: a driver waiting on children stops (they are resumed elsewhere)."""
 
 
 class WorkflowEngine:
@@ -105,6 +111,7 @@ class WorkflowEngine:
         self._listening = asyncio.Event()
         self._loops_started = False
         self._closed = False
+        self._draining = False
 
     @property
     def store(self) -> WorkflowStore:
@@ -115,10 +122,10 @@ class WorkflowEngine:
         return self._claims
 
     def running_count(self) -> int:
-        return sum(1 for name in self._sup.tasks() if name.startswith("workflow "))
+        return sum(1 for name in self._sup.tasks() if name.startswith(_DRIVER))
 
     def _driver(self, workflow_id: str) -> asyncio.Task[None] | None:
-        task = self._sup.tasks().get(f"workflow {workflow_id}")
+        task = self._sup.tasks().get(_DRIVER + workflow_id)
         return task if task is not None and not task.done() else None
 
     def _ensure_loops(self) -> None:
@@ -127,8 +134,8 @@ class WorkflowEngine:
             return
         self._loops_started = True
         if self._settings.database_url:
-            self._sup.spawn("workflow listener", self._listen)
-        self._sup.spawn("workflow sweep", self._sweep_forever)
+            self._sup.spawn(_LISTENER, self._listen)
+        self._sup.spawn(_SWEEP, self._sweep_forever)
 
     async def start(self, workflow_id: str) -> None:
         """Drive the workflow here (no-op when it already is here; a driver elsewhere keeps
@@ -136,7 +143,7 @@ class WorkflowEngine:
         if self._closed or self._driver(workflow_id) is not None:
             return
         self._ensure_loops()
-        self._sup.spawn(f"workflow {workflow_id}", lambda: self._own(workflow_id), restart=False)
+        self._sup.spawn(_DRIVER + workflow_id, lambda: self._own(workflow_id), restart=False)
 
     async def resume_unfinished(self, shard_index: int = 0, shards: int = 1) -> int:
         """Start driving every unfinished workflow nobody drives (this shard's first)."""
@@ -205,17 +212,30 @@ class WorkflowEngine:
             raise NotFound(f"workflow {workflow_id} not found")
         return record
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, drain_s: float = 0.0) -> None:
         """Stop driving and give the claims up (state stays as it is: whichever engine
-        sweeps next resumes at once, without waiting for the claims to expire)."""
+        sweeps next resumes at once, without waiting for the claims to expire). With
+        `drain_s` (a generation being replaced), drivers first finish the step they are in
+        (its result recorded) and stop before the next, for up to `drain_s`; what still
+        runs then is cancelled (that step runs again, as a new attempt, where resumed)."""
         self._closed = True
+        if drain_s > 0:
+            self._draining = True
+            self._wake_all()  # parents waiting on children stop waiting
+            drivers = [t for n, t in self._sup.tasks().items() if n.startswith(_DRIVER)]
+            if drivers:
+                await asyncio.wait(drivers, timeout=drain_s)
         if self._own_supervisor:
             await self._sup.aclose()
         else:
-            drivers = [t for n, t in self._sup.tasks().items() if n.startswith("workflow")]
-            for task in drivers:
+            ours = [
+                t
+                for n, t in self._sup.tasks().items()
+                if n.startswith((_DRIVER, _INTERRUPT)) or n in (_LISTENER, _SWEEP)
+            ]
+            for task in ours:
                 task.cancel()
-            await asyncio.gather(*drivers, return_exceptions=True)
+            await asyncio.gather(*ours, return_exceptions=True)
 
     async def close(self) -> None:
         await self.shutdown()
@@ -247,7 +267,7 @@ class WorkflowEngine:
                 event.set()
         elif what == "cancel" and self._driver(workflow_id) is not None:
             self._sup.spawn(
-                f"interrupt {workflow_id} {uuid.uuid4().hex[:6]}",
+                f"{_INTERRUPT}{workflow_id} {uuid.uuid4().hex[:6]}",
                 lambda: self._interrupt(workflow_id),
                 restart=False,
             )
@@ -285,6 +305,8 @@ class WorkflowEngine:
                     wait = min(wait, left)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), wait)
+                if self._draining and within is None:
+                    raise _Drained
         finally:
             for workflow_id in ids:
                 waiting = self._waiters.get(workflow_id)
@@ -307,6 +329,8 @@ class WorkflowEngine:
             await self._drive_with_retries(workflow_id, fence)
         except StaleClaim as exc:
             log.warning("workflow %s: no longer ours, stopping (%s)", workflow_id, exc)
+        except _Drained:
+            log.info("workflow %s: handed over (draining)", workflow_id)
         finally:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
@@ -344,7 +368,7 @@ class WorkflowEngine:
             try:
                 await self._drive(workflow_id, fence)
                 return
-            except (asyncio.CancelledError, StaleClaim):
+            except (asyncio.CancelledError, StaleClaim, _Drained):
                 raise
             except Exception as exc:
                 now = self._progress.get(workflow_id, 0)
@@ -409,6 +433,8 @@ class WorkflowEngine:
             else:
                 await self._step(record, record.cursor, fence)
                 self._progress[workflow_id] = self._progress.get(workflow_id, 0) + 1
+            if self._draining:
+                return  # between steps: the next generation goes on from here
             loaded = await self._store.load(workflow_id)
             assert loaded is not None
             record = loaded

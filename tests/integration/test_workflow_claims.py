@@ -195,7 +195,8 @@ async def test_resharding_mid_run_loses_and_duplicates_nothing(
         for i, engine in enumerate(new):
             await engine.resume_unfinished(i, 3)
         for engine in old:
-            await engine.shutdown()  # hands its claims back: the new layout sweeps them
+            # A drain (a redeploy): the step in flight is recorded, then the claims go back.
+            await engine.shutdown(drain_s=30)
         for i, engine in enumerate(new):
             await engine.resume_unfinished(i, 3)
         for wid in wids:
