@@ -321,11 +321,11 @@ class EventStore:
                 aggregate_id=aggregate,
                 seq=seq,
                 timestamp=timestamp,
-                data=json.loads(body),  # as a read gives it back, and not the caller's dict
+                data=new.data,  # validate() made it: JSON types, not the caller's dict
                 user_uuid=new.user_uuid,
             )
-            for (position, seq), event_id, body, (new, aggregate, version) in zip(
-                numbered, ids, bodies, prepared, strict=True
+            for (position, seq), event_id, (new, aggregate, version) in zip(
+                numbered, ids, prepared, strict=True
             )
         ]
 
