@@ -5,6 +5,7 @@
     python scripts/bench.py events [--json] [--duration S] [--subscribers 100,1000] [--append-only]
     python scripts/bench.py gateway [--json] [--duration S] [--concurrency C]
     python scripts/bench.py workflows [--json] [--workflows 100] [--sequential 20]
+    python scripts/bench.py workflow-engine [--json] [--workflows 100] [--sequential 20]
     python scripts/bench.py scheduler [--json] [--jobs 1000] [--interval-ms 20000]
     python scripts/bench.py memory [--json] [--entries 100000] [--queries 300]
     python scripts/bench.py coldstart [--json] [--runs 1]
@@ -27,6 +28,10 @@ concurrency 32) against calling the same loopback OpenAI-format upstream directl
 `workflows` runs 5-step workflows through `orchestrator serve` against an instant loopback
 model: orchestration overhead per step (step time minus a direct model call, p50/p99) one
 workflow at a time, and steps/s with 100 workflows created at once.
+
+`workflow-engine` measures the same without Ray and HTTP: the engine driving 5-step workflows
+over embedded Postgres with an agent that answers at once in-process (each step's claim
+check and transactions), against a plain single-row INSERT commit beside it; nothing lost.
 
 `scheduler` creates 1,000 `every` jobs through the API and measures how late each dispatch
 is against the slot it was due at (p50/p99).
@@ -74,6 +79,7 @@ for _module in (
     "events",
     "gateway",
     "workflows",
+    "workflow_engine",
     "scheduler",
     "memory",
     "coldstart",
