@@ -1,6 +1,8 @@
 """`events`: the event store's append throughput (embedded Postgres, no HTTP) against plain
-autocommit INSERTs on the same disk, then the SSE delivery latency of `orchestrator serve` to
-100 and 1,000 concurrent `GET /api/v1/sync-events` streams."""
+autocommit INSERTs on the same disk (each run interleaved with its own baseline in 0.5 s
+slices: targets 1 writer >= 0.8x, 8 writers >= 3x), then the SSE delivery latency of
+`orchestrator serve` to 100 and 1,000 concurrent `GET /api/v1/sync-events` streams
+(`--append-only` skips that part)."""
 
 from __future__ import annotations
 
