@@ -53,6 +53,16 @@ class Fence:
                 f"{self.kind} {self.key}: claim epoch {self.epoch} of {self.owner} is stale"
             )
 
+    def join_sql(self, key_expr: str, epoch_param: str) -> str:
+        """A JOIN clause (alias `claim`) for a query in the module owning the claimed rows
+        that checks the fence in the same statement as its read: no row when the claim is
+        not at this epoch. Lock it with `FOR SHARE OF claim` as `check` does."""
+        assert self.kind.isidentifier()
+        return (
+            f" JOIN claims claim ON claim.kind = '{self.kind}' AND claim.key = {key_expr}"
+            f" AND claim.epoch = {epoch_param}"
+        )
+
     async def release_in(self, conn: asyncpg.Connection) -> None:
         """Give the claim up in the caller's transaction (the work it guards has ended,
         in the same commit)."""

@@ -315,7 +315,17 @@ class WorkflowStore:
         """The workflow locked for this transaction; with a fence, first proof that the
         caller still drives it (StaleClaim, and nothing written, otherwise)."""
         if fence is not None:
-            await fence.check(tx.conn)
+            # One round trip: the workflow locked only if the claim is at our epoch.
+            row = await tx.conn.fetchrow(
+                _SELECT
+                + fence.join_sql("w.id", "$2")
+                + " WHERE w.id = $1 FOR UPDATE OF w FOR SHARE OF claim",
+                workflow_id,
+                fence.epoch,
+            )
+            if row is not None:
+                return _record(row)
+            await fence.check(tx.conn)  # raises StaleClaim, unless the workflow is gone
         record = await self.load(workflow_id, tx.conn, for_update=True)
         if record is None:
             raise NotFound(f"workflow {workflow_id} not found")
@@ -329,6 +339,34 @@ class WorkflowStore:
         sets = ", ".join(f"{k} = ${i + 2}" for i, k in enumerate(columns))
         await tx.conn.execute(
             f"UPDATE workflows SET {sets} WHERE id = $1", record.id, *columns.values()
+        )
+
+    @staticmethod
+    async def _set_both(
+        tx: EventTransaction,
+        record: WorkflowRecord,
+        idx: int,
+        step: dict[str, Any],
+        workflow: dict[str, Any],
+    ) -> None:
+        """`_set_step` and `_set_workflow` in one statement (one round trip)."""
+        current = record.steps[idx]
+        if "status" in step and step["status"] != current.status:
+            check_transition("step", current.status, step["status"], f"step {current.name}")
+        if "status" in workflow:
+            check_transition("workflow", record.status, workflow["status"], record.id)
+        workflow = {**workflow, "updated_at": now_ms()}
+        n = len(step)
+        step_sets = ", ".join(f"{k} = ${i + 3}" for i, k in enumerate(step))
+        wf_sets = ", ".join(f"{k} = ${i + 3 + n}" for i, k in enumerate(workflow))
+        await tx.conn.execute(
+            f"WITH s AS (UPDATE workflow_steps SET {step_sets}"
+            " WHERE workflow_id = $1 AND idx = $2 RETURNING 1)"
+            f" UPDATE workflows SET {wf_sets} WHERE id = $1",
+            record.id,
+            idx,
+            *step.values(),
+            *workflow.values(),
         )
 
     @staticmethod
@@ -386,17 +424,19 @@ class WorkflowStore:
             step = record.steps[idx]
             attempt = step.attempt + 1
             key = f"{workflow_id}:{step.name}:{attempt}"
-            await self._set_step(
+            await self._set_both(
                 tx,
                 record,
                 idx,
-                status=StepState.RUNNING,
-                attempt=attempt,
-                idempotency_key=key,
-                started_at=now_ms(),
-                error=None,
+                {
+                    "status": StepState.RUNNING,
+                    "attempt": attempt,
+                    "idempotency_key": key,
+                    "started_at": now_ms(),
+                    "error": None,
+                },
+                {"cursor": idx, "executed": record.executed + 1},
             )
-            await self._set_workflow(tx, record, cursor=idx, executed=record.executed + 1)
             await tx.append(
                 [
                     self._event(record, "workflow.step_started", step=step.name, attempt=attempt),
@@ -440,17 +480,14 @@ class WorkflowStore:
             if inserted is None:
                 return False
             status = StepState.COMPLETED if ok else StepState.FAILED
-            await self._set_step(
-                tx,
-                record,
-                idx,
-                status=status,
-                result=result if ok else None,
-                error=None if ok else error,
-                finished_at=now_ms(),
-            )
+            outcome = {
+                "status": status,
+                "result": result if ok else None,
+                "error": None if ok else error,
+                "finished_at": now_ms(),
+            }
             if ok:
-                await self._set_workflow(tx, record, cursor=next_cursor)
+                await self._set_both(tx, record, idx, outcome, {"cursor": next_cursor})
                 # A branch's jump commits with its result: a crash cannot split them.
                 for i in skip:
                     if record.steps[i].status == StepState.PENDING:
@@ -472,6 +509,7 @@ class WorkflowStore:
                     attempt=step.attempt,
                 )
             else:
+                await self._set_step(tx, record, idx, **outcome)
                 event = self._event(
                     record,
                     "workflow.step_failed",
