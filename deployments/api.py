@@ -11,7 +11,6 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import httpx
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
@@ -56,6 +55,7 @@ from orchestrator.observability import (
     prune_heartbeats,
 )
 from orchestrator.providers import Gateway, InferenceLog
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import JobStore, SchedulerService
 from orchestrator.toolset import service_tools
 from orchestrator.workflows import WorkflowEngine, WorkflowStore
@@ -73,16 +73,22 @@ def _secret(value: object) -> str | None:
 
 
 async def build_context(
-    settings: Settings, metrics: MetricsHub, started_at: float | None
+    settings: Settings,
+    metrics: MetricsHub,
+    started_at: float | None,
+    stack: contextlib.AsyncExitStack,
 ) -> AppContext:
+    """The replica's context; what it opens is closed by `stack` (also if this fails)."""
     if not settings.database_url or not settings.redis_url:
         raise RuntimeError("database_url and redis_url must be set before the app starts")
     db = await connect(
         settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max
     )
+    stack.push_async_callback(db.close)
     redis = aioredis.from_url(
         settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, health_check_interval=15
     )
+    stack.push_async_callback(redis.aclose)
     tokens = TokenStore(db.pool)
     events = EventStore(db.pool)
     jwt_verifier = JwtVerifier(
@@ -110,6 +116,7 @@ async def build_context(
     if started_at is not None:
         ctx.started_at = started_at
     ctx.gateway = Gateway(settings, ctx.recorder, local=lambda: ready_endpoints(db.pool))
+    stack.push_async_callback(ctx.gateway.aclose)
     ctx.inference_log = InferenceLog(events)
     return ctx
 
@@ -149,9 +156,23 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = await build_context(settings, hub, started_at)
+        # Each part is registered on the stack as soon as it has started, so a start that
+        # fails halfway unwinds exactly what started (in reverse), as shutdown does.
+        async with contextlib.AsyncExitStack() as stack:
+            await _start(app, stack)
+            yield
+
+    async def _start(app: FastAPI, stack: contextlib.AsyncExitStack) -> None:
+        if local_inference is not None:
+            stack.push_async_callback(local_inference.close)
+        ctx = await build_context(settings, hub, started_at, stack)
         holder["ctx"] = ctx
         app.state.ctx = ctx
+        stack.push_async_callback(ctx.inference_log.drain)
+        supervisor = Supervisor("api", on_restart=ctx.recorder.background_restart)
+        app.state.supervisor = supervisor
+        # A safety net: whatever is still running when the unwind ends is cancelled, awaited.
+        stack.push_async_callback(supervisor.aclose)
         ctx.inference = InferenceService(settings, ctx.events, local_inference)
         ctx.workflows = WorkflowStore(ctx.db.pool, ctx.events)
         ctx.jobs = JobStore(ctx.db.pool, ctx.events)
@@ -192,12 +213,15 @@ def create_app(
             scheduler = SchedulerService(
                 ctx.jobs, dispatcher, settings, settings.database_url or ""
             )
+            stack.push_async_callback(scheduler.shutdown)
         runner = workflow_runner
         if runner is None:
             engine = WorkflowEngine(ctx.workflows, dispatcher, settings)
+            stack.push_async_callback(engine.close)
             await engine.resume_unfinished()
             runner = engine
         else:
+            stack.push_async_callback(runner.close)
             ctx.worker_pool = settings.agent_workers
         ctx.workflow_runner = runner
         key = settings.channel_secret_key
@@ -207,18 +231,27 @@ def create_app(
             teams_audience=settings.teams_audience,
             egress=EgressPolicy(settings.outbound_allowed_cidrs),
         )
-        egress: httpx.AsyncClient | None = None
         if channel_runner is None:
             egress = channel_egress(settings)
+            stack.push_async_callback(egress.aclose)
             relay = ChannelRelay(ctx.channels, dispatcher, settings, egress)
             ctx.channel_runner = LocalChannels(relay)
         else:
             ctx.channel_runner = channel_runner
-        local_events: EventServices | None = None
+        stack.push_async_callback(ctx.channel_runner.close)
+
+        async def last_flush() -> None:
+            with contextlib.suppress(Exception):
+                await ctx.flush_metrics()
+
+        stack.push_async_callback(last_flush)
         upstream = event_upstream
         if upstream is None:
             # Served without Ray: follow the store in this process (and count its events).
-            local_events = EventServices(ctx.events, settings.database_url or "", ctx.recorder)
+            local_events = EventServices(
+                ctx.events, settings.database_url or "", ctx.recorder, supervisor
+            )
+            stack.push_async_callback(local_events.stop)
             await local_events.start()
             upstream = local_events.feed.subscribe
         ctx.fanout = Fanout(
@@ -226,7 +259,9 @@ def create_app(
             ctx.events,
             client_limit=settings.sse_client_buffer,
             on_clients=ctx.recorder.stream_sockets,
+            supervisor=supervisor,
         )
+        stack.push_async_callback(ctx.fanout.close)
 
         async def beat() -> None:
             await heartbeat(ctx.db.pool)
@@ -236,34 +271,16 @@ def create_app(
             await ctx.tokens.register_configured_admin(settings.admin_token.get_secret_value())
         with contextlib.suppress(Exception):
             await heartbeat(ctx.db.pool)
-        tasks = [
-            asyncio.create_task(_every(METRICS_FLUSH_S, "metrics flush", ctx.flush_metrics)),
-            *([asyncio.create_task(scheduler.run_forever())] if scheduler else []),
-            asyncio.create_task(_every(HEARTBEAT_S, "heartbeat", beat)),
-            *([asyncio.create_task(ctx.memory.run_filler())] if ctx.memory.embedder else []),
-        ]
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            await ctx.fanout.close()
-            if local_events is not None:
-                await local_events.stop()
-            with contextlib.suppress(Exception):
-                await ctx.flush_metrics()
-            await ctx.workflow_runner.close()
-            await ctx.channel_runner.close()
-            if egress is not None:
-                await egress.aclose()
-            if scheduler is not None:
-                await scheduler.shutdown()
-            await ctx.inference_log.drain()
-            if local_inference is not None:
-                await local_inference.close()
-            await ctx.gateway.aclose()
-            await ctx.redis.aclose()
-            await ctx.db.close()
+        # Shutdown stops the loops first (they use everything above), and awaits them.
+        stack.push_async_callback(supervisor.aclose)
+        supervisor.spawn(
+            "metrics-flush", lambda: _every(METRICS_FLUSH_S, "metrics flush", ctx.flush_metrics)
+        )
+        if scheduler is not None:
+            supervisor.spawn("scheduler", scheduler.run_forever)
+        supervisor.spawn("heartbeat", lambda: _every(HEARTBEAT_S, "heartbeat", beat))
+        if ctx.memory.embedder:
+            supervisor.spawn("memory-filler", ctx.memory.run_filler)
 
     app = FastAPI(
         title="Agent orchestration service",

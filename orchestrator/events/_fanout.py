@@ -2,8 +2,9 @@
 
 An HTTP replica holds one `Fanout`: a single subscription to the EventBus (or to an
 in-process feed) and any number of SSE clients, each with its own filter and bounded queue.
-If the upstream breaks (the EventBus restarted), the fanout resubscribes from the last
-position it saw, so clients lose nothing and notice nothing.
+If the upstream breaks (the EventBus restarted) or the store fails (reading the head at the
+first stream), the pump ends and its supervisor runs it again with backoff: it resubscribes from
+the last position it saw, so clients lose nothing and notice nothing.
 """
 
 from __future__ import annotations
@@ -11,20 +12,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from orchestrator.auth import Principal
+from orchestrator.errors import ServiceUnavailable
 from orchestrator.events._catalog import stream_name
 from orchestrator.events._feed import SubscriberTooSlow
 from orchestrator.events._model import Event, owner_scope
 from orchestrator.events._store import EventStore
-
-log = logging.getLogger(__name__)
+from orchestrator.runtime.supervisor import Supervisor
 
 Upstream = Callable[[int], AsyncIterator[list[Event]]]
+
+# How long a stream waits for the pump's first subscription (the store down at the
+# first stream) before it answers 503; the pump itself keeps retrying.
+START_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +99,10 @@ class Fanout:
         *,
         client_limit: int = 10_000,
         on_clients: Callable[[int], None] | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._upstream = upstream
+        self._supervisor = supervisor or Supervisor("fanout")
         self._store = store
         self._client_limit = client_limit
         self._on_clients = on_clients
@@ -125,8 +131,11 @@ class Fanout:
 
     async def _ensure_started(self) -> None:
         if self._task is None:  # set before any await: concurrent first streams share one pump
-            self._task = asyncio.create_task(self._pump(), name="event-fanout")
-        await self._started.wait()
+            self._task = self._supervisor.spawn("event-fanout", self._pump)
+        try:
+            await asyncio.wait_for(self._started.wait(), START_TIMEOUT_S)
+        except TimeoutError:
+            raise ServiceUnavailable("the event stream is not available yet; retry") from None
 
     async def close(self) -> None:
         if self._task is not None:
@@ -135,29 +144,21 @@ class Fanout:
                 await self._task
 
     async def _pump(self) -> None:
-        self._position = await self._store.head()
-        backoff = 0.05
-        while True:
-            try:
-                stream = self._upstream(self._position)
-                self._started.set()
-                async for batch in stream:
-                    for event in batch:
-                        if event.position <= self._position:
-                            continue
-                        for client in list(self._clients):
-                            if client.filter.matches(event):
-                                client.offer(event)
-                        self._position = event.position
-                    backoff = 0.05
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the upstream restarts; we resubscribe
-                log.warning(
-                    "event upstream broke at position %d (%r); resubscribing", self._position, exc
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(2.0, backoff * 2)
+        """Follow the upstream from the last position seen. Any failure (the store's head,
+        a broken upstream) ends this run; the supervisor logs, counts and runs it again
+        after a backoff, so one error never leaves later streams waiting forever."""
+        if not self._started.is_set():
+            self._position = await self._store.head()
+        stream = self._upstream(self._position)
+        self._started.set()
+        async for batch in stream:
+            for event in batch:
+                if event.position <= self._position:
+                    continue
+                for client in list(self._clients):
+                    if client.filter.matches(event):
+                        client.offer(event)
+                self._position = event.position
 
     async def open(
         self, flt: StreamFilter, after: int | None, principal: Principal

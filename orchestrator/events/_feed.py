@@ -20,6 +20,7 @@ import asyncpg
 from orchestrator.errors import ServiceUnavailable
 from orchestrator.events._model import Event
 from orchestrator.events._store import NOTIFY_CHANNEL, EventStore
+from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,10 @@ class EventFeed:
         batch: int = 500,
         subscriber_limit: int = 50_000,
         on_batch: BatchHook | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._store = store
+        self._supervisor = supervisor or Supervisor("event-feed")
         self._dsn = dsn
         self._poll_s = poll_s
         self._batch = batch
@@ -83,7 +86,7 @@ class EventFeed:
     async def start(self) -> None:
         self._head = await self._store.head()
         await self._listen()
-        self._task = asyncio.create_task(self._run(), name="event-feed")
+        self._task = self._supervisor.spawn("event-feed", self._run)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -145,6 +148,9 @@ class EventFeed:
         self._wake.set()
 
     async def _run(self) -> None:
+        """Wake on NOTIFY or the poll timer and hand new events on. A store that cannot be
+        read is waited out here with backoff; any other failure ends the run and the
+        supervisor restarts it (logged, counted), resuming from the head already reached."""
         backoff = self._poll_s
         while True:
             # An append in flight may hold committed events back; if it rolls back, no NOTIFY

@@ -9,15 +9,22 @@ from orchestrator.events._model import Event
 from orchestrator.events._projections import EventTypeCounts, ProjectionRunner
 from orchestrator.events._store import EventStore
 from orchestrator.observability import MetricsRecorder
+from orchestrator.runtime.supervisor import Supervisor
 
 
 class EventServices:
-    def __init__(self, store: EventStore, dsn: str, recorder: MetricsRecorder) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        dsn: str,
+        recorder: MetricsRecorder,
+        supervisor: Supervisor | None = None,
+    ) -> None:
         self.store = store
         self.projections = ProjectionRunner(store)
         self.projections.register(EventTypeCounts())
         self.recorder = recorder
-        self.feed = EventFeed(store, dsn, on_batch=self._follow)
+        self.feed = EventFeed(store, dsn, on_batch=self._follow, supervisor=supervisor)
 
     async def _follow(self, _batch: list[Event]) -> None:
         # Counted from the projection, not the batch: exactly once per committed event, also
