@@ -37,6 +37,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 __all__ = [
     "ChatBody",
@@ -639,11 +640,8 @@ class LlamaServer:
             raise
         completion = Completion(model=self.options.model_id)
         if body.stream:
-            return StreamingResponse(
-                self._stream(completion, prepared, body),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            claim = _TurnClaim(self._release)
+            return _TurnStream(self._stream(completion, prepared, body, claim), claim)
         pieces: list[str] = []
         outcome = await self._generate(prepared, body, pieces.append)
         return JSONResponse(completion.response("".join(pieces), outcome, len(prepared.tokens)))
@@ -699,11 +697,12 @@ class LlamaServer:
             done.add_done_callback(_consume)
 
     async def _stream(
-        self, completion: Completion, prepared: Prepared, body: ChatBody
+        self, completion: Completion, prepared: Prepared, body: ChatBody, claim: _TurnClaim
     ) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[str] = asyncio.Queue()
         cancel = threading.Event()
+        claim.hand_over()  # no await before _start: from here the generation releases it
         done = self._start(
             prepared, body, lambda text: loop.call_soon_threadsafe(queue.put_nowait, text), cancel
         )
@@ -744,6 +743,42 @@ class LlamaServer:
                 getter.cancel()
             # The client may be gone: nobody else will look at the outcome.
             done.add_done_callback(_consume)
+
+
+class _TurnClaim:
+    """The turn, held by a streaming request until its generation takes it over."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release = release
+        self._held = True
+
+    def hand_over(self) -> None:
+        self._held = False
+
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._release()
+
+
+class _TurnStream(StreamingResponse):
+    """A stream that gives the turn back if it ends before its body started: a client that
+    went away while the response waited to be sent never runs the body (nor its
+    `finally`), and the turn would otherwise be held forever."""
+
+    def __init__(self, body: AsyncIterator[bytes], claim: _TurnClaim) -> None:
+        super().__init__(
+            body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._claim = claim
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._claim.give_back()
 
 
 def _consume(future: asyncio.Future[Outcome]) -> None:

@@ -1,5 +1,6 @@
 """The bundled llama-server launcher: its flags, request parsing and chunk shapes."""
 
+import asyncio
 import json
 
 import pytest
@@ -178,3 +179,77 @@ def test_chunk_shapes_follow_openai() -> None:
     whole = c.response("hi", Outcome(completion_tokens=1, finish_reason="length"), 5)
     assert whole["object"] == "chat.completion" and whole["choices"][0]["finish_reason"] == "length"
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+
+
+class _InstantEngine:
+    """Stands in for the model: prepares nothing, generates one piece at once."""
+
+    n_ctx = 64
+
+    def prepare(self, messages: object, body: object) -> object:
+        from orchestrator.inference._llama_server import Prepared
+
+        return Prepared(tokens=[1], limit=8)
+
+    def generate(self, prepared: object, body: object, emit, cancel) -> Outcome:  # type: ignore[no-untyped-def]
+        emit("hi")
+        return Outcome(completion_tokens=1)
+
+
+async def _post_chat(app, send) -> None:  # type: ignore[no-untyped-def]
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        return {"type": "http.disconnect"}
+
+    await app(scope, receive, send)
+
+
+async def test_a_stream_cancelled_before_its_body_starts_does_not_wedge_the_turn() -> None:
+    server = LlamaServer(parse_args(["-m", "/m.gguf"])[0])
+    server.engine = _InstantEngine()  # type: ignore[assignment]
+    server.loaded = True
+    app = server.app()
+    headers_sending = asyncio.Event()
+
+    async def stuck_send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            headers_sending.set()
+            await asyncio.Event().wait()  # the client is gone; the write never completes
+
+    queued = asyncio.create_task(_post_chat(app, stuck_send))
+    await asyncio.wait_for(headers_sending.wait(), 5)
+    assert server._turn.locked()  # the stream holds the turn; its body has not started
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+
+    # The next request gets its turn and its whole answer.
+    frames: list[bytes] = []
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            frames.append(message.get("body", b""))
+
+    await asyncio.wait_for(_post_chat(app, send), 5)
+    assert b"data: [DONE]\n\n" in b"".join(frames)
+    assert not server._turn.locked()
