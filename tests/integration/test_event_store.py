@@ -426,3 +426,19 @@ async def follow_from(store: EventStore, cursor: int, stop: asyncio.Event, seen:
             return
         else:
             await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("start", [2**31 - 2, 2**32 - 2, 5 * 2**32 + 7])
+async def test_the_horizon_across_the_lock_keys_32_bit_wrap(db: Database, start: int) -> None:
+    """An in-flight append's floor lock keeps only 32 bits of its position; the horizon
+    restores it exactly, past the sign bit and the 2^32 wrap too."""
+    store = EventStore(db.pool)
+    await db.pool.execute("SELECT setval('events_position_seq', $1)", start)
+    async with store.transaction() as slow:
+        [held] = await slow.append([task_event("wrap-slow")])
+        [quick] = await store.append([task_event("wrap-quick")])
+        assert held.position == start + 1 and quick.position == start + 2
+        assert await store.head() == start  # the floor `slow` registered, restored
+        assert await store.read_after(start) == []
+    assert [e.position for e in await store.read_after(start)] == [held.position, quick.position]
+    assert await store.head() == quick.position
