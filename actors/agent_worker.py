@@ -32,6 +32,7 @@ from orchestrator.inference import ready_endpoints
 from orchestrator.memory import MemoryStore
 from orchestrator.observability import MetricsPusher, MetricsRecorder
 from orchestrator.providers import Gateway
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.toolset import service_tools
 from orchestrator.workspace import Workspace
 
@@ -66,6 +67,8 @@ class AgentWorker:
         self._db: Database | None = None
         self._runner: AgentRunner | None = None
         self._recorder = MetricsRecorder(f"{self._id}:{socket.gethostname()}:{os.getpid()}")
+        self._gateway: Gateway | None = None
+        self._supervisor = Supervisor(self._id, on_restart=self._recorder.background_restart)
         self._boot = asyncio.get_running_loop().create_task(self._start())
 
     def __repr__(self) -> str:
@@ -75,6 +78,10 @@ class AgentWorker:
         return await until_started(self._id, self._start_once, self._undo_start)
 
     async def _undo_start(self) -> None:
+        # Everything a failed try opened: the gateway's HTTP pools leaked here before.
+        if self._gateway is not None:
+            gateway, self._gateway = self._gateway, None
+            await gateway.aclose()
         if self._redis is not None:
             redis, self._redis = self._redis, None
             await redis.aclose()
@@ -88,6 +95,7 @@ class AgentWorker:
         events = EventStore(self._db.pool)
         pool = self._db.pool
         gateway = Gateway(self._settings, self._recorder, local=lambda: ready_endpoints(pool))
+        self._gateway = gateway
         # Entries stored by agents here are embedded by the replicas' fillers; writes drop
         # the replicas' cached copies in the shared Redis.
         self._redis = (
@@ -121,8 +129,8 @@ class AgentWorker:
             [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
         )
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
-        hub = ActorMetricsHub(self._generation)
-        asyncio.get_running_loop().create_task(self._flush(MetricsPusher(self._recorder, hub)))
+        pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
+        self._supervisor.spawn("metrics-flush", lambda: self._flush(pusher))
         self._runner = runner
         return runner
 

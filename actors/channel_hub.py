@@ -7,7 +7,10 @@ the message is already in Postgres, so a hub that cannot be reached loses nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 
 import httpx
 import ray
@@ -15,6 +18,7 @@ from ray.exceptions import RayActorError
 
 from actors import Generation, Shards, until_started
 from actors.agent_worker import RayDispatcher
+from actors.metrics import ActorMetricsHub
 from orchestrator.channels import (
     ChannelRelay,
     ChannelStore,
@@ -26,10 +30,13 @@ from orchestrator.channels import (
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
+from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
+METRICS_FLUSH_S = 1.0
 KIND = "ChannelHub"
 
 
@@ -52,6 +59,9 @@ class ChannelHub:
         self._http: httpx.AsyncClient | None = None
         self._relay: ChannelRelay | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._recorder = MetricsRecorder(f"{hub_name(index)}:{socket.gethostname()}:{os.getpid()}")
+        # The relay loop and the metrics flush (which carries the relay's restarts).
+        self._supervisor = Supervisor(hub_name(index), on_restart=self._recorder.background_restart)
         self._boot = asyncio.get_running_loop().create_task(self._start())
 
     def __repr__(self) -> str:
@@ -90,9 +100,19 @@ class ChannelHub:
             name=hub_name(self._index),
         )
         self._relay = relay
-        self._loop_task = asyncio.get_running_loop().create_task(relay.run_forever())
+        self._loop_task = self._supervisor.spawn("channel-relay", relay.run_forever)
+        if "metrics-flush" not in self._supervisor.tasks():
+            pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
+            self._supervisor.spawn("metrics-flush", lambda: self._flush_metrics(pusher))
         log.info("%s: relaying", hub_name(self._index))
         return relay
+
+    @staticmethod
+    async def _flush_metrics(pusher: MetricsPusher) -> None:
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_S)
+            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
+                await pusher.flush()
 
     async def ready(self) -> str:
         await self._boot

@@ -20,6 +20,7 @@ from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import Event, EventServices, EventStore
 from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.runtime.supervisor import Supervisor
 
 KIND = "EventBus"
 METRICS_FLUSH_S = 1.0
@@ -34,7 +35,9 @@ class EventBus:
         self._generation = generation
         self._services: EventServices | None = None
         self._lock = asyncio.Lock()
-        self._flusher: asyncio.Task[None] | None = None
+        self._recorder = MetricsRecorder(f"event_bus:{socket.gethostname()}:{os.getpid()}")
+        # The live feed and the metrics flush; restarts reach /metrics through the flush.
+        self._supervisor = Supervisor("event_bus", on_restart=self._recorder.background_restart)
 
     def __repr__(self) -> str:
         if self._services is None:
@@ -47,13 +50,20 @@ class EventBus:
             if self._services is None:
                 assert self._settings.database_url
                 db = await connect(self._settings.database_url, min_size=1, max_size=4)
-                recorder = MetricsRecorder(f"event_bus:{socket.gethostname()}:{os.getpid()}")
-                services = EventServices(EventStore(db.pool), self._settings.database_url, recorder)
-                await services.start()
-                hub = ActorMetricsHub(self._generation)
-                self._flusher = asyncio.create_task(
-                    self._flush_metrics(MetricsPusher(recorder, hub))
+                services = EventServices(
+                    EventStore(db.pool),
+                    self._settings.database_url,
+                    self._recorder,
+                    self._supervisor,
                 )
+                try:
+                    await services.start()
+                except BaseException:
+                    await services.stop()
+                    await db.close()  # the next call starts over with a new pool
+                    raise
+                pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
+                self._supervisor.spawn("metrics-flush", lambda: self._flush_metrics(pusher))
                 self._services = services
             return self._services
 

@@ -235,7 +235,7 @@ def create_app(
             egress = channel_egress(settings)
             stack.push_async_callback(egress.aclose)
             relay = ChannelRelay(ctx.channels, dispatcher, settings, egress)
-            ctx.channel_runner = LocalChannels(relay)
+            ctx.channel_runner = LocalChannels(relay, supervisor)
         else:
             ctx.channel_runner = channel_runner
         stack.push_async_callback(ctx.channel_runner.close)

@@ -29,6 +29,7 @@ from orchestrator.channels._platforms import (
 )
 from orchestrator.channels._store import Channel, ChannelStore, InboxItem
 from orchestrator.config import Settings
+from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -276,9 +277,11 @@ def reply_of(inbound_reply: Mapping[str, Any], sync: bool) -> dict[str, Any]:
 class LocalChannels:
     """Without Ray: one relay in the API process for every channel."""
 
-    def __init__(self, relay: ChannelRelay) -> None:
+    def __init__(self, relay: ChannelRelay, supervisor: Supervisor | None = None) -> None:
         self._relay = relay
-        self._task = asyncio.get_running_loop().create_task(relay.run_forever())
+        self._task = (supervisor or Supervisor("channels")).spawn(
+            "channel-relay", relay.run_forever
+        )
 
     async def submit(self, channel_id: str, inbox_id: int) -> None:
         self._relay.submit(inbox_id)

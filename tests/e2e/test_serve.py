@@ -195,6 +195,7 @@ def test_metrics_count_the_traffic_just_sent(service: Service) -> None:
         "svc_active_workers",
         "svc_memory_bytes",
         "svc_event",
+        "svc_background_restarts",
     } <= names
 
 
