@@ -45,6 +45,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import asyncpg
 
@@ -352,6 +353,8 @@ class WorkflowEngine:
                 await self._claims.renew(fence)
                 renewed = time.monotonic()
             except StaleClaim:
+                if self._fences.get(fence.key) is not fence:
+                    return  # the driver's last transaction released it: not a takeover
                 log.warning("workflow %s: claim taken over; stopping its driver", fence.key)
                 driver.cancel()
                 return
@@ -408,9 +411,13 @@ class WorkflowEngine:
                 raise
             except Exception as again:  # noqa: BLE001 - compensation failed the same way
                 reason = f"{reason}; compensation did not complete: {again!r}"[:2000]
-        await self._store.finish(
-            workflow_id, WorkflowState.FAILED, error=reason, step=None, fence=fence
-        )
+        await self._finish(workflow_id, WorkflowState.FAILED, error=reason, step=None, fence=fence)
+
+    async def _finish(self, workflow_id: str, status: WorkflowState, **kwargs: Any) -> None:
+        """The workflow's last transition, which also releases its claim: the renewer may
+        find the claim gone from here on, and is told so."""
+        self._fences.pop(workflow_id, None)
+        await self._store.finish(workflow_id, status, **kwargs)
 
     async def _drive(self, workflow_id: str, fence: Fence) -> None:
         record = await self._store.load(workflow_id)
@@ -420,7 +427,7 @@ class WorkflowEngine:
             record = await self._store.mark_started(workflow_id, fence)
         while record.ending is None:
             if record.cursor >= len(record.steps):
-                await self._store.finish(workflow_id, WorkflowState.COMPLETED, fence=fence)
+                await self._finish(workflow_id, WorkflowState.COMPLETED, fence=fence)
                 return
             if record.executed >= self._settings.workflow_max_steps:
                 await self._store.begin_ending(
@@ -485,38 +492,89 @@ class WorkflowEngine:
             idempotency_key=task_id,
         )
 
-    async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
+    def _announcer(
+        self, record: WorkflowRecord, spec: StepSpec, tasks: list[AgentTask]
+    ) -> Callable[[str], list[NewEvent]]:
+        """The events a task step's start commits with: its task's task.created."""
         assert spec.prompt is not None
         prompt = spec.prompt
-        tasks: list[AgentTask] = []
 
         def created(key: str) -> list[NewEvent]:
             task = replace(self._task_for(record, spec, key, prompt), announced=True)
             tasks.append(task)
             return [created_event(task, self._settings)]
 
+        return created
+
+    def _chainable(
+        self, record: WorkflowRecord, tasks: list[AgentTask]
+    ) -> tuple[int, Callable[[str], list[NewEvent]]] | None:
+        """The next step, when it is a plain task step that may start in the transaction
+        recording the previous one's result (no condition, no budget or drain to look at
+        first); None leaves it to the drive loop."""
+        idx = record.cursor
+        if (
+            self._draining
+            or record.ending is not None
+            or idx >= len(record.steps)
+            or record.executed >= self._settings.workflow_max_steps
+        ):
+            return None
+        spec = record.spec.steps[idx]
+        if (
+            spec.type in ("branch", "spawn")
+            or spec.condition is not None
+            or record.steps[idx].status != StepState.PENDING
+        ):
+            return None
+        return idx, self._announcer(record, spec, tasks)
+
+    async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
+        tasks: list[AgentTask] = []
         # The task's task.created commits with the step's start: one transaction, not two,
         # and under the fence: a driver that lost the claim never dispatches this attempt.
-        _, key = await self._store.start_step(record.id, idx, created, fence)
-        result = await self._dispatcher.run(tasks[-1])
-        error = result.error or result.status
-        if result.status == "timeout":
-            error = f"timeout: {result.error}"
-        recorded = await self._store.finish_step(
-            record.id,
-            idx,
-            key,
-            ok=result.ok,
-            result=result.result or "",
-            error=error,
-            duration_ms=result.duration_ms,
-            next_cursor=idx + 1,
-            fence=fence,
+        _, key = await self._store.start_step(
+            record.id, idx, self._announcer(record, spec, tasks), fence
         )
-        if recorded and not result.ok:
-            await self._store.begin_ending(
-                record.id, "failed", f"step {spec.name} failed: {error}", spec.name, fence
+        while True:
+            task = tasks[-1]
+            result = await self._dispatcher.run(task)
+            if result.ok:
+                # The result and the next task step's start in one commit.
+                _, following = await self._store.finish_and_start_next(
+                    record.id,
+                    idx,
+                    key,
+                    result=result.result or "",
+                    duration_ms=result.duration_ms,
+                    plan=lambda fresh: self._chainable(fresh, tasks),
+                    fence=fence,
+                )
+                if following is None:
+                    return
+                self._progress[record.id] = self._progress.get(record.id, 0) + 1
+                idx, key = following
+                continue
+            error = result.error or result.status
+            if result.status == "timeout":
+                error = f"timeout: {result.error}"
+            recorded = await self._store.finish_step(
+                record.id,
+                idx,
+                key,
+                ok=False,
+                result=result.result or "",
+                error=error,
+                duration_ms=result.duration_ms,
+                next_cursor=idx + 1,
+                fence=fence,
             )
+            if recorded:
+                name = record.spec.steps[idx].name
+                await self._store.begin_ending(
+                    record.id, "failed", f"step {name} failed: {error}", name, fence
+                )
+            return
 
     async def _branch(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
         _, key = await self._store.start_step(record.id, idx, fence=fence)
@@ -628,6 +686,4 @@ class WorkflowEngine:
             )
         failed_step = next((s.name for s in record.steps if s.status == StepState.FAILED), None)
         final = WorkflowState.FAILED if record.ending == "failed" else WorkflowState.CANCELLED
-        await self._store.finish(
-            record.id, final, error=record.error, step=failed_step, fence=fence
-        )
+        await self._finish(record.id, final, error=record.error, step=failed_step, fence=fence)

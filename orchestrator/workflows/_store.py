@@ -8,7 +8,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
@@ -348,8 +348,11 @@ class WorkflowStore:
         idx: int,
         step: dict[str, Any],
         workflow: dict[str, Any],
-    ) -> None:
-        """`_set_step` and `_set_workflow` in one statement (one round trip)."""
+        result_status: str | None = None,
+    ) -> bool:
+        """`_set_step` and `_set_workflow` in one statement (one round trip). With
+        `result_status`, the step's attempt result is recorded too (workflow_step_results,
+        once per key): False, and nothing written, when it was recorded already."""
         current = record.steps[idx]
         if "status" in step and step["status"] != current.status:
             check_transition("step", current.status, step["status"], f"step {current.name}")
@@ -359,15 +362,36 @@ class WorkflowStore:
         n = len(step)
         step_sets = ", ".join(f"{k} = ${i + 3}" for i, k in enumerate(step))
         wf_sets = ", ".join(f"{k} = ${i + 3 + n}" for i, k in enumerate(workflow))
-        await tx.conn.execute(
-            f"WITH s AS (UPDATE workflow_steps SET {step_sets}"
-            " WHERE workflow_id = $1 AND idx = $2 RETURNING 1)"
-            f" UPDATE workflows SET {wf_sets} WHERE id = $1",
+        if result_status is None:
+            await tx.conn.execute(
+                f"WITH s AS (UPDATE workflow_steps SET {step_sets}"
+                " WHERE workflow_id = $1 AND idx = $2 RETURNING 1)"
+                f" UPDATE workflows SET {wf_sets} WHERE id = $1",
+                record.id,
+                idx,
+                *step.values(),
+                *workflow.values(),
+            )
+            return True
+        m = n + len(workflow)
+        done = await tx.conn.fetchval(
+            "WITH r AS (INSERT INTO workflow_step_results (idempotency_key, workflow_id, step,"
+            f" status, recorded_at) VALUES (${m + 3}, $1, ${m + 4}, ${m + 5}, ${m + 6})"
+            " ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1),"
+            f" s AS (UPDATE workflow_steps SET {step_sets}"
+            " WHERE workflow_id = $1 AND idx = $2 AND EXISTS (SELECT 1 FROM r) RETURNING 1)"
+            f" UPDATE workflows SET {wf_sets} WHERE id = $1 AND EXISTS (SELECT 1 FROM r)"
+            " RETURNING 1",
             record.id,
             idx,
             *step.values(),
             *workflow.values(),
+            current.key,
+            current.name,
+            result_status,
+            now_ms(),
         )
+        return done is not None
 
     @staticmethod
     async def _set_step(
@@ -421,29 +445,38 @@ class WorkflowStore:
         `with_events(key)` gives events to commit with it (the step task's task.created)."""
         async with self._events.transaction() as tx:
             record = await self._tx_load(tx, workflow_id, fence)
-            step = record.steps[idx]
-            attempt = step.attempt + 1
-            key = f"{workflow_id}:{step.name}:{attempt}"
-            await self._set_both(
-                tx,
-                record,
-                idx,
-                {
-                    "status": StepState.RUNNING,
-                    "attempt": attempt,
-                    "idempotency_key": key,
-                    "started_at": now_ms(),
-                    "error": None,
-                },
-                {"cursor": idx, "executed": record.executed + 1},
-            )
-            await tx.append(
-                [
-                    self._event(record, "workflow.step_started", step=step.name, attempt=attempt),
-                    *(with_events(key) if with_events is not None else ()),
-                ]
-            )
+            attempt, key, events = await self._start_in(tx, record, idx, with_events)
+            await tx.append(events)
         return attempt, key
+
+    async def _start_in(
+        self,
+        tx: EventTransaction,
+        record: WorkflowRecord,
+        idx: int,
+        with_events: Callable[[str], Sequence[NewEvent]] | None,
+    ) -> tuple[int, str, list[NewEvent]]:
+        step = record.steps[idx]
+        attempt = step.attempt + 1
+        key = f"{record.id}:{step.name}:{attempt}"
+        await self._set_both(
+            tx,
+            record,
+            idx,
+            {
+                "status": StepState.RUNNING,
+                "attempt": attempt,
+                "idempotency_key": key,
+                "started_at": now_ms(),
+                "error": None,
+            },
+            {"cursor": idx, "executed": record.executed + 1},
+        )
+        events = [
+            self._event(record, "workflow.step_started", step=step.name, attempt=attempt),
+            *(with_events(key) if with_events is not None else ()),
+        ]
+        return attempt, key, events
 
     async def finish_step(
         self,
@@ -464,61 +497,130 @@ class WorkflowStore:
         is not the step's current running one or its result is already recorded."""
         async with self._events.transaction() as tx:
             record = await self._tx_load(tx, workflow_id, fence)
-            step = record.steps[idx]
-            if step.status != StepState.RUNNING or step.key != key:
+            events = await self._finish_in(
+                tx, record, idx, key, ok, result, error, duration_ms, next_cursor, skip, rewind
+            )
+            if events is None:
                 return False
+            await tx.append(events)
+        return True
+
+    async def finish_and_start_next(
+        self,
+        workflow_id: str,
+        idx: int,
+        key: str,
+        *,
+        result: str | None,
+        duration_ms: int,
+        plan: Callable[[WorkflowRecord], tuple[int, Callable[[str], Sequence[NewEvent]]] | None],
+        fence: Fence | None = None,
+    ) -> tuple[bool, tuple[int, str] | None]:
+        """A completed task step's result and, in the same transaction (one commit per step
+        instead of two), the start of the next step that `plan(the workflow as now)`
+        names with its events, if any: (recorded?, (next index, its key) or None)."""
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id, fence)
+            events = await self._finish_in(
+                tx, record, idx, key, True, result, None, duration_ms, idx + 1, (), None
+            )
+            if events is None:
+                return False, None
+            following: tuple[int, str] | None = None
+            # The workflow as it is now, without reading it again: the step completed with
+            # its result, the cursor past it.
+            fresh = replace(
+                record,
+                cursor=idx + 1,
+                steps=tuple(
+                    replace(s, status=StepState.COMPLETED, result=result, error=None)
+                    if s.idx == idx
+                    else s
+                    for s in record.steps
+                ),
+            )
+            planned = plan(fresh)
+            if planned is not None:
+                nxt, with_events = planned
+                _, next_key, started = await self._start_in(tx, fresh, nxt, with_events)
+                events += started
+                following = (nxt, next_key)
+            await tx.append(events)
+        return True, following
+
+    async def _finish_in(
+        self,
+        tx: EventTransaction,
+        record: WorkflowRecord,
+        idx: int,
+        key: str,
+        ok: bool,
+        result: str | None,
+        error: str | None,
+        duration_ms: int,
+        next_cursor: int,
+        skip: Sequence[int],
+        rewind: range | None,
+    ) -> list[NewEvent] | None:
+        """The outcome's writes in `tx`; its events, or None when not recorded."""
+        workflow_id = record.id
+        step = record.steps[idx]
+        if step.status != StepState.RUNNING or step.key != key:
+            return None
+        status = StepState.COMPLETED if ok else StepState.FAILED
+        outcome = {
+            "status": status,
+            "result": result if ok else None,
+            "error": None if ok else error,
+            "finished_at": now_ms(),
+        }
+        if ok:
+            # The result row, the step and the cursor in one statement.
+            if not await self._set_both(
+                tx, record, idx, outcome, {"cursor": next_cursor}, result_status="completed"
+            ):
+                return None
+            # A branch's jump commits with its result: a crash cannot split them.
+            for i in skip:
+                if record.steps[i].status == StepState.PENDING:
+                    await self._set_step(tx, record, i, status=StepState.SKIPPED)
+            if rewind is not None:
+                fresh = await self.load(workflow_id, tx.conn)
+                assert fresh is not None
+                for i in rewind:
+                    if fresh.steps[i].status in (StepState.COMPLETED, StepState.SKIPPED):
+                        await self._set_step(
+                            tx, fresh, i, status=StepState.PENDING, result=None, error=None
+                        )
+            event = self._event(
+                record,
+                "workflow.step_completed",
+                step=step.name,
+                duration_ms=duration_ms,
+                output=result,
+                attempt=step.attempt,
+            )
+        else:
             inserted = await tx.conn.fetchval(
                 "INSERT INTO workflow_step_results (idempotency_key, workflow_id, step, status,"
-                " recorded_at) VALUES ($1, $2, $3, $4, $5)"
+                " recorded_at) VALUES ($1, $2, $3, 'failed', $4)"
                 " ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1",
                 key,
                 workflow_id,
                 step.name,
-                "completed" if ok else "failed",
                 now_ms(),
             )
             if inserted is None:
-                return False
-            status = StepState.COMPLETED if ok else StepState.FAILED
-            outcome = {
-                "status": status,
-                "result": result if ok else None,
-                "error": None if ok else error,
-                "finished_at": now_ms(),
-            }
-            if ok:
-                await self._set_both(tx, record, idx, outcome, {"cursor": next_cursor})
-                # A branch's jump commits with its result: a crash cannot split them.
-                for i in skip:
-                    if record.steps[i].status == StepState.PENDING:
-                        await self._set_step(tx, record, i, status=StepState.SKIPPED)
-                if rewind is not None:
-                    fresh = await self.load(workflow_id, tx.conn)
-                    assert fresh is not None
-                    for i in rewind:
-                        if fresh.steps[i].status in (StepState.COMPLETED, StepState.SKIPPED):
-                            await self._set_step(
-                                tx, fresh, i, status=StepState.PENDING, result=None, error=None
-                            )
-                event = self._event(
-                    record,
-                    "workflow.step_completed",
-                    step=step.name,
-                    duration_ms=duration_ms,
-                    output=result,
-                    attempt=step.attempt,
-                )
-            else:
-                await self._set_step(tx, record, idx, **outcome)
-                event = self._event(
-                    record,
-                    "workflow.step_failed",
-                    step=step.name,
-                    error=error,
-                    attempt=step.attempt,
-                )
-            await tx.append([event])
-        return True
+                return None
+            await self._set_step(tx, record, idx, **outcome)
+            event = self._event(
+                record,
+                "workflow.step_failed",
+                step=step.name,
+                error=error,
+                attempt=step.attempt,
+            )
+        return [event]
 
     async def skip_steps(
         self,
