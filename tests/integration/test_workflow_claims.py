@@ -310,3 +310,30 @@ async def test_a_restarted_shard_takes_its_claims_back_at_once(
     finally:
         for engine in (first, again, other):
             await engine.shutdown()
+
+
+async def test_a_cancel_reaches_the_driver_on_another_engine(
+    make_settings: Any, db: Database
+) -> None:
+    """The cancel lands on an engine that does not drive the workflow (another shard): the
+    driver hears `cancel:<id>`, abandons its step and compensates; the cancel answers
+    with the final status."""
+    settings = make_settings()
+    store = _store(db)
+    agent = _Agent()
+    driver = WorkflowEngine(store, agent, settings, owner="shard-0")
+    other = WorkflowEngine(store, agent, settings, owner="shard-1")
+    try:
+        wid = await store.create(_spec("w", 3), "ann")
+        gated = f"{wid}:s1:1"
+        agent.gates[gated] = asyncio.Event()  # never opened: only a cancel ends this step
+        await driver.start(wid)
+        await asyncio.wait_for(agent.started[gated].wait(), 20)
+        assert await asyncio.wait_for(other.cancel(wid), 30) == "cancelled"
+        final = await store.load(wid)
+        assert final is not None
+        assert [str(s.status) for s in final.steps] == ["completed", "skipped", "skipped"]
+        assert agent.effects[gated] == 0 and f"{wid}:s2:1" not in agent.dispatched
+    finally:
+        await driver.shutdown()
+        await other.shutdown()
