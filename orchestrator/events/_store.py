@@ -111,7 +111,8 @@ class EventStore:
         self._writer: asyncio.Task[None] | None = None
         self._more = asyncio.Event()  # more queued while the writer lingers
         self._in_flight = False
-        self._notify_due = False
+        self._notify_due = False  # a NOTIFY is owed; the notifier sends it
+        self._notified_at = -1.0  # monotonic time of the last one sent
         self._notifier: asyncio.Task[None] | None = None
 
     @property
@@ -141,6 +142,8 @@ class EventStore:
             tx = EventTransaction(self, conn)
             async with conn.transaction():
                 yield tx
+            if tx.appended:
+                await asyncio.shield(self._notify_after_commit(conn))
         # Committed: the hooks run even if the caller is cancelled right now.
         await asyncio.shield(self._after_commit(tx.appended))
 
@@ -202,9 +205,10 @@ class EventStore:
                     batch, self._queue = self._queue, []
                     results = await self._write_batch(conn, batch)
                     self._settle(batch, results)
-                    await self._after_commit(
-                        [e for r in results if not isinstance(r, BaseException) for e in r]
-                    )
+                    committed = [e for r in results if not isinstance(r, BaseException) for e in r]
+                    await self._after_commit(committed)
+                    if committed:
+                        await self._notify_after_commit(conn)
                     if any(isinstance(r, BaseException) for r in results):
                         self._writer = None  # maybe a broken connection: start afresh
                         break
@@ -351,27 +355,38 @@ class EventStore:
     async def _after_commit(self, events: list[Event]) -> None:
         if not events:
             return
-        self._notify_soon()
         for hook in self._post:
             try:
                 await hook(events)
             except Exception:
                 log.exception("post-commit hook %r failed for %d event(s)", hook, len(events))
 
-    def _notify_soon(self) -> None:
-        self._notify_due = True
-        if self._notifier is None or self._notifier.done():
-            self._notifier = asyncio.create_task(self._notify_loop(), name="event-notify")
+    async def _notify_after_commit(self, conn: asyncpg.Connection) -> None:
+        """Wake the feeds: at once on the connection that just committed (no pool checkout,
+        never a new connection), unless this process sent one less than NOTIFY_COALESCE_S
+        ago; then the notifier sends one when that window ends."""
+        now = time.monotonic()
+        if self._notify_due or now - self._notified_at < NOTIFY_COALESCE_S:
+            self._notify_due = True
+            if self._notifier is None or self._notifier.done():
+                self._notifier = asyncio.create_task(self._notify_later(), name="event-notify")
+            return
+        self._notified_at = now
+        try:
+            await conn.execute(_NOTIFY_SQL)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("cannot NOTIFY %s (feeds catch up by polling): %r", NOTIFY_CHANNEL, exc)
 
-    async def _notify_loop(self) -> None:
+    async def _notify_later(self) -> None:
         while self._notify_due:
+            await asyncio.sleep(max(0.0, self._notified_at + NOTIFY_COALESCE_S - time.monotonic()))
             self._notify_due = False
+            self._notified_at = time.monotonic()
             try:
                 await self._pool.execute(_NOTIFY_SQL)
             except Exception as exc:  # noqa: BLE001 - the feeds' poll timers catch up
                 log.warning("cannot NOTIFY %s (feeds catch up by polling): %r", NOTIFY_CHANNEL, exc)
                 return
-            await asyncio.sleep(NOTIFY_COALESCE_S)
 
     # --- reading -----------------------------------------------------------------------
 
