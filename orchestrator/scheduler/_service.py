@@ -37,6 +37,7 @@ from orchestrator.agents import AgentTask, TaskDispatcher, TaskResult, created_e
 from orchestrator.config import Settings
 from orchestrator.events import NewEvent
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler._jobs import WAKE_CHANNEL, Job, JobStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class SchedulerService:
         *,
         clock: Callable[[], float] = time.time,
         name: str = "scheduler",
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._dispatcher = dispatcher
@@ -63,6 +65,7 @@ class SchedulerService:
         self._dsn = dsn
         self._clock = clock
         self.name = name
+        self._on_restart = on_restart
         self._wake = asyncio.Event()
         self._runs: set[asyncio.Task[None]] = set()
         self._inflight: set[int] = set()  # run ids this scheduler is waiting on
@@ -81,23 +84,25 @@ class SchedulerService:
         self._wake.set()
 
     async def run_forever(self) -> None:
-        """Wait for the lease, then schedule until cancelled. A lost database connection
-        gives the lease up; the loop takes it again when it can."""
+        """Wait for the lease, then schedule until cancelled, under a Supervisor: a lost
+        lease or database connection gives the lease up and the loop takes it again when
+        it can; anything unexpected (a bug) is logged with its traceback, counted
+        (`on_restart`) and the loop restarted with backoff."""
+        supervisor = Supervisor(self.name, on_restart=self._on_restart, base_delay=LEASE_RETRY_S)
+        try:
+            await supervisor.spawn("scheduler", self._sessions)
+        finally:
+            await supervisor.aclose()
+
+    async def _sessions(self) -> None:
         while True:
             try:
                 await self._hold_lease_and_run()
-            except asyncio.CancelledError:
-                raise
             except StaleClaim as exc:
                 log.warning("%s: lost the lease (%s); standing by", self.name, exc)
                 await asyncio.sleep(LEASE_RETRY_S)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("%s: database trouble (%r); starting over", self.name, exc)
-                self.active = False
-                await asyncio.sleep(LEASE_RETRY_S)
-            except Exception:  # a bug must not stop scheduling for good
-                log.exception("%s: unexpected failure; starting over", self.name)
-                self.active = False
                 await asyncio.sleep(LEASE_RETRY_S)
             finally:
                 await self._release()

@@ -148,3 +148,36 @@ async def test_a_deposed_scheduler_dispatches_nothing(make_settings: Any, db: Da
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
+
+
+class _BrokenOnce(JobStore):
+    """The real store whose first look at what is due fails with a bug."""
+
+    failed = False
+
+    async def due(self, now: int, limit: int) -> list[Job]:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("a bug in the tick")
+        return await super().due(now, limit)
+
+
+async def test_a_failing_tick_is_restarted_and_counted(make_settings: Any, db: Database) -> None:
+    settings = make_settings(timer_clamp_ms=200)
+    assert settings.database_url
+    store = _BrokenOnce(db.pool, EventStore(db.pool))
+    restarts: list[str] = []
+    recorder = _Recorder()
+    service = SchedulerService(
+        store, recorder, settings, settings.database_url, on_restart=restarts.append
+    )
+    await _due_job(store, db, "after")
+    runner = asyncio.create_task(service.run_forever())
+    try:
+        await asyncio.wait_for(_seen(recorder, 1), 20)
+        assert restarts == ["scheduler"]
+        assert [t.prompt for t in recorder.seen] == ["after"]
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await service.shutdown()
