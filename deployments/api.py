@@ -211,12 +211,21 @@ def create_app(
         scheduler: SchedulerService | None = None
         if run_scheduler:
             scheduler = SchedulerService(
-                ctx.jobs, dispatcher, settings, settings.database_url or ""
+                ctx.jobs,
+                dispatcher,
+                settings,
+                settings.database_url or "",
+                on_restart=ctx.recorder.background_restart,
             )
             stack.push_async_callback(scheduler.shutdown)
         runner = workflow_runner
         if runner is None:
-            engine = WorkflowEngine(ctx.workflows, dispatcher, settings)
+            engine = WorkflowEngine(
+                ctx.workflows,
+                dispatcher,
+                settings,
+                supervisor=Supervisor("workflows", on_restart=ctx.recorder.background_restart),
+            )
             stack.push_async_callback(engine.close)
             await engine.resume_unfinished()
             runner = engine
