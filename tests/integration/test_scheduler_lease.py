@@ -171,9 +171,15 @@ async def test_a_failing_tick_is_restarted_and_counted(make_settings: Any, db: D
     service = SchedulerService(
         store, recorder, settings, settings.database_url, on_restart=restarts.append
     )
-    await _due_job(store, db, "after")
     runner = asyncio.create_task(service.run_forever())
     try:
+        # Its first tick fails: the loop is restarted (after a backoff) and counted.
+        deadline = time.monotonic() + 20
+        while not restarts:
+            assert time.monotonic() < deadline, "no restart reported"
+            await asyncio.sleep(0.02)
+        await _due_job(store, db, "after")
+        service.poke()
         await asyncio.wait_for(_seen(recorder, 1), 20)
         assert restarts == ["scheduler"]
         assert [t.prompt for t in recorder.seen] == ["after"]
