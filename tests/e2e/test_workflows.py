@@ -268,6 +268,15 @@ def test_kill_shards_and_a_worker_while_20_workflows_run(service: Orchestrator) 
         assert retried >= 1  # the shards died mid-step: steps were dispatched again
         crashed = c.get("/events", params={"types": "worker.crashed", "limit": 100}).json()
         assert crashed["total"] >= 1
+        # A step attempt's task ran at most once, even on the worker that was killed: its
+        # step ran again as a new attempt (a new task id), never the same attempt twice.
+        dispatched = c.get("/events", params={"types": "task.dispatched", "limit": 1000}).json()
+        ours = Counter(
+            e["data"]["task_id"]
+            for e in dispatched["data"]
+            if e["data"].get("workflow_id") in set(ids)
+        )
+        assert ours and max(ours.values()) == 1, [t for t, n in ours.items() if n > 1]
 
 
 def test_service_restart_resumes_unfinished_workflows(service: Orchestrator) -> None:
