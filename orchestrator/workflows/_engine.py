@@ -109,6 +109,8 @@ class WorkflowEngine:
         self._fences: dict[str, Fence] = {}
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._progress: dict[str, int] = {}
+        # Drivers that began with the workflow already ending: a cancel needs no interrupt.
+        self._knows_ending: set[str] = set()
         self._listening = asyncio.Event()
         self._loops_started = False
         self._closed = False
@@ -266,7 +268,11 @@ class WorkflowEngine:
         if what == "done":
             for event in self._waiters.get(workflow_id, ()):
                 event.set()
-        elif what == "cancel" and self._driver(workflow_id) is not None:
+        elif (
+            what == "cancel"
+            and self._driver(workflow_id) is not None
+            and workflow_id not in self._knows_ending
+        ):
             self._sup.spawn(
                 f"{_INTERRUPT}{workflow_id} {uuid.uuid4().hex[:6]}",
                 lambda: self._interrupt(workflow_id),
@@ -337,6 +343,7 @@ class WorkflowEngine:
             await asyncio.gather(renewer, return_exceptions=True)
             self._fences.pop(workflow_id, None)
             self._progress.pop(workflow_id, None)
+            self._knows_ending.discard(workflow_id)
             with contextlib.suppress(Exception):
                 # Shielded: a cancelled driver (shutdown) still hands its claim back.
                 await asyncio.shield(self._claims.release(fence))
@@ -423,6 +430,8 @@ class WorkflowEngine:
         record = await self._store.load(workflow_id)
         if record is None or record.finished:
             return
+        if record.ending is not None:
+            self._knows_ending.add(workflow_id)  # compensating: a late cancel NOTIFY is old
         if record.status == WorkflowState.PENDING and record.ending is None:
             record = await self._store.mark_started(workflow_id, fence)
         while record.ending is None:
