@@ -10,6 +10,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,7 @@ NOTIFY_COALESCE_S = 0.005
 # therefore stops at the horizon (`events_horizon()`, read in an earlier statement than the
 # rows): nothing at or below it can still appear, so a reader that has seen position N never
 # later finds a smaller one and following the store by position skips nothing.
+GROUP_WRITERS = 3  # group-commit writers at once, per store
 WRITER_LINGER_S = 0.05  # the group-commit writer waits this long for more before it ends
 _COLUMNS = "position, id, type, version, aggregate_id, seq, timestamp, data, user_uuid"
 
@@ -108,8 +110,10 @@ class EventStore:
         self._pre: list[PreCommitHook] = []
         self._post: list[PostCommitHook] = []
         self._queue: list[tuple[list[_Prepared], asyncio.Future[list[Event]]]] = []
-        self._writer: asyncio.Task[None] | None = None
-        self._more = asyncio.Event()  # more queued while the writer lingers
+        self._writers: set[asyncio.Task[None]] = set()
+        self._committing = 0  # writers inside a commit
+        self._busy: Counter[str] = Counter()  # aggregates in flight
+        self._more = asyncio.Event()  # more queued, or an aggregate freed
         self._in_flight = False
         self._notify_due = False  # a NOTIFY is owed; the notifier sends it
         self._notified_at = -1.0  # monotonic time of the last one sent
@@ -152,9 +156,11 @@ class EventStore:
     ) -> list[Event]:
         """Append in a transaction of its own.
 
-        Concurrent calls in this process are group-committed: whoever finds no write in
-        flight writes everything queued so far in one transaction, so N writers cost one
-        commit (one WAL flush) instead of N, and a lone writer waits for nobody.
+        Concurrent calls in this process are group-committed: a writer takes everything
+        queued so far into one transaction, so N callers cost one commit (one WAL flush)
+        instead of N, and a lone caller waits for nobody. Up to GROUP_WRITERS such
+        transactions are in flight at once, never two with the same aggregate (an append
+        to a busy aggregate waits; the others do not wait behind it).
         """
         if expected_seq is not None:
             async with self.transaction() as tx:
@@ -167,8 +173,9 @@ class EventStore:
         return await asyncio.shield(self._enqueue(prepared))
 
     def enqueue(self, events: Sequence[NewEvent]) -> asyncio.Future[list[Event]]:
-        """Queue events for the next group commit now, without waiting: batches enqueued one
-        after another commit in that order (often in one transaction). Validation happens
+        """Queue events for the next group commit now, without waiting: batches of one
+        aggregate enqueued one after another commit in that order (often in one
+        transaction); different aggregates' may commit in either order. Validation happens
         here (an invalid event raises at once). Needs no pre-commit hooks, which may await."""
         if self._pre:
             raise RuntimeError("enqueue() cannot run pre-commit hooks; use append()")
@@ -180,45 +187,75 @@ class EventStore:
             done.set_result([])
             return done
         self._queue.append((prepared, done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_queued())
-        else:
-            self._more.set()
+        self._more.set()
+        # Another writer only when every writer is inside a commit: one that is lingering
+        # or finishing up (hooks, NOTIFY) takes this itself, cheaper than a new one.
+        if self._committing == len(self._writers) < GROUP_WRITERS:
+            self._writers.add(asyncio.create_task(self._write_queued()))
         return done
 
+    def _take(self) -> list[tuple[list[_Prepared], asyncio.Future[list[Event]]]]:
+        """The queued appends this writer may commit now: in queue order, skipping any that
+        shares an aggregate with an append in flight or with one skipped before it (so one
+        aggregate's appends commit in the order they were queued)."""
+        taken, kept = [], []
+        blocked = {a for a, n in self._busy.items() if n}
+        for item in self._queue:
+            aggregates = {aggregate for _, aggregate, _ in item[0]}
+            if aggregates & blocked:
+                blocked |= aggregates
+                kept.append(item)
+            else:
+                taken.append(item)
+        self._queue = kept
+        self._busy.update(a for prepared, _ in taken for _, a, _ in prepared)
+        return taken
+
     async def _write_queued(self) -> None:
-        """The group-commit writer. It keeps one connection and lingers a little when the
-        queue is empty: a writer appending in a loop then pays neither a pool checkout nor
-        a new task per commit (those cost about as much client CPU as the INSERT itself)."""
+        """A group-commit writer (up to GROUP_WRITERS at once, each with its own
+        connection, so one commit's round trips overlap another's). It keeps its connection
+        and lingers a little when there is nothing to take: a writer appending in a loop
+        then pays neither a pool checkout nor a new task per commit."""
+        me = asyncio.current_task()
+        assert me is not None
         try:
             async with self._pool.acquire() as conn:
                 while True:
-                    if not self._queue:
+                    batch = self._take()
+                    if not batch:
                         self._more.clear()
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._more.wait(), WRITER_LINGER_S)
-                        if not self._queue:
-                            # With no await since the last look at the queue: whatever is
-                            # enqueued from now on (while we release) starts a new writer.
-                            self._writer = None
+                        batch = self._take()
+                        if not batch:
+                            # With no await since the last look at the queue: what is
+                            # enqueued from now on (while we release) finds us gone.
+                            self._writers.discard(me)
                             return
-                    batch, self._queue = self._queue, []
-                    results = await self._write_batch(conn, batch)
+                    self._committing += 1
+                    try:
+                        results = await self._write_batch(conn, batch)
+                    finally:
+                        self._committing -= 1
+                        self._busy.subtract(a for prepared, _ in batch for _, a, _ in prepared)
+                        self._more.set()  # what waited behind these aggregates may go now
                     self._settle(batch, results)
                     committed = [e for r in results if not isinstance(r, BaseException) for e in r]
                     await self._after_commit(committed)
                     if committed:
                         await self._notify_after_commit(conn)
                     if any(isinstance(r, BaseException) for r in results):
-                        self._writer = None  # maybe a broken connection: start afresh
+                        self._writers.discard(me)  # maybe a broken connection: start afresh
                         break
         except Exception as exc:  # noqa: BLE001 - no connection: handed to the waiting callers
-            if self._writer is asyncio.current_task():
-                self._writer = None
-            batch, self._queue = self._queue, []
-            self._settle(batch, [exc] * len(batch))
-        if self._queue and self._writer is None:
-            self._writer = asyncio.create_task(self._write_queued())
+            self._writers.discard(me)
+            if not self._writers:
+                batch, self._queue = self._queue, []
+                self._settle(batch, [exc] * len(batch))
+        finally:
+            self._writers.discard(me)
+        if self._queue and not self._writers:
+            self._writers.add(asyncio.create_task(self._write_queued()))
 
     @staticmethod
     def _settle(

@@ -319,6 +319,9 @@ async def test_same_aggregate_appends_wait_for_each_other(db: Database) -> None:
         async with store.transaction() as third:  # (not group-committed behind `second`)
             [other] = await asyncio.wait_for(third.append([task_event("other-agg")]), 5)
         assert other.seq == 1 and other.position > a.position
+        # Group-committed too: another writer takes it while `second` waits.
+        [grouped] = await asyncio.wait_for(store.append([task_event("grouped-agg")]), 5)
+        assert grouped.seq == 1
     [b] = await asyncio.wait_for(second, timeout=5)
     assert (a.seq, b.seq) == (1, 2) and a.position < b.position
 
@@ -442,3 +445,21 @@ async def test_the_horizon_across_the_lock_keys_32_bit_wrap(db: Database, start:
         assert await store.read_after(start) == []
     assert [e.position for e in await store.read_after(start)] == [held.position, quick.position]
     assert await store.head() == quick.position
+
+
+async def test_enqueued_batches_of_one_aggregate_commit_in_order(db: Database) -> None:
+    """Group commit runs several writers at once, but one aggregate's batches still commit
+    in the order they were queued (the agent runner relies on it), whatever else is queued
+    between them."""
+    store = EventStore(db.pool)
+    futures = []
+    for i in range(60):
+        futures.append(store.enqueue([task_event(f"ord-{i % 3}", "task.dispatched", note=str(i))]))
+        if i % 7 == 0:
+            await asyncio.sleep(0)  # let writers start and take partial queues
+    events = [e for f in futures for e in await asyncio.wait_for(f, 10)]
+    for agg in ("ord-0", "ord-1", "ord-2"):
+        mine = [e for e in events if e.aggregate_id == agg]
+        assert [e.seq for e in mine] == list(range(1, 21))
+        assert [e.position for e in mine] == sorted(e.position for e in mine)
+        assert [int(e.data["note"]) for e in mine] == sorted(int(e.data["note"]) for e in mine)
