@@ -199,7 +199,7 @@ class EventStore:
         shares an aggregate with an append in flight or with one skipped before it (so one
         aggregate's appends commit in the order they were queued)."""
         taken, kept = [], []
-        blocked = {a for a, n in self._busy.items() if n}
+        blocked = set(self._busy)
         for item in self._queue:
             aggregates = {aggregate for _, aggregate, _ in item[0]}
             if aggregates & blocked:
@@ -237,7 +237,10 @@ class EventStore:
                         results = await self._write_batch(conn, batch)
                     finally:
                         self._committing -= 1
-                        self._busy.subtract(a for prepared, _ in batch for _, a, _ in prepared)
+                        for _, aggregate, _ in (p for prepared, _ in batch for p in prepared):
+                            self._busy[aggregate] -= 1
+                            if self._busy[aggregate] <= 0:
+                                del self._busy[aggregate]
                         self._more.set()  # what waited behind these aggregates may go now
                     self._settle(batch, results)
                     committed = [e for r in results if not isinstance(r, BaseException) for e in r]
