@@ -3,6 +3,7 @@ hub is briefly away (kept and sent first next time, up to a bound)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from orchestrator.observability._recorder import MetricsRecorder, MetricsSnapshot
@@ -19,11 +20,15 @@ class MetricsPusher:
         self.recorder = recorder
         self._sink = sink
         self._unsent: list[MetricsSnapshot] = []
+        # One flush at a time: the periodic flush and a /metrics request flushing first
+        # would otherwise both push the oldest snapshot (counted twice) and pop twice.
+        self._lock = asyncio.Lock()
 
     async def flush(self) -> None:
         """Drain the recorder and push everything not yet accepted, oldest first."""
-        self._unsent.append(self.recorder.drain())
-        del self._unsent[:-MAX_UNSENT_SNAPSHOTS]
-        while self._unsent:
-            await self._sink.push(self._unsent[0])
-            self._unsent.pop(0)
+        async with self._lock:
+            self._unsent.append(self.recorder.drain())
+            del self._unsent[:-MAX_UNSENT_SNAPSHOTS]
+            while self._unsent:
+                await self._sink.push(self._unsent[0])
+                self._unsent.pop(0)
