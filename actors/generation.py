@@ -28,6 +28,7 @@ from actors.channel_hub import KIND as HUB
 from actors.channel_hub import ChannelHub
 from actors.event_bus import KIND as BUS
 from actors.event_bus import EventBus
+from actors.inference import KIND as INSTANCE
 from actors.metrics import KIND as METRICS
 from actors.metrics import Metrics
 from actors.scheduler import KIND as SCHEDULER
@@ -200,6 +201,21 @@ async def drain(members_: Iterable[Member], handles: dict[str, Any], timeout_s: 
     for handle in handles.values():
         with contextlib.suppress(Exception):
             ray.kill(handle, no_restart=True)
+
+
+async def stop_instances(app: str, reason: str, timeout_s: float) -> None:
+    """Stop the application's inference instances the way a user's stop does (the server
+    ends, the record says stopped), within `timeout_s`; the sweep kills what remains."""
+    prefix = f"{app_prefix(app)}{INSTANCE}-"
+
+    def send() -> list[Any]:  # name lookups block: off the event loop
+        calls: list[Any] = []
+        for name in alive_names(prefix):
+            with contextlib.suppress(ValueError, AttributeError):  # gone meanwhile; not one
+                calls.append(ray.get_actor(name, namespace=NAMESPACE).stop.remote(reason))
+        return calls
+
+    await _bounded(await asyncio.to_thread(send), timeout_s, "inference instances")
 
 
 def sweep(app: str) -> list[str]:

@@ -22,7 +22,15 @@ from ray import serve
 from ray.serve.schema import ApplicationStatus
 
 from actors import Generation
-from actors.generation import Member, create, drain, members, replace_missing, sweep
+from actors.generation import (
+    Member,
+    create,
+    drain,
+    members,
+    replace_missing,
+    stop_instances,
+    sweep,
+)
 from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.observability import MetricsPusher, MetricsRecorder
@@ -32,8 +40,10 @@ log = logging.getLogger(__name__)
 
 # How often the replica makes sure every member of its generation exists.
 KEEP_S = 2.0
-# What Serve grants `__del__` beyond the drain itself (killing, the inference sweep).
-SHUTDOWN_MARGIN_S = 15.0
+# What an application's deletion gives its inference instances to stop.
+INSTANCE_STOP_S = 10.0
+# What Serve grants `__del__` beyond the drain itself (killing, inference instances).
+SHUTDOWN_MARGIN_S = INSTANCE_STOP_S + 10.0
 
 
 def _app_deleting(app: str) -> bool:
@@ -91,7 +101,9 @@ class Runtime:
         deleting = await asyncio.to_thread(_app_deleting, self._generation.app)
         await drain(self._members, self._handles, self._settings.generation_drain_s)
         if deleting:
-            killed = await asyncio.to_thread(sweep, self._generation.app)
+            app = self._generation.app
+            await stop_instances(app, "application deleted", INSTANCE_STOP_S)
+            killed = await asyncio.to_thread(sweep, app)
             log.info("application %s deleted: killed %s", self._generation.app, killed)
         log.info("generation %s drained and killed", self._generation.prefix)
 

@@ -73,6 +73,10 @@ class Cluster:
     env: dict[str, str]
     database_url: str
     llm: OpenAIFake
+    temp_dir: str
+    # Serve's proxy keeps the port of the first service started on the cluster: every
+    # service of the module uses it.
+    http_port: int = field(default_factory=free_port)
 
     def driver(self, code: str, timeout: float = 300) -> Any:
         """Run `code` (after PRELUDE) in a driver joined to the cluster; its last line, JSON."""
@@ -93,8 +97,11 @@ class Cluster:
 class Service:
     cluster: Cluster
     work: Path
-    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return self.cluster.http_port
 
     @property
     def url(self) -> str:
@@ -178,7 +185,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             env["ORCH_DATABASE_URL"] = database_url
             env["ORCH_REDIS_URL"] = redis.start()
             start_head(env, gcs_port, temp_dir)
-            yield Cluster(root, f"127.0.0.1:{gcs_port}", env, database_url, llm)
+            yield Cluster(root, f"127.0.0.1:{gcs_port}", env, database_url, llm, temp_dir)
     finally:
         _stop_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -207,14 +214,19 @@ def service(cluster: Cluster, holder: dict[str, Service]) -> Service:
     return current
 
 
-def _replicas(deployment: str) -> list[psutil.Process]:
+def _replicas(cluster: Cluster, deployment: str) -> list[psutil.Process]:
+    """The live replica processes of `deployment` on this module's cluster (descendants of
+    its `ray start` processes: other services on the machine have replicas too)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if cmd and cmd[0].startswith(f"ray::ServeReplica:orchestrator:{deployment}"):
-            with contextlib.suppress(psutil.Error):
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p)
+    for root in psutil.process_iter(["cmdline"]):
+        if cluster.temp_dir not in " ".join(root.info["cmdline"] or []):
+            continue
+        with contextlib.suppress(psutil.Error):
+            for p in root.children(recursive=True):
+                cmd = p.cmdline()
+                if cmd and cmd[0].startswith(f"ray::ServeReplica:orchestrator:{deployment}"):
+                    if p.status() != psutil.STATUS_ZOMBIE and p not in found:
+                        found.append(p)
     return found
 
 
@@ -295,10 +307,10 @@ def test_replicas_restarting_make_no_second_generation(service: Service) -> None
     before = service.cluster.driver(LIST)
     assert before and len({_version(n) for n in before}) == 1
     # The ingress replica dies: Serve starts another; it finds the generation, makes none.
-    [api] = _replicas("Api")
+    [api] = _replicas(service.cluster, "Api")
     api.kill()
     deadline = time.monotonic() + 120
-    while not [p for p in _replicas("Api") if p.pid != api.pid]:
+    while not [p for p in _replicas(service.cluster, "Api") if p.pid != api.pid]:
         assert time.monotonic() < deadline, "Serve did not replace the Api replica"
         time.sleep(0.5)
     with service.client() as c:
@@ -311,7 +323,7 @@ def test_replicas_restarting_make_no_second_generation(service: Service) -> None
     assert service.cluster.driver(LIST) == before
     # The Runtime replica dies: its actors die with it (they are not detached), and its
     # replacement creates the same generation again: the same names, one set of them.
-    [runtime] = _replicas("Runtime")
+    [runtime] = _replicas(service.cluster, "Runtime")
     runtime.kill()
     again = service.cluster.driver(
         f"""
@@ -352,3 +364,35 @@ def test_shutdown_leaves_no_actor_and_no_job_fires(
     time.sleep(5)
     assert asyncio.run(runs()) == counted
     assert len(cluster.llm.chat_requests) == hits
+
+
+DELETE = """
+from ray import serve
+
+@ray.remote(num_cpus=0)
+class Probe:  # stands in for an inference instance: detached, outlives generations
+    def ping(self):
+        return "pong"
+
+    def stop(self, reason):
+        return "stopped"
+
+probe = Probe.options(
+    name="orch-orchestrator-InferenceInstance-probe", namespace="orchestrator",
+    lifetime="detached",
+).remote()
+ray.get(probe.ping.remote())
+generation = [n for n in ours() if "InferenceInstance" not in n]
+serve.delete("orchestrator")
+wait(lambda: ours() == [], 60, "no actor of ours alive")
+print(json.dumps({"generation": generation, "left": ours()}))
+"""
+
+
+def test_serve_delete_leaves_no_actor(service: Service, holder: dict[str, Service]) -> None:
+    """Serve's own `delete` (no `orchestrator serve` involved): the Runtime replica drains
+    and kills its generation and, the application being deleted, the inference instances."""
+    got = service.cluster.driver(DELETE)
+    assert got["generation"] and got["left"] == []
+    assert service.stop() == 0
+    holder.pop("service", None)
