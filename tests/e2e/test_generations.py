@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,10 @@ pytestmark = pytest.mark.e2e
 PRELUDE = """
 import json, sys, time
 import ray
-ray.init(address=sys.argv[1], namespace="orchestrator", logging_level="ERROR")
+# The cluster's own output (raylet warnings, actor logs) stays off this driver's stdout,
+# whose last line is the result.
+ray.init(address=sys.argv[1], namespace="orchestrator", logging_level="ERROR",
+         log_to_driver=False)
 
 def ours():
     return sorted(
@@ -239,17 +243,23 @@ was = ray.get(worker.describe.remote())
 old = f"orch-orchestrator-{was['generation'][:8]}-"
 scheduler = ray.get_actor(next(n for n in before if n.endswith("-Scheduler")))
 settings = ray.get(scheduler.settings.remote())
-new = settings.model_copy(update={"provider_retries": 4, "agent_worker_cpus": 0.05})
+new = settings.model_copy(update={"provider_retries": 4, "agent_worker_cpus": 0.05,
+                                  "workflow_shards": settings.workflow_shards + 1})
 serve.run(build_app({"settings": new}), name=APP_NAME, route_prefix="/", blocking=False)
 after = wait(lambda: (n := ours()) and not any(x.startswith(old) for x in n)
              and sum("-AgentWorker-" in x for x in n) == new.agent_workers and n, 240,
              "the old generation to go and the new one to come")
 reports = [ray.get(ray.get_actor(n).describe.remote()) for n in after if "-AgentWorker-" in n]
-print(json.dumps({"before": before, "after": after, "was": was, "reports": reports}))
+print(json.dumps({"before": before, "after": after, "was": was, "reports": reports,
+                  "shards": new.workflow_shards}))
 """
 
 
 def test_redeploy_reaches_the_workers_and_retires_the_old_generation(service: Service) -> None:
+    """A redeploy with changed settings, `workflow_shards` among them (re-sharding while a
+    workflow runs): new actors with the new settings, none of the old generation, and the
+    workflow in flight moves to the new shards through its claim: completed, no step lost,
+    no step attempt's task dispatched twice."""
     with service.client() as c:
         # A workflow whose steps run across the redeploy.
         r = c.post(
@@ -270,7 +280,9 @@ def test_redeploy_reaches_the_workers_and_retires_the_old_generation(service: Se
     # The same actors, under the new version only: none of the old one is alive.
     assert not [n for n in after if n.startswith(old)]
     assert {_version(n) for n in after} == {got["reports"][0]["generation"][:8]}
-    assert sorted(_kind(n) for n in after) == sorted(_kind(n) for n in before)
+    others = sorted(_kind(n) for n in before if "WorkflowShard" not in n)
+    assert sorted(_kind(n) for n in after if "WorkflowShard" not in n) == others
+    assert sum("-WorkflowShard-" in n for n in after) == got["shards"]
     assert len(got["reports"]) == 2
     for report in got["reports"]:
         assert report["generation"] != was["generation"]
@@ -288,6 +300,11 @@ def test_redeploy_reaches_the_workers_and_retires_the_old_generation(service: Se
             time.sleep(0.5)
         assert body["status"] == "completed", body
         assert [s["status"] for s in body["steps"]] == ["completed"] * 4
+        dispatched = c.get("/events", params={"types": "task.dispatched", "limit": 1000}).json()
+        tasks = Counter(
+            e["data"]["task_id"] for e in dispatched["data"] if e["data"].get("workflow_id") == wid
+        )
+        assert len(tasks) >= 4 and max(tasks.values()) == 1, tasks
 
 
 def _version(name: str) -> str:
