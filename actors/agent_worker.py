@@ -48,6 +48,11 @@ class AttemptLost(RuntimeError):
     attempt is not sent again; the engine retries the step as a new attempt."""
 
 
+class WorkerDraining(RuntimeError):
+    """The worker refused the task before starting it (its generation is being replaced):
+    nothing of it ran, so it may be sent to another worker under the same attempt."""
+
+
 def worker_name(index: int) -> str:
     return f"agent-worker-{index}"
 
@@ -164,7 +169,7 @@ class AgentWorker:
     async def run(self, task: AgentTask) -> TaskResult:
         if self._draining:
             # A RayTaskError at the caller: it sends the task to another worker.
-            raise RuntimeError(f"{self._id} is draining (its generation is being replaced)")
+            raise WorkerDraining(f"{self._id} is draining (its generation is being replaced)")
         runner = await self._boot
         self._active += 1
         self._idle.clear()
@@ -234,9 +239,14 @@ class RayDispatcher:
                     raise AttemptLost(f"{worker_name(index)} died running {task.task_id}") from exc
             except RayTaskError as exc:
                 # The runner returns the task's own failures as results: this is the
-                # worker's (its database went away mid-task...). Run it again elsewhere.
+                # worker's (its database went away mid-task...). Refused before it started
+                # (draining): run it elsewhere. Failed mid-task: its tool calls may have
+                # run, so a workflow step attempt is not sent again (a new attempt is).
                 last_error = f"{worker_name(index)} failed running it: {exc}"[:2000]
                 log.warning("%s", last_error)
+                refused = isinstance(exc.cause, WorkerDraining)
+                if not refused and task.workflow_id is not None and task.idempotency_key:
+                    raise AttemptLost(last_error) from exc
             finally:
                 self._inflight[index] -= 1
         return TaskResult(
