@@ -6,7 +6,14 @@ the API process runs one for all.
 Durable at every step: the item is in Postgres before the webhook was answered; its answer and
 the conversation turns are written in one transaction before delivery starts; a relay that
 restarts picks up whatever is still `pending` (answer again) or `sending` (deliver again).
-Items of one conversation are handled in order, one at a time."""
+Items of one conversation are handled in order, one at a time.
+
+Ownership (orchestrator/runtime/claims.py): a relay handles an item only under its claim
+(kind `channel_item`, keyed by the inbox id), and every write of the item checks that claim's
+epoch in its transaction. A relay whose claim ran out and was taken over (a paused process,
+an old hub generation) gets StaleClaim on its next write or renewal, writes nothing and
+stops handling the item; the new holder finishes it. The claim is renewed right before a
+delivery, so a message goes out at most once per holder."""
 
 from __future__ import annotations
 
@@ -27,8 +34,9 @@ from orchestrator.channels._platforms import (
     send_telegram,
     send_webhook,
 )
-from orchestrator.channels._store import Channel, ChannelStore, InboxItem
+from orchestrator.channels._store import CLAIM_KIND, Channel, ChannelStore, InboxItem
 from orchestrator.config import Settings
+from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -68,8 +76,8 @@ class ChannelRelay:
         shards: int = 1,
         name: str = "local",
     ) -> None:
-        """`name` identifies this relay's claims: a relay restarted under the same name
-        takes its own claims back at once."""
+        """`name` owns this relay's claims: a relay restarted under the same name takes its
+        predecessor's claims back at once (with a new epoch, fencing the predecessor off)."""
         self._store = store
         self._dispatcher = dispatcher
         self._settings = settings
@@ -77,8 +85,13 @@ class ChannelRelay:
         self._shard = shard
         self._shards = shards
         self._name = name
-        # Longer than any agent task plus its delivery, so a live claim never runs out.
+        # Longer than any agent task plus its delivery, so a live claim never runs out while
+        # its item is handled (renewed after a wait for the conversation, before a delivery,
+        # and by run_forever while held).
         self._lease_s = max(600.0, settings.agent_task_timeout_s + 120.0)
+        self._claims = ClaimStore(store.pool, int(self._lease_s * 1000))
+        self._fences: dict[int, Fence] = {}
+        self._renewed = time.monotonic()
         self._wake = asyncio.Event()
         self._inflight: dict[int, asyncio.Task[str | None]] = {}
         self._conversations: dict[tuple[str, str], asyncio.Lock] = {}
@@ -100,6 +113,7 @@ class ChannelRelay:
         """Pick up due items (new ones, retries, leftovers of a restart) until cancelled."""
         while True:
             try:
+                await self._renew_held()
                 for inbox_id in await self._store.due(self._shard, self._shards, self._name):
                     self._start(inbox_id)
                 nxt = await self._store.next_due(self._shard, self._shards)
@@ -112,6 +126,16 @@ class ChannelRelay:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _renew_held(self) -> None:
+        """Every third of the lease, renew the claims of the items in hand (one may wait
+        long for its conversation). A lost one is left to its next write to notice."""
+        if time.monotonic() - self._renewed < self._lease_s / 3:
+            return
+        self._renewed = time.monotonic()
+        for fence in list(self._fences.values()):
+            with contextlib.suppress(StaleClaim):
+                await self._claims.renew(fence)
 
     async def close(self) -> None:
         tasks = list(self._inflight.values())
@@ -134,14 +158,12 @@ class ChannelRelay:
             return await self._process(inbox_id)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            # Retried later with backoff and counted like a failed delivery (given up after
-            # channel_delivery_attempts): never at once, so a poisoned item cannot spin.
+        except StaleClaim as exc:
+            # Taken over (our claim ran out): the new holder finishes it. Not a failure.
+            log.info("channel item %s: no longer ours, stopping (%s)", inbox_id, exc)
+            return None
+        except Exception:  # the database itself may be down: picked up again when due
             log.exception("channel item %s", inbox_id)
-            with contextlib.suppress(Exception):  # the database itself may be down
-                item = await self._store.item(inbox_id)
-                if item is not None:
-                    await self._charge(item, DeliveryFailed(type(exc).__name__, retryable=True))
             return None
         finally:
             self._wake.set()
@@ -150,29 +172,47 @@ class ChannelRelay:
         item = await self._store.item(inbox_id)
         if item is None or item.state in ("done", "failed"):
             return item.answer if item is not None else None
-        if not await self._store.claim(inbox_id, self._name, self._lease_s):
+        fence = await self._claims.acquire(CLAIM_KIND, str(inbox_id), self._name)
+        if fence is None:
             return None  # another relay has it
+        self._fences[inbox_id] = fence
         try:
-            return await self._in_order(item)
+            return await self._in_order(item, fence)
+        except (asyncio.CancelledError, StaleClaim):
+            raise
+        except Exception as exc:
+            # Retried later with backoff and counted like a failed delivery (given up after
+            # channel_delivery_attempts): never at once, so a poisoned item cannot spin.
+            log.exception("channel item %s", inbox_id)
+            fresh = await self._store.item(inbox_id)
+            if fresh is not None:
+                await self._charge(fresh, DeliveryFailed(type(exc).__name__, retryable=True), fence)
+            return None
         finally:
+            self._fences.pop(inbox_id, None)
             with contextlib.suppress(Exception):
-                await self._store.release(inbox_id, self._name)
+                # Usually released already, by the write that ended our handling of it.
+                # Shielded: a cancelled relay (drain, shutdown) still hands the claim back.
+                await asyncio.shield(self._claims.release(fence))
 
-    async def _in_order(self, item: InboxItem) -> str | None:
+    async def _in_order(self, item: InboxItem, fence: Fence) -> str | None:
         inbox_id = item.id
         key = (item.channel_id, item.conversation)
         lock = self._conversations.setdefault(key, asyncio.Lock())
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
+            waited = lock.locked()
             async with lock:
-                return await self._process_locked(inbox_id)
+                if waited:  # earlier items of the conversation may have taken long
+                    await self._claims.renew(fence)
+                return await self._process_locked(inbox_id, fence)
         finally:
             self._waiting[key] -= 1
             if not self._waiting[key]:  # nobody else waits on this conversation
                 del self._waiting[key]
                 self._conversations.pop(key, None)
 
-    async def _process_locked(self, inbox_id: int) -> str | None:
+    async def _process_locked(self, inbox_id: int, fence: Fence) -> str | None:
         item = await self._store.item(inbox_id)  # fresh, now that it is our turn
         if item is None or item.state in ("done", "failed"):
             return item.answer if item is not None else None
@@ -180,13 +220,13 @@ class ChannelRelay:
         if channel is None:
             return None  # deleted meanwhile: its inbox went with it
         if item.state == "pending":
-            item = await self._answer(channel, item)
+            item = await self._answer(channel, item, fence)
         if item.state == "sending":
-            await self._deliver(channel, item)
+            await self._deliver(channel, item, fence)
         self.processed += 1
         return item.answer
 
-    async def _answer(self, channel: Channel, item: InboxItem) -> InboxItem:
+    async def _answer(self, channel: Channel, item: InboxItem, fence: Fence) -> InboxItem:
         history = await self._store.history(
             channel.id, item.conversation, self._settings.channel_history_turns
         )
@@ -219,15 +259,17 @@ class ChannelRelay:
         deliver = not item.reply.get("sync") and not (
             channel.type == "webhook" and not channel.config.get("callback_url")
         )
-        await self._store.answered(item, answer, task_id, deliver=deliver)
+        await self._store.answered(item, answer, task_id, deliver=deliver, fence=fence)
         fresh = await self._store.item(item.id)
         assert fresh is not None
         return fresh
 
-    async def _deliver(self, channel: Channel, item: InboxItem) -> None:
+    async def _deliver(self, channel: Channel, item: InboxItem, fence: Fence) -> None:
         assert item.answer is not None
         sender = SENDERS[channel.type]
         base = self._settings.channel_api_base_urls.get(channel.type)
+        # Still ours, for a whole lease from now: no other relay sends this meanwhile.
+        await self._claims.renew(fence)
         try:
             # webhook_url is kept with the secrets (it is a credential): senders see it all.
             config = {**channel.config, **channel.secrets}
@@ -235,13 +277,14 @@ class ChannelRelay:
                 self._http, config, channel.secrets, item.reply, item.answer, base_url=base
             )
         except DeliveryFailed as exc:
-            await self._charge(item, exc)
+            await self._charge(item, exc, fence)
             return
-        await self._store.sent(item.id)
+        await self._store.sent(item.id, fence=fence)
         await self._store.delivered(channel.id)
 
-    async def _charge(self, item: InboxItem, exc: DeliveryFailed) -> None:
-        """Retry later with backoff, or give up; count it against the channel."""
+    async def _charge(self, item: InboxItem, exc: DeliveryFailed, fence: Fence) -> None:
+        """Retry later with backoff, or give up (while `fence` holds: StaleClaim, and no
+        charge, otherwise); count it against the channel."""
         s = self._settings
         channel_id = item.channel_id
         message = str(exc)
@@ -250,7 +293,7 @@ class ChannelRelay:
             delay = min(MAX_RETRY_S, s.channel_retry_base_s * 2 ** (attempt - 1))
             if exc.retry_after is not None:
                 delay = max(delay, min(MAX_RETRY_S, exc.retry_after))
-            await self._store.retry_later(item.id, message, delay)
+            await self._store.retry_later(item.id, message, delay, fence=fence)
             log.warning(
                 "channel %s: delivery of item %s failed (%s); retry %d in %.1fs",
                 channel_id,
@@ -260,7 +303,7 @@ class ChannelRelay:
                 delay,
             )
         else:
-            await self._store.give_up(item.id, message)
+            await self._store.give_up(item.id, message, fence=fence)
             log.warning("channel %s: item %s not delivered: %s", channel_id, item.id, message)
         status = await self._store.delivery_failed(channel_id, message, s.channel_error_after)
         if status == "error":

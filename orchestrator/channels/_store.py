@@ -28,6 +28,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from orchestrator.auth import Principal
 from orchestrator.channels._egress import EgressPolicy
 from orchestrator.errors import NotFound, Unprocessable, ValidationFailed
+from orchestrator.runtime.claims import ClaimStore, Fence
 
 CHANNEL_TYPES = ("slack", "teams", "telegram", "webhook")
 STATUSES = ("active", "paused", "error")
@@ -36,6 +37,9 @@ SECRET_KEYS = frozenset({"signing_secret", "bot_token", "secret_token", "webhook
 REDACTED = "***"
 KEY_FILE = "channel_key"
 TOKEN_PREFIX = "chw_"
+# The claim a relay holds on an inbox item while handling it (orchestrator/runtime/claims.py),
+# keyed by the item's id.
+CLAIM_KIND = "channel_item"
 MAX_NAME = 200
 
 _TELEGRAM_TOKEN = re.compile(r"^\d{1,20}:[A-Za-z0-9_-]{20,100}$")
@@ -513,14 +517,13 @@ class ChannelStore:
 
     async def due(self, shard: int, shards: int, me: str, limit: int = 100) -> list[int]:
         """Inbox items of this shard's channels waiting to be answered or (re)sent now, and
-        not claimed by another relay."""
-        ts = now_ms()
+        not claimed by another relay (`me`'s own claims, a predecessor's, do not count)."""
         rows = await self._pool.fetch(
             "SELECT id FROM channel_inbox WHERE state IN ('pending', 'sending')"
-            " AND next_attempt_at <= $1 AND substr(channel_id, 4)::bigint % $2 = $3"
-            " AND (claimed_by IS NULL OR claimed_by = $5 OR claimed_until < $1)"
-            " ORDER BY id LIMIT $4",
-            ts,
+            " AND next_attempt_at <= $1 AND substr(channel_id, 4)::bigint % $2 = $3 AND "
+            + ClaimStore.unclaimed_sql(CLAIM_KIND, "id::text", "$5")
+            + " ORDER BY id LIMIT $4",
+            now_ms(),
             max(1, shards),
             shard,
             limit,
@@ -528,49 +531,28 @@ class ChannelStore:
         )
         return [r["id"] for r in rows]
 
-    async def claim(self, inbox_id: int, me: str, lease_s: float) -> bool:
-        """Take the item for `lease_s` (False: another relay holds it, or it is finished)."""
-        ts = now_ms()
-        got = await self._pool.fetchval(
-            "UPDATE channel_inbox SET claimed_by = $2, claimed_until = $3 WHERE id = $1"
-            " AND state IN ('pending', 'sending')"
-            " AND (claimed_by IS NULL OR claimed_by = $2 OR claimed_until < $4) RETURNING id",
-            inbox_id,
-            me,
-            ts + int(lease_s * 1000),
-            ts,
-        )
-        return got is not None
-
-    async def release(self, inbox_id: int, me: str) -> None:
-        await self._pool.execute(
-            "UPDATE channel_inbox SET claimed_by = NULL, claimed_until = 0"
-            " WHERE id = $1 AND claimed_by = $2",
-            inbox_id,
-            me,
-        )
-
     async def next_due(self, shard: int, shards: int) -> int | None:
+        """When the next item falls due. Items under a live claim (being handled, here or
+        by another relay) do not count: the relay does not poll for what it cannot take."""
         value: int | None = await self._pool.fetchval(
             "SELECT min(next_attempt_at) FROM channel_inbox WHERE state IN ('pending', 'sending')"
-            " AND substr(channel_id, 4)::bigint % $1 = $2",
+            " AND substr(channel_id, 4)::bigint % $1 = $2 AND "
+            + ClaimStore.unclaimed_sql(CLAIM_KIND, "id::text"),
             max(1, shards),
             shard,
         )
         return value
 
     async def answered(
-        self,
-        item: InboxItem,
-        answer: str,
-        task_id: str,
-        *,
-        deliver: bool,
+        self, item: InboxItem, answer: str, task_id: str, *, deliver: bool, fence: Fence
     ) -> None:
-        """Record the answer and the conversation's two turns (one transaction)."""
+        """Record the answer and the conversation's two turns (one transaction, while
+        `fence` holds: StaleClaim and nothing written otherwise). Without a delivery to
+        make, the item is done and its claim released in the same commit."""
         answer = answer.replace("\x00", "")  # Postgres text cannot hold NUL
         ts = now_ms()
         async with self._pool.acquire() as conn, conn.transaction():
+            await fence.check(conn)
             await conn.execute(
                 "UPDATE channel_inbox SET answer = $2, task_id = $3, state = $4,"
                 " updated_at = $5 WHERE id = $1",
@@ -588,17 +570,30 @@ class ChannelStore:
                     (item.channel_id, item.conversation, "assistant", answer, ts),
                 ],
             )
+            if not deliver:
+                await fence.release_in(conn)
 
-    async def sent(self, inbox_id: int) -> None:
-        await self._pool.execute(
+    async def _fenced(self, fence: Fence, sql: str, *args: Any) -> None:
+        """One write of an item while `fence` holds, releasing the claim in the same
+        commit (the relay's handling of the item ends with it): StaleClaim otherwise."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await fence.check(conn)
+            await conn.execute(sql, *args)
+            await fence.release_in(conn)
+
+    async def sent(self, inbox_id: int, *, fence: Fence) -> None:
+        await self._fenced(
+            fence,
             "UPDATE channel_inbox SET state = 'done', updated_at = $2, error = NULL WHERE id = $1",
             inbox_id,
             now_ms(),
         )
 
-    async def retry_later(self, inbox_id: int, error: str, delay_s: float) -> None:
+    async def retry_later(self, inbox_id: int, error: str, delay_s: float, *, fence: Fence) -> None:
+        """Try again after `delay_s`, by whichever relay then claims it."""
         ts = now_ms()
-        await self._pool.execute(
+        await self._fenced(
+            fence,
             "UPDATE channel_inbox SET attempts = attempts + 1, error = $2,"
             " next_attempt_at = $3, updated_at = $4 WHERE id = $1",
             inbox_id,
@@ -607,8 +602,9 @@ class ChannelStore:
             ts,
         )
 
-    async def give_up(self, inbox_id: int, error: str) -> None:
-        await self._pool.execute(
+    async def give_up(self, inbox_id: int, error: str, *, fence: Fence) -> None:
+        await self._fenced(
+            fence,
             "UPDATE channel_inbox SET state = 'failed', attempts = attempts + 1, error = $2,"
             " updated_at = $3 WHERE id = $1",
             inbox_id,
