@@ -6,6 +6,7 @@ a delivery for the item, and the new holder finishes it once."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from orchestrator.auth import Principal
 from orchestrator.channels import ChannelRelay, ChannelStore, EgressPolicy, secret_box
 from orchestrator.db import Database, connect
 from orchestrator.runtime.claims import ClaimStore, StaleClaim
+from tests.fakes._loopback import RecordedRequest, Send
 from tests.integration.test_channels_api import Callback, _has, _until
 
 KIND = "channel_item"
@@ -43,6 +45,24 @@ class _Agent:
 async def callback() -> AsyncIterator[Callback]:
     async with Callback() as server:
         yield server
+
+
+class _HeldCallback(Callback):
+    """Holds the first delivery until the test lets it go, then answers it 503 (a relay
+    paused in mid-delivery, whose send then fails); answers every later one 200."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = threading.Event()  # the server runs in its own thread
+        self.let_go = threading.Event()
+
+    async def handle(self, request: RecordedRequest, send: Send) -> None:
+        if len(self.requests) == 1:
+            self.holding.set()
+            await asyncio.to_thread(self.let_go.wait, 20)
+            await self.send_body(send, 503, b"busy", [("content-type", "text/plain")])
+            return
+        await super().handle(request, send)
 
 
 @pytest.fixture
@@ -150,3 +170,36 @@ async def test_a_stale_fence_writes_nothing_of_an_item(
     assert await claims.holder(KIND, key) is None  # released in the commit that finished it
     with pytest.raises(StaleClaim):
         await store.sent(inbox_id, fence=new)  # no claim left to write under
+
+
+async def test_a_relay_taken_over_in_mid_delivery_records_nothing(
+    make_settings: Any, db: Database, tmp_path: Any
+) -> None:
+    """hub-old's delivery is under way when its claim runs out and hub-new takes the item
+    over and delivers it; hub-old's send then fails, and its retry is refused: no attempt,
+    no error, no failure counted against the channel. Each holder sent at most once."""
+    settings = make_settings(outbound_allowed_cidrs=["127.0.0.0/8"])
+    async with _HeldCallback() as callback:
+        store, inbox_id = await _item(db, callback, tmp_path)
+        async with httpx.AsyncClient() as http:
+            old = ChannelRelay(store, _Agent("the answer"), settings, http, name="hub-old")
+            old_run = asyncio.create_task(old.answer(inbox_id, 30))
+            assert await asyncio.to_thread(callback.holding.wait, 10)  # hub-old is sending
+            await db.pool.execute(
+                "UPDATE claims SET expires_at = 0 WHERE kind = $1 AND key = $2",
+                KIND,
+                str(inbox_id),
+            )
+            new_agent = _Agent("never asked")
+            new = ChannelRelay(store, new_agent, settings, http, name="hub-new")
+            assert await new.answer(inbox_id, 10) == "the answer"  # delivered, not re-answered
+            assert new_agent.runs == 0
+            callback.let_go.set()
+            assert await asyncio.wait_for(old_run, 10) is None
+        assert len(callback.requests) == 2  # one per holder
+    item = await store.item(inbox_id)
+    assert item is not None and item.state == "done", item
+    assert item.attempts == 0 and item.error is None
+    channel = await store.load(item.channel_id)
+    assert channel is not None and channel.failures == 0 and channel.status == "active"
+    assert await _turns(db) == [("user", "hi"), ("assistant", "the answer")]
