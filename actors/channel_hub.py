@@ -120,7 +120,8 @@ class ChannelHub:
 
     async def drain(self) -> None:
         """Relay nothing more (the generation is being replaced): items in flight stay in the
-        inbox, claimed until their lease ends, for the next generation's hubs."""
+        inbox and their claims are released, for the next generation's hubs (which, under
+        the same name, would take them back at once anyway, fencing this one off)."""
         relay = await self._boot
         if self._loop_task is not None:
             self._loop_task.cancel()
