@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -61,36 +59,18 @@ async def _sse(
     fanout: Fanout, flt: StreamFilter, after: int | None, caller: Principal, ping_s: float
 ) -> AsyncIterator[bytes]:
     # Registered before the first byte: whatever commits after the client sees `connected`
-    # is on this stream.
-    stream = await fanout.open(flt, after, caller)
-    events = aiter(stream)
-    pending: asyncio.Task[Any] | None = None
+    # is on this stream. Its chunks are whole frames, encoded once per replica and written
+    # several at a time when they piled up (pings included: see Fanout).
+    stream = await fanout.open(flt, after, caller, ping_s=ping_s)
     try:
         # `retry` makes EventSource clients reconnect fast; they resend Last-Event-ID.
         yield b"retry: 1000\n: connected\n\n"
-        while True:
-            # Waiting on one task across pings: cancelling the iterator's step on a timeout
-            # would end the stream.
-            pending = pending or asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=ping_s)
-            if not done:
-                yield b": ping\n\n"
-                continue
-            task, pending = pending, None
-            try:
-                event = task.result()
-            except StopAsyncIteration:
-                return
-            except SubscriberTooSlow as exc:
-                body = json.dumps({"error": exc.message, "code": "subscriber_too_slow"})
-                yield f"event: error\ndata: {body}\n\n".encode()
-                return
-            yield fanout.frame(event)
+        async for chunk in stream:
+            yield chunk
+    except SubscriberTooSlow as exc:
+        body = json.dumps({"error": exc.message, "code": "subscriber_too_slow"})
+        yield f"event: error\ndata: {body}\n\n".encode()
     finally:
-        if pending is not None:
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
         await stream.aclose()
 
 

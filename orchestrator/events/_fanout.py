@@ -5,6 +5,11 @@ in-process feed) and any number of SSE clients, each with its own filter and bou
 If the upstream breaks (the EventBus restarted) or the store fails (reading the head at the
 first stream), the pump ends and its supervisor runs it again with backoff: it resubscribes from
 the last position it saw, so clients lose nothing and notice nothing.
+
+The per-event work is shared: an event's SSE frame is encoded once per replica, and the pump
+hands each client only the (position, frame) pairs its filter admits, into a plain deque with
+one wake-up future (no lock, no task per frame). A client's stream writes whatever has piled up
+in one chunk, so a client that fell behind catches up in few writes, and never holds up others.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
@@ -29,6 +34,10 @@ Upstream = Callable[[int], AsyncIterator[list[Event]]]
 # How long a stream waits for the pump's first subscription (the store down at the
 # first stream) before it answers 503; the pump itself keeps retrying.
 START_TIMEOUT_S = 10.0
+PING = b": ping\n\n"
+# Frames a behind client gets in one write: big enough to catch up in few writes, small
+# enough that one write never holds the event loop long.
+COALESCE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,34 +61,57 @@ class StreamFilter:
 
 @dataclass(eq=False)
 class _Client:
+    """One stream's pending frames. Only the event loop's thread touches it: the pump appends
+    and wakes, the stream's own generator drains; neither ever waits for the other."""
+
     filter: StreamFilter
     limit: int
-    queue: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
+    frames: deque[tuple[int, bytes]] = field(default_factory=deque)
     overflowed: bool = False
+    waiter: asyncio.Future[None] | None = None
 
-    def offer(self, event: Event) -> None:
+    def offer(self, position: int, frame: bytes) -> None:
         if self.overflowed:
             return
-        if self.queue.qsize() >= self.limit:
-            self.overflowed = True
-            self.queue.put_nowait(None)
-            return
-        self.queue.put_nowait(event)
+        if len(self.frames) >= self.limit:
+            self.overflowed = True  # what is buffered is still written, then the error
+        else:
+            self.frames.append((position, frame))
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, ping_s: float) -> None:
+        """Until a frame (or the overflow) is offered, or `ping_s` passes."""
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(ping_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class FanoutStream:
-    """One client's stream (see `Fanout.open`)."""
+    """One client's stream (see `Fanout.open`): SSE bytes, each chunk one or more whole
+    frames (or a ping comment)."""
 
-    def __init__(self, events: AsyncIterator[Event], drop: Callable[[], None]) -> None:
-        self._events = events
+    def __init__(self, chunks: AsyncIterator[bytes], drop: Callable[[], None]) -> None:
+        self._chunks = chunks
         self._drop = drop
 
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks
 
     async def aclose(self) -> None:
         try:
-            await self._events.aclose()  # type: ignore[attr-defined]
+            await self._chunks.aclose()  # type: ignore[attr-defined]
         finally:
             self._drop()
 
@@ -106,7 +138,10 @@ class Fanout:
         self._store = store
         self._client_limit = client_limit
         self._on_clients = on_clients
-        self._clients: set[_Client] = set()
+        # Clients by the tenant they follow (None: an admin's every tenant): an event is
+        # matched against its owner's clients and the admins' only.
+        self._clients: dict[str | None, set[_Client]] = {}
+        self._count = 0
         self._position = 0
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
@@ -114,7 +149,7 @@ class Fanout:
 
     @property
     def clients(self) -> int:
-        return len(self._clients)
+        return self._count
 
     @property
     def position(self) -> int:
@@ -152,39 +187,59 @@ class Fanout:
         stream = self._upstream(self._position)
         self._started.set()
         async for batch in stream:
-            for event in batch:
-                if event.position <= self._position:
-                    continue
-                for client in list(self._clients):
+            self._dispatch(batch)
+
+    def _dispatch(self, batch: list[Event]) -> None:
+        """Offer a batch to the clients that may see each event (no await: a client's
+        registration sees either all of it or none)."""
+        admins = self._clients.get(None, ())
+        for event in batch:
+            if event.position <= self._position:
+                continue
+            self._position = event.position
+            owners = self._clients.get(event.user_uuid, ()) if event.user_uuid is not None else ()
+            frame: bytes | None = None
+            for clients in (owners, admins):
+                for client in clients:
                     if client.filter.matches(event):
-                        client.offer(event)
-                self._position = event.position
+                        if frame is None:
+                            frame = self.frame(event)
+                        client.offer(event.position, frame)
 
     async def open(
-        self, flt: StreamFilter, after: int | None, principal: Principal
+        self, flt: StreamFilter, after: int | None, principal: Principal, *, ping_s: float = 15.0
     ) -> FanoutStream:
         """Register a client now and return its stream of what `principal` may read (its
-        own events; an admin's `flt.user_uuid` or every tenant's): the events after `after`
-        (its Last-Event-ID) from the store, then live ones. Every event committed after this
-        returns is delivered. Iterating raises SubscriberTooSlow if the client falls too far
-        behind; `aclose()` unregisters the client (also when it was never iterated)."""
+        own events; an admin's `flt.user_uuid` or every tenant's) as SSE bytes: the events
+        after `after` (its Last-Event-ID) from the store, then live ones, with a ping comment
+        after `ping_s` of silence. Every event committed after this returns is delivered.
+        Iterating raises SubscriberTooSlow (after writing what was buffered) if the client
+        falls too far behind; `aclose()` unregisters the client (also when never iterated)."""
         flt = replace(flt, user_uuid=owner_scope(principal, flt.user_uuid))
         await self._ensure_started()
         client = _Client(flt, self._client_limit)
         # As in EventFeed.subscribe: register and read the position with no await between.
-        self._clients.add(client)
+        self._clients.setdefault(flt.user_uuid, set()).add(client)
+        self._count += 1
         live_from = self._position
         self._changed()
-        return FanoutStream(self._deliver(client, after, live_from), lambda: self._drop(client))
+        return FanoutStream(
+            self._deliver(client, after, live_from, ping_s), lambda: self._drop(client)
+        )
 
     def _drop(self, client: _Client) -> None:
-        if client in self._clients:
-            self._clients.discard(client)
+        key = client.filter.user_uuid
+        clients = self._clients.get(key)
+        if clients is not None and client in clients:
+            clients.discard(client)
+            if not clients:
+                del self._clients[key]
+            self._count -= 1
             self._changed()
 
     async def _deliver(
-        self, client: _Client, after: int | None, live_from: int
-    ) -> AsyncIterator[Event]:
+        self, client: _Client, after: int | None, live_from: int, ping_s: float
+    ) -> AsyncIterator[bytes]:
         flt = client.filter
         try:
             position = after if after is not None else live_from
@@ -196,24 +251,37 @@ class Fanout:
                 ]
                 if not batch:
                     break
-                for event in batch:
-                    if flt.matches(event):
-                        yield event
+                frames = [self.frame(e) for e in batch if flt.matches(e)]
                 position = batch[-1].position
+                if frames:
+                    yield b"".join(frames)
             position = max(position, live_from)
+            pending = client.frames
             while True:
-                live = await client.queue.get()
-                if live is None:
-                    raise SubscriberTooSlow(
-                        f"this stream fell more than {self._client_limit} events behind; "
-                        f"reconnect with Last-Event-ID {position}"
-                    )
-                if live.position > position:
-                    position = live.position
-                    yield live
+                if not pending:
+                    if client.overflowed:
+                        raise SubscriberTooSlow(
+                            f"this stream fell more than {self._client_limit} events behind; "
+                            f"reconnect with Last-Event-ID {position}"
+                        )
+                    await client.wait(ping_s)
+                    if not pending and not client.overflowed:
+                        yield PING
+                    continue
+                # Everything that piled up since the last write, in one write (bounded).
+                parts: list[bytes] = []
+                size = 0
+                while pending and size < COALESCE_BYTES:
+                    at, frame = pending.popleft()
+                    if at > position:  # the store's catch-up may have sent it already
+                        position = at
+                        parts.append(frame)
+                        size += len(frame)
+                if parts:
+                    yield parts[0] if len(parts) == 1 else b"".join(parts)
         finally:
             self._drop(client)
 
     def _changed(self) -> None:
         if self._on_clients is not None:
-            self._on_clients(len(self._clients))
+            self._on_clients(self._count)

@@ -34,7 +34,13 @@ from benchmarks._common import (
     start_serve,
 )
 
-EVENTS_ENV = {**BENCH_ENV, "ORCH_SSE_PING_INTERVAL_S": "15"}
+# Every stream comes from this one client address: lift HAProxy's per-source connection cap
+# (proxy hardening, default 256), or most of the 1,000 streams are refused at connect.
+EVENTS_ENV = {
+    **BENCH_ENV,
+    "ORCH_SSE_PING_INTERVAL_S": "15",
+    "ORCH_PROXY_MAX_CONNS_PER_SOURCE": "4096",
+}
 EVENTS_USER = "bench"
 APPEND_TARGET_EPS = 5_000
 # Issue 16: appends against plain single-row INSERT commits (one connection) measured in the
