@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from typing import Any
 
 import ray
@@ -18,14 +20,18 @@ from ray.exceptions import RayActorError
 
 from actors import Generation, Shards, until_started
 from actors.agent_worker import RayDispatcher
+from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
+from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
+METRICS_FLUSH_S = 1.0
 KIND = "WorkflowShard"
 
 
@@ -47,6 +53,11 @@ class WorkflowShard:
         self._shards = shards
         self._db: Database | None = None
         self._engine: WorkflowEngine | None = None
+        name = shard_name(index)
+        self._recorder = MetricsRecorder(f"{name}:{socket.gethostname()}:{os.getpid()}")
+        # The engine's loops (listener, sweep, drivers) and the metrics flush, which carries
+        # their restarts to svc_background_restarts_total.
+        self._supervisor = Supervisor(name, on_restart=self._recorder.background_restart)
         self._boot = asyncio.get_running_loop().create_task(self._start())
 
     def __repr__(self) -> str:
@@ -80,11 +91,22 @@ class WorkflowShard:
             # predecessor, were it alive, is fenced off); another generation's shard waits
             # for the claims to be released (drain) or to expire.
             owner=self._generation.name(KIND, self._index),
+            supervisor=self._supervisor,
         )
         self._engine = engine
+        if "metrics-flush" not in self._supervisor.tasks():
+            pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
+            self._supervisor.spawn("metrics-flush", lambda: self._flush_metrics(pusher))
         resumed = await engine.resume_unfinished(self._index, self._shards)
         log.info("%s: resumed %d unfinished workflows", shard_name(self._index), resumed)
         return engine
+
+    @staticmethod
+    async def _flush_metrics(pusher: MetricsPusher) -> None:
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_S)
+            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
+                await pusher.flush()
 
     async def ready(self) -> str:
         await self._boot
