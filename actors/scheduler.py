@@ -7,19 +7,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from typing import Any
 
 import ray
 
 from actors import Generation
 from actors.agent_worker import RayDispatcher
+from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventStore
+from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import JobStore, SchedulerService
 
 log = logging.getLogger(__name__)
 
+METRICS_FLUSH_S = 1.0
 KIND = "Scheduler"
 
 
@@ -32,6 +38,12 @@ class Scheduler:
         self._generation = generation
         self._name = name or generation.name(KIND)
         self._service: SchedulerService | None = None
+        self._recorder = MetricsRecorder(f"{self._name}:{socket.gethostname()}:{os.getpid()}")
+        # The scheduler loop's restarts (its service's own supervisor calls back here) reach
+        # svc_background_restarts_total through this supervised flush.
+        self._supervisor = Supervisor(self._name, on_restart=self._recorder.background_restart)
+        pusher = MetricsPusher(self._recorder, ActorMetricsHub(generation))
+        self._supervisor.spawn("metrics-flush", lambda: self._flush_metrics(pusher))
         self._main = asyncio.get_running_loop().create_task(self._run())
 
     def __repr__(self) -> str:
@@ -56,8 +68,16 @@ class Scheduler:
             self._settings,
             self._settings.database_url,
             name=self._name,
+            on_restart=self._recorder.background_restart,
         )
         await self._service.run_forever()
+
+    @staticmethod
+    async def _flush_metrics(pusher: MetricsPusher) -> None:
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_S)
+            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
+                await pusher.flush()
 
     async def settings(self) -> Settings:
         return self._settings
