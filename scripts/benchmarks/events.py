@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from benchmarks._common import (
     BENCH_ENV,
@@ -93,6 +94,14 @@ def _events_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         help="seconds between those events (default 0.05)",
+    )
+    parser.add_argument(
+        "--sse-client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="the subscribers' HTTP client: raw (an asyncio.Protocol parsing HTTP/1.1 chunks "
+        "and SSE lines in its callbacks, a few microseconds per frame) or httpx (about 100x "
+        "that: on 2 cores its parsing, not the service, made most of the latency)",
     )
     parser.add_argument(
         "--append-only",
@@ -257,8 +266,81 @@ async def _create_user_token(base_url: str, admin_token: str) -> str:
     return str(response.json()["token"])
 
 
+class _SseProtocol(asyncio.Protocol):
+    """One `GET` of an SSE stream over HTTP/1.1, parsed in `data_received` (headers, chunked
+    transfer coding, lines): no coroutine, task or stream object per read, so 1,000 streams
+    cost the client little of the 2 CPUs the service needs. `on_line` gets each line (bytes,
+    without its newline); `connected` resolves at the `: connected` comment, `finished` at
+    `stop()` or when the connection ends."""
+
+    def __init__(self, request: bytes, on_line: Callable[[bytes], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.connected: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self._request = request
+        self._on_line = on_line
+        self._head: bytes | None = b""  # None once the response headers are read
+        self._chunked = False
+        self._raw = b""  # received, not yet de-chunked
+        self._text = b""  # de-chunked, not yet a whole line
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        transport.write(self._request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, data, self._head = self._head[:end], self._head[end + 4 :], None
+            status = head.split(b"\r\n", 1)[0]
+            if b" 200 " not in status + b" ":
+                self._fail(RuntimeError(f"answered {status.decode(errors='replace')}"))
+                return
+            self._chunked = b"transfer-encoding: chunked" in head.lower()
+        if self._chunked:
+            self._raw += data
+            data = b""
+            while True:
+                eol = self._raw.find(b"\r\n")
+                if eol < 0:
+                    break
+                size = int(self._raw[:eol].split(b";", 1)[0], 16)
+                if len(self._raw) < eol + 2 + size + 2:
+                    break
+                data += self._raw[eol + 2 : eol + 2 + size]
+                self._raw = self._raw[eol + 2 + size + 2 :]
+                if size == 0:
+                    break
+        *lines, self._text = (self._text + data).split(b"\n")
+        for line in lines:
+            if line == b": connected" and not self.connected.done():
+                self.connected.set_result(None)
+            self._on_line(line)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(ConnectionError(f"connection lost: {exc!r}"))
+
+    def _fail(self, exc: Exception) -> None:
+        for future in (self.connected, self.finished):
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: whoever waits reads it, nobody else must
+        if self._transport is not None:
+            self._transport.close()
+
+    def stop(self) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
+        if self._transport is not None:
+            self._transport.close()
+
+
 async def _sse_round(
-    base_url: str, token: str, store: Any, n: int, k: int, spacing_s: float
+    base_url: str, token: str, store: Any, n: int, k: int, spacing_s: float, client: str = "raw"
 ) -> SseRound:
     import httpx
 
@@ -326,11 +408,58 @@ async def _sse_round(
             else:
                 broken.append(repr(exc))
 
+    parsed = urlsplit(url)
+    request = (
+        f"GET {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        + "\r\n"
+    ).encode()
+
+    async def raw_subscriber(_http: httpx.AsyncClient) -> None:
+        got = 0
+        protocol: _SseProtocol | None = None
+
+        def on_line(line: bytes) -> None:
+            nonlocal got
+            if not line.startswith(b"data:"):
+                return
+            now = time.time_ns()
+            data = json.loads(line[5:]).get("data") or {}
+            task_id = str(data.get("task_id", ""))
+            if task_id.startswith(prefix):
+                per_event[int(task_id[len(prefix) :])].append(now - data["sent_ns"])
+                got += 1
+                if got == k and protocol is not None:
+                    protocol.stop()
+
+        def make() -> _SseProtocol:
+            nonlocal protocol
+            protocol = _SseProtocol(request, on_line)
+            return protocol
+
+        loop = asyncio.get_running_loop()
+        try:
+            async with opening:
+                await loop.create_connection(make, parsed.hostname, parsed.port)
+                assert protocol is not None
+                await protocol.connected
+        except (OSError, RuntimeError, ValueError) as exc:
+            settled(repr(exc))
+            return
+        try:
+            if settled():
+                await protocol.finished
+        except (OSError, RuntimeError, ValueError) as exc:
+            broken.append(repr(exc))
+        finally:
+            protocol.stop()
+
     limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
+    run = raw_subscriber if client == "raw" else subscriber
     async with httpx.AsyncClient(limits=limits, timeout=None, headers=headers) as http:
-        say(f"sse: opening {n} streams")
+        say(f"sse: opening {n} streams ({client} client)")
         t0 = time.perf_counter()
-        tasks = [asyncio.create_task(subscriber(http)) for _ in range(n)]
+        tasks = [asyncio.create_task(run(http)) for _ in range(n)]
         try:
             await _until_connected(all_connected, lambda: connected)
             joining = False
@@ -420,7 +549,9 @@ async def _sse_rounds(service: Service, args: argparse.Namespace) -> list[SseRou
         rounds = []
         for n in args.subscribers:
             rounds.append(
-                await _sse_round(service.url, token, store, n, args.sse_events, args.sse_spacing)
+                await _sse_round(
+                    service.url, token, store, n, args.sse_events, args.sse_spacing, args.sse_client
+                )
             )
             await asyncio.sleep(1.0)  # let the service drop the closed streams
         return rounds
@@ -553,6 +684,7 @@ def _events_result(
             )
         )
     data["sse_events"] = args.sse_events
+    data["sse_client"] = args.sse_client
     data["sse_spacing_s"] = args.sse_spacing
     data["cpus"] = cpus
 
@@ -600,7 +732,7 @@ def _events_result(
     text = (
         f"events: append for {args.duration:g}s each; SSE: {args.sse_events} events "
         f"{args.sse_spacing * 1000:.0f} ms apart per round, user {EVENTS_USER!r}, "
-        f"GET /api/v1/sync-events; {cpus} CPUs\n\n"
+        f"GET /api/v1/sync-events, {args.sse_client} client; {cpus} CPUs\n\n"
         f"{format_table(rows)}\n\n{format_table(sse_rows)}\n\n{note}\n\n" + "\n".join(verdicts)
     )
     if any(r.missing for r in rounds):
