@@ -338,15 +338,17 @@ class JobStore:
         now: int,
         extra_events: Callable[[Job, str], Sequence[NewEvent]] | None = None,
         fence: Fence | None = None,
+        skips: Sequence[tuple[Job, int | None, bool]] = (),
     ) -> list[tuple[Job, int, str]]:
         """Record dispatches — (job, its next run, catch-up?) each — in one transaction (one
         commit for a whole tick); (job, run id, task id) of each started. Under `fence`
         (the scheduler's lease; StaleClaim if lost) and the jobs' row locks, a job deleted
         or disabled since it was read is left out: a pause or DELETE that has answered is
         never followed by a dispatch. `extra_events(job, task_id)` commit with them (the
-        task's task.created)."""
+        task's task.created). `skips` — (job, its next run, queue?) of due jobs whose run
+        is still going — move to their next slot in the same commit (`reschedule`)."""
         out: list[tuple[Job, int, str]] = []
-        if not runs:
+        if not runs and not skips:
             return out
         async with self._events.transaction() as tx:
             if fence is not None:
@@ -356,26 +358,36 @@ class JobStore:
                 for r in await tx.conn.fetch(
                     "SELECT id FROM scheduled_jobs WHERE id = ANY($1::bigint[]) AND enabled"
                     " ORDER BY id FOR UPDATE",
-                    [job.id for job, _, _ in runs],
+                    sorted({job.id for job, _, _ in [*runs, *skips]}),
                 )
             }
+            skips = [skip for skip in skips if skip[0].id in live]
+            if skips:
+                # One statement for every skipped slot of the tick (no round trip each).
+                await tx.conn.execute(
+                    "UPDATE scheduled_jobs SET next_run = x.n, queued = queued OR x.q,"
+                    " updated_at = $4 FROM unnest($1::bigint[], $2::bigint[], $3::boolean[])"
+                    " AS x(j, n, q) WHERE id = x.j",
+                    [job.id for job, _, _ in skips],
+                    [nxt for _, nxt, _ in skips],
+                    [queue for _, _, queue in skips],
+                    now,
+                )
             runs = [run for run in runs if run[0].id in live]
             if not runs:
                 return out
+            # The run's id is drawn first so its task id is written with it (one statement).
             run_ids = await tx.conn.fetch(
-                "INSERT INTO scheduled_runs (job_id, task_id, catchup, started_at)"
-                " SELECT j, '', c, $3 FROM unnest($1::bigint[], $2::boolean[]) AS x(j, c)"
+                "INSERT INTO scheduled_runs (id, job_id, task_id, catchup, started_at)"
+                " SELECT r, j, 'job-' || j || '-run-' || r, c, $3 FROM"
+                " (SELECT nextval(pg_get_serial_sequence('scheduled_runs', 'id')) AS r, j, c"
+                "  FROM unnest($1::bigint[], $2::boolean[]) AS x(j, c)) AS y"
                 " RETURNING id, job_id",
                 [job.id for job, _, _ in runs],
                 [catchup for _, _, catchup in runs],
                 now,
             )
             ids = {r["job_id"]: r["id"] for r in run_ids}
-            await tx.conn.execute(
-                "UPDATE scheduled_runs SET task_id = 'job-' || job_id || '-run-' || id"
-                " WHERE id = ANY($1::bigint[])",
-                list(ids.values()),
-            )
             events: list[NewEvent] = []
             updates = []
             for job, next_run, catchup in runs:
@@ -397,10 +409,13 @@ class JobStore:
                 )
                 if extra_events is not None:
                     events.extend(extra_events(job, task_id))
-            await tx.conn.executemany(
-                "UPDATE scheduled_jobs SET running = running + 1, last_run = $2, next_run = $3,"
-                " run_requested = false, queued = false, updated_at = $2 WHERE id = $1",
-                updates,
+            await tx.conn.execute(
+                "UPDATE scheduled_jobs SET running = running + 1, last_run = $2, next_run = x.n,"
+                " run_requested = false, queued = false, updated_at = $2"
+                " FROM unnest($1::bigint[], $3::bigint[]) AS x(j, n) WHERE id = x.j",
+                [job_id for job_id, _, _ in updates],
+                now,
+                [nxt for _, _, nxt in updates],
             )
             await tx.append(events)
         return out
@@ -456,10 +471,11 @@ class JobStore:
             reason = (
                 f"auto-paused after {errors} consecutive errors (last: {error})" if pause else None
             )
-            await tx.conn.execute(
+            updated = await tx.conn.fetchrow(
                 "UPDATE scheduled_jobs SET running = greatest(running - 1, 0), last_result = $2,"
                 " last_error = $3, consecutive_errors = $4, enabled = enabled AND NOT $5,"
-                " paused_reason = coalesce($6, paused_reason), updated_at = $7 WHERE id = $1",
+                " paused_reason = coalesce($6, paused_reason), updated_at = $7 WHERE id = $1"
+                f" RETURNING {_COLUMNS}",
                 job_id,
                 result,
                 error,
@@ -487,7 +503,8 @@ class JobStore:
             if job.delete_after_run and job.schedule.type == "at" and job.next_run is None:
                 await tx.conn.execute("DELETE FROM scheduled_jobs WHERE id = $1", job_id)
                 return None
-        return await self.get(job_id)
+        # As this commit left it (under its row lock): no read after it.
+        return _job(updated)
 
     async def interrupted_runs(self) -> list[tuple[int, int, str]]:
         """(run id, job id, task id) of runs that never finished: their scheduler died."""

@@ -146,8 +146,10 @@ class SchedulerService:
         await self._recover()
         await self._catch_up()
         while True:
-            await self.tick()
-            await self._sleep_until_due()
+            # A full tick means more may be due already: the next one goes at once, without
+            # asking Postgres when that is (a backlog drains tick after tick).
+            if await self.tick() < self._settings.max_dispatch_per_tick:
+                await self._sleep_until_due()
             if self._conn.is_closed():
                 raise OSError("the scheduler's LISTEN connection closed")
 
@@ -220,33 +222,39 @@ class SchedulerService:
                 await self._dispatch(fresh, catchup=True)
 
     async def tick(self) -> int:
-        """Dispatch what is due now (at most max_dispatch_per_tick, in one commit); how
-        many went out."""
+        """Handle what is due now (at most max_dispatch_per_tick jobs, dispatched or
+        skipped, in one commit); how many jobs that was."""
         # Cleared before reading what is due: a NOTIFY from here on wakes the next sleep.
         self._wake.clear()
         now = self._now()
         batch: list[tuple[Job, bool]] = []
-        for job in await self._store.due(now, self._settings.max_dispatch_per_tick):
+        skips: list[tuple[Job, int | None, bool]] = []
+        due = await self._store.due(now, self._settings.max_dispatch_per_tick)
+        for job in due:
             if job.run_requested:
                 batch.append((job, True))
             elif job.running and job.overlap != "allow":
                 # Still going: this slot is skipped (or, with `queue`, waits for the end).
                 nxt = job.schedule.next_after(now, job.created_at)
-                await self._store.reschedule(
-                    job, nxt, queue=job.overlap == "queue", fence=self._fence
-                )
+                skips.append((job, nxt, job.overlap == "queue"))
             else:
                 batch.append((job, False))
-        await self._dispatch_many(batch)
-        return len(batch)
+        await self._dispatch_many(batch, skips=skips)
+        return len(due)
 
     async def _dispatch(
         self, job: Job, *, catchup: bool = False, keep_schedule: bool = False
     ) -> None:
         await self._dispatch_many([(job, keep_schedule)], catchup=catchup)
 
-    async def _dispatch_many(self, batch: list[tuple[Job, bool]], *, catchup: bool = False) -> None:
-        if not batch:
+    async def _dispatch_many(
+        self,
+        batch: list[tuple[Job, bool]],
+        *,
+        catchup: bool = False,
+        skips: list[tuple[Job, int | None, bool]] | None = None,
+    ) -> None:
+        if not batch and not skips:
             return
         now = self._now()
         runs = [
@@ -267,10 +275,12 @@ class SchedulerService:
         if self._fence is None:
             raise StaleClaim(f"{self.name}: not the active scheduler")
         # Only jobs still there and enabled under the lease check are started.
-        started = await self._store.start_runs(runs, now, created, self._fence)
+        started = await self._store.start_runs(runs, now, created, self._fence, skips or ())
         for job, run_id, task_id in started:
             self.dispatched += 1
             self._inflight.add(run_id)
+            # The Ray hop and the run's end are off the tick's path: the next tick does not
+            # wait for them.
             run = asyncio.create_task(self._run(job, run_id, tasks[task_id]))
             self._runs.add(run)
             run.add_done_callback(self._runs.discard)
