@@ -117,7 +117,7 @@ async def build_context(
         ctx.started_at = started_at
     ctx.gateway = Gateway(settings, ctx.recorder, local=lambda: ready_endpoints(db.pool))
     stack.push_async_callback(ctx.gateway.aclose)
-    ctx.inference_log = InferenceLog(events)
+    ctx.inference_log = InferenceLog(events, flush_s=settings.inference_log_flush_s)
     return ctx
 
 
@@ -285,6 +285,8 @@ def create_app(
         supervisor.spawn(
             "metrics-flush", lambda: _every(METRICS_FLUSH_S, "metrics flush", ctx.flush_metrics)
         )
+        # Gateway calls' inference.* records, written in batches after the responses.
+        supervisor.spawn("inference-log", ctx.inference_log.run)
         if scheduler is not None:
             supervisor.spawn("scheduler", scheduler.run_forever)
         supervisor.spawn("heartbeat", lambda: _every(HEARTBEAT_S, "heartbeat", beat))

@@ -207,6 +207,13 @@ class Settings(BaseSettings):
     stream_heartbeat_s: float = Field(
         10.0, gt=0, description="SSE comment sent while an upstream is silent this long"
     )
+    inference_log_flush_s: float = Field(
+        0.05,
+        gt=0,
+        le=60,
+        description="Gateway calls' inference.* events are written in one transaction per "
+        "this window, after the responses",
+    )
     models_dir: Path | None = Field(None, description="GGUF directory; default <data_dir>/models")
     inference_bin: str = Field("./llama-server", description="llama-server compatible binary")
     inference_gpu_layers: int = Field(99, ge=0, description="Layers offloaded to the GPU")

@@ -1,0 +1,121 @@
+"""Gateway calls' `inference.*` records are written in batches after the responses (the real
+app under uvicorn, real Postgres, a loopback OpenAI-format upstream): a response never waits
+for its record, the records of a window share one transaction, and shutdown writes what is
+still queued."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, ServedApp
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.openai_server import FakeReply, OpenAIFake
+from tests.integration.test_gateway import gateway_settings
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]}
+WAIT_S = 20.0
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[tuple[OpenAIFake, FakeAnthropic]]:
+    async with OpenAIFake(api_key="sk-openai") as oai, FakeAnthropic(api_key="sk-ant") as ant:
+        yield oai, ant
+
+
+async def _records(conn: asyncpg.Connection, request_ids: list[str]) -> list[asyncpg.Record]:
+    return list(
+        await conn.fetch(
+            "SELECT aggregate_id, type, xmin::text AS tx FROM events"
+            " WHERE aggregate_id = ANY($1::text[])",
+            request_ids,
+        )
+    )
+
+
+async def _wait_for_records(
+    conn: asyncpg.Connection, request_ids: list[str]
+) -> list[asyncpg.Record]:
+    """The records of `request_ids`, once all are committed (polled: they are written by the
+    app's background flusher, which nothing here can await)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        rows = await _records(conn, request_ids)
+        if len(rows) >= len(request_ids) or time.monotonic() > deadline:
+            return rows
+        await asyncio.sleep(0.05)
+
+
+async def _calls(app: ServedApp, n: int, *, stream_last: bool = False) -> list[str]:
+    """`n` chat completions one after another (the last streamed if asked); their request
+    ids. Each must answer while nothing can be written to the events table."""
+    ids = []
+    async with httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN, timeout=10) as http:
+        for i in range(n):
+            if stream_last and i == n - 1:
+                body: dict[str, Any] = {**CHAT, "stream": True}
+                async with http.stream("POST", "/chat/completions", json=body) as r:
+                    assert r.status_code == 200
+                    text = (await r.aread()).decode()
+                assert text.endswith("data: [DONE]\n\n")
+            else:
+                r = await http.post("/chat/completions", json=CHAT)
+                assert r.status_code == 200, r.text
+            ids.append(r.headers["x-request-id"])
+    return ids
+
+
+async def test_responses_return_before_their_records_commit_and_records_are_batched(
+    make_settings: Any, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    oai, ant = upstreams
+    oai.script([FakeReply(text="ok", prompt_tokens=5, completion_tokens=2)] * 5)
+    settings = gateway_settings(make_settings, oai, ant)
+    async with ServedApp(settings) as app:
+        blocker = await asyncpg.connect(settings.database_url)
+        reader = await asyncpg.connect(settings.database_url)
+        try:
+            # Nothing can be appended to the events table until the blocker lets go: every
+            # response below comes back all the same.
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("LOCK TABLE events IN SHARE MODE")
+            try:
+                ids = await asyncio.wait_for(_calls(app, 5, stream_last=True), WAIT_S)
+                assert await _records(reader, ids) == []
+            finally:
+                await tx.rollback()
+            rows = await _wait_for_records(reader, ids)
+        finally:
+            await blocker.close()
+            await reader.close()
+    assert sorted(r["aggregate_id"] for r in rows) == sorted(ids)
+    assert {r["type"] for r in rows} == {"inference.complete"}
+    # Batched: the one flush that was blocked, then one for everything queued behind it
+    # (one transaction per call would be 5; the store's writers alone gave 4).
+    assert len({r["tx"] for r in rows}) <= 2
+
+
+async def test_shutdown_writes_the_queued_records(
+    make_settings: Any, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    oai, ant = upstreams
+    oai.script([FakeReply(text="ok", prompt_tokens=5, completion_tokens=2)] * 3)
+    # A flush window far longer than the test: only the shutdown can write these.
+    settings = gateway_settings(make_settings, oai, ant, inference_log_flush_s=60.0)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with ServedApp(settings) as app:
+            ids = await _calls(app, 3, stream_last=True)
+            assert await _records(conn, ids) == []  # queued, not written yet
+        rows = await _records(conn, ids)  # no waiting: the app has stopped
+    finally:
+        await conn.close()
+    assert sorted(r["aggregate_id"] for r in rows) == sorted(ids)
