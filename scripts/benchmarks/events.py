@@ -48,7 +48,8 @@ APPEND_TARGET_EPS = 5_000
 # same run, interleaved in short slices so a shared machine's drift hits both alike.
 APPEND_TARGET_RATIO = {"append_eps_1": 0.8, "append_eps_8": 3.0}
 APPEND_SLICE_S = 0.5
-SSE_TARGET_P99_MS = 50.0
+SSE_TARGET_P99_MS = 100.0  # issue 17: 1,000 subscribers, p99 <= 100 ms ...
+SSE_GOAL_P99_MS = 50.0  # ... and the goal beyond it
 SSE_TARGET_SUBSCRIBERS = 1_000
 SSE_OPEN_CONCURRENCY = 100  # connections being opened at once
 SSE_CONNECT_TIMEOUT_S = 120.0
@@ -711,9 +712,12 @@ def _events_result(
             and data[f"sse_missing_{SSE_TARGET_SUBSCRIBERS}"] == 0
         )
         data["target_sse_met"] = met
+        data["goal_sse_met"] = met and data[p99_key] <= SSE_GOAL_P99_MS
         verdicts.append(
-            f"SSE p99 <= {SSE_TARGET_P99_MS:.0f} ms at {SSE_TARGET_SUBSCRIBERS} subscribers, "
-            f"none missing: {'met' if met else 'NOT met'} ({data[p99_key]:.1f} ms)"
+            f"SSE p99 <= {SSE_TARGET_P99_MS:.0f} ms (goal {SSE_GOAL_P99_MS:.0f} ms) at "
+            f"{SSE_TARGET_SUBSCRIBERS} subscribers, none missing: "
+            f"{'met' if met else 'NOT met'}{', goal met' if data['goal_sse_met'] else ''} "
+            f"({data[p99_key]:.1f} ms)"
         )
     else:
         data["target_sse_met"] = None
