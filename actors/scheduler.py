@@ -57,6 +57,14 @@ class Scheduler:
         while True:
             try:
                 db = await connect(self._settings.database_url, min_size=1, max_size=6)
+                try:
+                    # Runs' ends on their own connections: ticks never queue behind them.
+                    runs_db = await connect(
+                        self._settings.database_url, min_size=1, max_size=4, migrate=False
+                    )
+                except BaseException:
+                    await db.close()
+                    raise
                 break
             except Exception as exc:  # noqa: BLE001 - Postgres restarting: keep trying
                 log.warning("%s: database not reachable (%r)", self._name, exc)
@@ -69,6 +77,7 @@ class Scheduler:
             self._settings.database_url,
             name=self._name,
             on_restart=self._recorder.background_restart,
+            run_store=JobStore(runs_db.pool, EventStore(runs_db.pool)),
         )
         await self._service.run_forever()
 

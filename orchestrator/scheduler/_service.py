@@ -58,8 +58,12 @@ class SchedulerService:
         clock: Callable[[], float] = time.time,
         name: str = "scheduler",
         on_restart: Callable[[str], None] | None = None,
+        run_store: JobStore | None = None,
     ) -> None:
         self._store = store
+        # Where runs' ends are recorded: a pool of their own keeps a burst of them from
+        # holding the connections the next tick needs (default: the tick's store).
+        self._run_store = run_store or store
         self._dispatcher = dispatcher
         self._settings = settings
         self._dsn = dsn
@@ -322,7 +326,7 @@ class SchedulerService:
         unfinished in Postgres meanwhile, so a scheduler that takes over records it)."""
         for attempt in range(FINISH_ATTEMPTS):
             try:
-                return await self._store.finish_run(
+                return await self._run_store.finish_run(
                     job_id,
                     run_id,
                     result=result,
