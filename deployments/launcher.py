@@ -198,6 +198,52 @@ def _wait_ready(url: str, timeout_s: float) -> None:
     raise RuntimeError(f"the API did not become ready at {url}: {last}")
 
 
+class _StateStart(threading.Thread):
+    """Starts the state layer (embedded servers, migrations, the admin token) in the
+    background, then imports the app once `may_import` is set; `result()` waits for both
+    and returns the settings with the servers' URLs (or raises what went wrong)."""
+
+    def __init__(self, state: StateLayer, progress: Callable[[str], None]) -> None:
+        super().__init__(name="state layer", daemon=True)
+        self._state = state
+        self._progress = progress
+        self._settings: Settings | None = None
+        self._error: BaseException | None = None
+        self.token_source = ""
+        # Set once Serve's environment is configured (Serve reads it on import).
+        self.may_import = threading.Event()
+
+    def run(self) -> None:
+        try:
+            t0 = time.monotonic()
+            settings = self._state.start(self._progress)
+            token, self.token_source = admin_token(settings)
+            pgvector = asyncio.run(prepare_database(settings, token))
+            self._progress(
+                f"state layer ready in {time.monotonic() - t0:.1f}s "
+                f"(pgvector {'on' if pgvector else 'off'})"
+            )
+            self._settings = settings
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
+            self._error = exc
+            return
+        self.may_import.wait()
+        t0 = time.monotonic()
+        try:
+            import deployments.app  # noqa: F401 - imported ahead, for the deploy
+        except Exception as exc:  # noqa: BLE001 - the deploy imports it again and says why
+            log.warning("importing the app ahead failed: %r", exc)
+            return
+        self._progress(f"the app imported in {time.monotonic() - t0:.1f}s")
+
+    def result(self) -> Settings:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        assert self._settings is not None
+        return self._settings
+
+
 def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
     stop = threading.Event()
 
@@ -214,6 +260,7 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
     lock = DataDirLock(settings.data_dir)
     lock.acquire()
     state = StateLayer(settings)
+    started: _StateStart | None = None
     ray_started = False
     dashboard_url: str | None = None
     try:
@@ -223,16 +270,12 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
                 "Unix sockets of this machine only, so replicas on other nodes cannot reach "
                 "them; set ORCH_DATABASE_URL and ORCH_REDIS_URL for a multi-node cluster"
             )
-        t0 = time.monotonic()
-        settings = state.start(progress)
-        token, token_source = admin_token(settings)
-        pgvector = asyncio.run(prepare_database(settings, token))
-        progress(
-            f"state layer ready in {time.monotonic() - t0:.1f}s "
-            f"(pgvector {'on' if pgvector else 'off'})"
-        )
-        if stop.is_set():
-            return 0
+        # The state layer (Postgres, Redis, migrations: subprocesses and I/O) starts in a
+        # thread while this one imports Ray and the app and starts Ray: neither needs the
+        # other until the app is deployed (cold start, issue 17).
+        state_up = _StateStart(state, progress)
+        state_up.start()
+        started = state_up
 
         if settings.ray_address:
             # A cluster's proxy mode is set where its nodes start (see cluster.yaml).
@@ -248,12 +291,16 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
             if not with_haproxy:
                 settings = settings.model_copy(update={"ingress_key": None})
                 _configure_standard_proxy_env()
+        t0 = time.monotonic()
         import ray
-        from ray import serve
 
         from actors import NAMESPACE
-        from deployments.app import APP_NAME, build_app
 
+        # Serve's environment is set: the app (ray.serve, FastAPI, ours) may be imported now,
+        # in the state layer's thread once its servers are up, while this one starts Ray.
+        state_up.may_import.set()
+        if stop.is_set():
+            return 0
         t0 = time.monotonic()
         if settings.ray_address:
             progress(f"joining Ray cluster at {settings.ray_address}")
@@ -275,7 +322,19 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         # ray.init may install its own handlers; ours decide how the service stops.
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        progress(f"Ray ready in {time.monotonic() - t0:.1f}s; deploying the API")
+        progress(f"Ray ready in {time.monotonic() - t0:.1f}s")
+        t0 = time.monotonic()
+        from ray import serve
+
+        from deployments.app import APP_NAME, build_app
+
+        ingress_key = settings.ingress_key
+        settings = state_up.result().model_copy(update={"ingress_key": ingress_key})
+        if time.monotonic() - t0 >= 0.1:
+            progress(f"waited {time.monotonic() - t0:.1f}s for the state layer and imports")
+        if stop.is_set():
+            return 0
+        progress("deploying the API")
         t0 = time.monotonic()
         url = f"http://{settings.host}:{settings.port}"
         try:
@@ -299,13 +358,16 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         write_runtime(settings, url, ray.get_runtime_context().gcs_address)
         progress(f"API deployed in {time.monotonic() - t0:.1f}s")
         progress(f"Orchestrator ready at {url}/api/v1")
-        progress(f"admin token: {token_source}")
+        progress(f"admin token: {state_up.token_source}")
         if dashboard_url:
             progress(f"Ray dashboard: http://{dashboard_url}")
         while not stop.wait(1.0):
             pass
         return 0
     finally:
+        if started is not None:
+            started.may_import.set()  # (a stop before Ray's import) nothing waits for it
+            started.join()  # what it starts is stopped below: it must be done starting
         _shutdown(settings, state, ray_started, progress)
         lock.release()
 
