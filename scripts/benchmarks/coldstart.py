@@ -28,7 +28,8 @@ from benchmarks._common import (
     say,
 )
 
-TARGET_S = 20.0
+TARGET_S = 15.0  # issue 17: fresh data directory
+RESTART_TARGET_S = 12.0
 READY_TIMEOUT_S = 300.0
 
 
@@ -101,12 +102,16 @@ def coldstart(args: argparse.Namespace) -> Result:
         "import_s": round(imports, 2),
         "target_s": TARGET_S,
         "target_met": min(fresh) <= TARGET_S,
+        "restart_target_s": RESTART_TARGET_S,
+        # The machine is shared: the 1-minute load average, to read the figures against.
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }
     rows = [
         ("measure", "seconds", "target / baseline"),
         ("cold start (fresh data dir)", f"{data['cold_start_s']}", f"<= {TARGET_S:g}"),
-        ("restart (same data dir)", f"{data['restart_s']}", ""),
+        ("restart (same data dir)", f"{data['restart_s']}", f"<= {RESTART_TARGET_S:g}"),
         ("interpreter + imports (baseline)", f"{data['import_s']}", ""),
     ]
-    return Result(data, "coldstart: orchestrator serve to GET /api/v1/ready\n" + format_table(rows))
+    text = "coldstart: orchestrator serve to GET /api/v1/ready\n" + format_table(rows)
+    return Result(data, text + f"\nload average {data['load_average_1m']}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import time
 from typing import Any
 
@@ -28,7 +29,7 @@ from benchmarks._common import (
 )
 from benchmarks.workflows import serve_with_instant_model
 
-TARGET_P99_MS = 1000.0
+TARGET_P99_MS = 250.0  # issue 17
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +106,8 @@ def scheduler(args: argparse.Namespace) -> Result:
         "lateness_max_ms": late[-1],
         "timer_overshoot_p50_ms": round(percentile(base, 50), 3),
         "target_lateness_p99_ms": TARGET_P99_MS,
+        # The machine is shared: the 1-minute load average, to read the figures against.
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
     rows = [
         ["", "p50 ms", "p99 ms", "max ms"],
@@ -121,5 +124,6 @@ def scheduler(args: argparse.Namespace) -> Result:
         + f"\n{len(late)} dispatches of {args.jobs} jobs in {args.duration:g}s"
         + f" ({data['dispatches_per_s']}/s); target p99 <= {TARGET_P99_MS:.0f} ms"
         + f" ({'met' if data['lateness_p99_ms'] <= TARGET_P99_MS else 'not met'})"
+        + f"; load average {data['load_average_1m']}"
     )
     return Result(data, text)
