@@ -69,6 +69,8 @@ class _Client:
     frames: deque[tuple[int, bytes]] = field(default_factory=deque)
     overflowed: bool = False
     waiter: asyncio.Future[None] | None = None
+    ping_at: float = 0.0  # loop time at which a silent stream is sent a ping
+    timer: asyncio.TimerHandle | None = None
 
     def offer(self, position: int, frame: bytes) -> None:
         if self.overflowed:
@@ -81,21 +83,31 @@ class _Client:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def wait(self, ping_s: float) -> None:
-        """Until a frame (or the overflow) is offered, or `ping_s` passes."""
+    async def wait(self) -> None:
+        """Until a frame (or the overflow) is offered, or the stream is due a ping."""
         loop = asyncio.get_running_loop()
-        waiter = self.waiter = loop.create_future()
-        timer = loop.call_later(ping_s, _wake, waiter)
+        self.waiter = loop.create_future()
+        # One timer per client, armed while it waits and moved on only when it fires (not
+        # re-made for every frame): a write just pushes `ping_at` later.
+        if self.timer is None:
+            self.timer = loop.call_at(self.ping_at, self._ping_due)
         try:
-            await waiter
+            await self.waiter
         finally:
-            timer.cancel()
             self.waiter = None
 
+    def _ping_due(self) -> None:
+        self.timer = None
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.ping_at:  # written to since: not silent long enough yet
+            self.timer = loop.call_at(self.ping_at, self._ping_due)
+        elif self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class FanoutStream:
@@ -257,6 +269,8 @@ class Fanout:
                     yield b"".join(frames)
             position = max(position, live_from)
             pending = client.frames
+            loop = asyncio.get_running_loop()
+            client.ping_at = loop.time() + ping_s
             while True:
                 if not pending:
                     if client.overflowed:
@@ -264,9 +278,10 @@ class Fanout:
                             f"this stream fell more than {self._client_limit} events behind; "
                             f"reconnect with Last-Event-ID {position}"
                         )
-                    await client.wait(ping_s)
-                    if not pending and not client.overflowed:
+                    await client.wait()
+                    if not pending and not client.overflowed and loop.time() >= client.ping_at:
                         yield PING
+                        client.ping_at = loop.time() + ping_s
                     continue
                 # Everything that piled up since the last write, in one write (bounded).
                 parts: list[bytes] = []
@@ -279,7 +294,9 @@ class Fanout:
                         size += len(frame)
                 if parts:
                     yield parts[0] if len(parts) == 1 else b"".join(parts)
+                    client.ping_at = loop.time() + ping_s
         finally:
+            client.close()
             self._drop(client)
 
     def _changed(self) -> None:
