@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Annotated, Any
 
 import anyio
@@ -30,11 +30,19 @@ from orchestrator.providers import (
 )
 from orchestrator.providers import _anthropic_format as anthropic_format
 from orchestrator.providers import _openai_format as openai_format
+from orchestrator.providers._json import dumps
 
 router = APIRouter(tags=["inference"])
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 log = logging.getLogger("orchestrator.gateway")
+
+
+class _JsonResponse(JSONResponse):
+    """JSONResponse encoded with orjson (same compact UTF-8 bytes, several times faster)."""
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)
 
 
 class _SseResponse(StreamingResponse):
@@ -53,8 +61,6 @@ class _SseResponse(StreamingResponse):
                 await self._on_close()
 
 
-HEARTBEAT = object()  # marker yielded by `_with_heartbeats` while the upstream is silent
-
 JsonBody = Annotated[dict[str, Any], Body()]
 
 
@@ -68,7 +74,7 @@ async def chat_completions(
     call = _Call(ctx, principal, request, chat)
     if not chat.stream:
         response = await call.complete()
-        return JSONResponse(openai_format.encode_response(response, chat.model))
+        return _JsonResponse(openai_format.encode_response(response, chat.model))
     await call.open_stream()
     encoder = openai_format.ChunkEncoder(chat.model, include_usage)
 
@@ -94,7 +100,7 @@ async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: Curren
     call = _Call(ctx, principal, request, chat)
     if not chat.stream:
         response = await call.complete()
-        return JSONResponse(anthropic_format.encode_response(response, chat.model))
+        return _JsonResponse(anthropic_format.encode_response(response, chat.model))
     await call.open_stream()
     encoder = anthropic_format.EventEncoder(chat.model)
 
@@ -224,16 +230,20 @@ class _Call:
                     yield heartbeat
                 self.routed = self.opening.result()
                 self.provider = self.routed.route.provider
-            async for event in _with_heartbeats(self.routed.events, interval):
-                if event is None:
-                    yield heartbeat
-                    continue
-                if isinstance(event, MessageEnd):
-                    end = event
-                elif isinstance(event, BlockDelta):
-                    tokens_out += 1  # deltas seen; the exact count comes with the end
-                for frame in frames(event):
-                    yield frame
+            async with contextlib.aclosing(_batches(self.routed.events, interval)) as batches:
+                async for batch in batches:
+                    if batch is None:
+                        yield heartbeat
+                        continue
+                    out: list[bytes] = []
+                    for event in batch:
+                        if isinstance(event, MessageEnd):
+                            end = event
+                        elif isinstance(event, BlockDelta):
+                            tokens_out += 1  # deltas seen; the exact count comes with the end
+                        out.extend(frames(event))
+                    if out:
+                        yield b"".join(out)  # one write (through every middleware) per batch
             if done:
                 yield done
             finished = True
@@ -305,31 +315,61 @@ class _Call:
         return int((time.perf_counter() - self.started) * 1000)
 
 
-async def _with_heartbeats(
+async def _batches(
     events: AsyncIterator[StreamEvent], interval_s: float
-) -> AsyncIterator[StreamEvent | None]:
-    """The events, with None whenever `interval_s` passes without one. The pending read is
-    never cancelled by a heartbeat: it is the same `anext` awaited again."""
-    pending: asyncio.Future[StreamEvent] | None = None
-    try:  # the caller closes `events` (RoutedStream.aclose)
+) -> AsyncGenerator[list[StreamEvent] | None, None]:
+    """The events in batches: everything that arrived since the last batch (a burst from
+    the upstream becomes one write), or None whenever `interval_s` passes without one (a
+    heartbeat). One task reads the upstream for the whole stream, so a heartbeat never
+    cancels a pending read, and nothing is created per event. Closing this generator stops
+    the reader (the caller then closes `events`: RoutedStream.aclose)."""
+    loop = asyncio.get_running_loop()
+    buffer: list[StreamEvent] = []
+    ended: list[BaseException] = []  # StopAsyncIteration, or the upstream's failure
+    waiter: asyncio.Future[None] | None = None
+
+    def wake() -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def read() -> None:
+        try:
+            async for event in events:
+                buffer.append(event)
+                wake()
+            ended.append(StopAsyncIteration())
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer after the buffer
+            ended.append(exc)
+        finally:
+            wake()
+
+    reader = loop.create_task(read(), name="gateway-stream-reader")
+    try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
-                yield None
+            if not buffer and not ended:
+                waiter = loop.create_future()
+                timer = loop.call_later(interval_s, wake)
+                try:
+                    await waiter
+                finally:
+                    timer.cancel()
+                    waiter = None
+                if not buffer and not ended:
+                    yield None
+                    continue
+            if buffer:
+                batch = buffer[:]
+                buffer.clear()
+                yield batch
                 continue
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
+            if isinstance(ended[0], StopAsyncIteration):
                 return
-            pending = None
-            yield event
+            raise ended[0]
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, ProviderError):
-                await pending
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
 
 
 __all__ = ["router"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from orchestrator.errors import OrchestratorError, ValidationFailed
+from orchestrator.providers._json import dumps
 from orchestrator.providers._types import (
     Block,
     BlockDelta,
@@ -335,8 +336,7 @@ def encode_response(resp: ChatResponse, model: str) -> dict[str, Any]:
 
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
     """One SSE frame as Anthropic writes it: `event: <name>` then one `data:` line."""
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {name}\ndata: {payload}\n\n".encode()
+    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 def error_type_for(status: int) -> str:

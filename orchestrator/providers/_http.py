@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from orchestrator.providers._json import dumps, loads
 from orchestrator.providers._types import (
     Block,
     BlockDelta,
@@ -100,6 +101,14 @@ def _transport_error(provider: str, exc: httpx.HTTPError) -> ProviderError:
     return ProviderError.unreachable(provider, f"{type(exc).__name__}: {exc}")
 
 
+def _json_headers(headers: dict[str, str]) -> dict[str, str]:
+    """`headers` with `Content-Type: application/json` unless they set one (the body is
+    encoded here, with orjson, rather than by httpx's `json=`)."""
+    if any(name.lower() == "content-type" for name in headers):
+        return headers
+    return {**headers, "Content-Type": "application/json"}
+
+
 async def post_json(
     http: httpx.AsyncClient,
     provider: str,
@@ -113,7 +122,8 @@ async def post_json(
     if isinstance(body, bytes):
         kw["content"] = body
     else:
-        kw["json"] = body
+        kw["content"] = dumps(body)
+        kw["headers"] = _json_headers(headers)
     if request_timeout is not None:
         kw["timeout"] = request_timeout
     try:
@@ -123,7 +133,7 @@ async def post_json(
     if response.status_code >= 400:
         _raise_for(provider, response, response.content)
     try:
-        return response.json()
+        return loads(response.content)
     except ValueError as exc:
         raise ProviderError(
             f"{provider}: answer is not JSON", provider=provider, upstream_status=200
@@ -147,7 +157,8 @@ async def open_stream(
     caller reads are turned into `ProviderError` too."""
     kw: dict[str, Any] = {"headers": headers}
     if json_body is not None:
-        kw["json"] = json_body
+        kw["content"] = dumps(json_body)
+        kw["headers"] = _json_headers(headers)
     if content is not None:
         kw["content"] = content
     if request_timeout is not None:

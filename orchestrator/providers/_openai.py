@@ -5,13 +5,13 @@ in a subclass."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
 from orchestrator.providers._http import iter_sse, open_stream, post_json
+from orchestrator.providers._json import loads
 from orchestrator.providers._openai_format import (
     ChunkDecoder,
     ReasoningPolicy,
@@ -44,6 +44,10 @@ class OpenAIAdapter:
         self.config = config
         self._http = http
         self._timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
+        # Built once (the config is frozen), not per call: the gateway's hot path.
+        self._chat_url = self._url("/chat/completions")
+        self._post_headers = {**self.headers(), "Content-Type": "application/json"}
+        self._stream_headers = {**self._post_headers, "Accept": "text/event-stream"}
 
     @property
     def name(self) -> str:
@@ -75,9 +79,9 @@ class OpenAIAdapter:
         data = await post_json(
             self._http,
             self.name,
-            self._url("/chat/completions"),
+            self._chat_url,
             self.build_body(request, stream=False),
-            self.headers(),
+            self._post_headers,
             self._timeout,
         )
         return decode_response(data, self.name)
@@ -88,16 +92,16 @@ class OpenAIAdapter:
             self._http,
             self.name,
             "POST",
-            self._url("/chat/completions"),
+            self._chat_url,
             json_body=self.build_body(request, stream=True),
-            headers={**self.headers(), "Accept": "text/event-stream"},
+            headers=self._stream_headers,
             request_timeout=self._timeout,
         ) as response:
             async for _event, data in iter_sse(response):
                 if data.strip() == "[DONE]":
                     break
                 try:
-                    chunk = json.loads(data)
+                    chunk = loads(data)
                 except ValueError as exc:
                     raise ProviderError(
                         f"{self.name}: stream chunk is not JSON: {data[:200]!r}",

@@ -29,6 +29,7 @@ from typing import Any, Literal, NoReturn
 
 from orchestrator.errors import ValidationFailed
 from orchestrator.providers._blocks import BlockWriter
+from orchestrator.providers._json import dumps
 from orchestrator.providers._types import (
     Block,
     BlockDelta,
@@ -100,8 +101,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def sse_data(obj: Any) -> bytes:
     """One SSE frame holding `obj` as compact JSON, as OpenAI writes them."""
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return b"data: " + text.encode() + b"\n\n"
+    return b"data: " + dumps(obj) + b"\n\n"
 
 
 def encode_error(
