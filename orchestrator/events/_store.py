@@ -322,6 +322,102 @@ class EventStore:
             expected = (aggregates.pop(), expected_seq)
         return await self._insert(conn, prepared, expected)
 
+    async def append_with(
+        self,
+        conn: asyncpg.Connection | asyncpg.Pool,
+        sql: str,
+        args: Sequence[Any],
+        events: Sequence[NewEvent],
+    ) -> tuple[asyncpg.Record | None, list[Event]]:
+        """A state change and its events in ONE statement (one round trip; on the pool it
+        is its own transaction, so also one commit, nothing else in it).
+
+        `sql` is one data-modifying statement with RETURNING (the caller's, with its
+        parameters `$1..$len(args)`); it runs as a CTE beside `append_events`, and its
+        first returned row comes back with the committed events. On the pool, the
+        post-commit hooks run and the feeds are woken (coalesced, off this call's path)."""
+        prepared = [await self._prepare(e) for e in events]
+        if not prepared:
+            raise ValueError("append_with needs at least one event")
+        if isinstance(conn, asyncpg.Connection) and not conn.is_in_transaction():
+            raise RuntimeError("append_with on a connection needs an open transaction")
+        n = len(args)
+        ids, event_args, timestamp = self._append_args(prepared, None)
+        # The bodies (5th argument) are JSON texts, as in `_insert`.
+        marks = ", ".join(
+            f"${n + i}::jsonb[]" if i == 5 else f"${n + i}" for i in range(1, len(event_args) + 1)
+        )
+        # Appended events drive the join (the state CTE runs in full either way: Postgres
+        # always completes data-modifying CTEs), so every event's row comes back.
+        rows = await conn.fetch(
+            f"WITH state AS ({sql}), appended AS (SELECT * FROM append_events({marks}))"
+            " SELECT a.out_position AS _event_position, a.out_seq AS _event_seq, s.*"
+            " FROM appended a LEFT JOIN state s ON true",
+            *args,
+            *event_args,
+        )
+        committed = self._numbered(prepared, ids, timestamp, rows)
+        if isinstance(conn, asyncpg.Pool):
+            await asyncio.shield(self._after_commit(committed))
+            self._notify_soon()
+        return (rows[0] if rows else None), committed
+
+    def _notify_soon(self) -> None:
+        """Wake the feeds from the notifier task (no round trip on the caller's path)."""
+        self._notify_due = True
+        if self._notifier is None or self._notifier.done():
+            self._notifier = asyncio.create_task(self._notify_later(), name="event-notify")
+
+    @staticmethod
+    def _append_args(
+        prepared: list[_Prepared], expected: tuple[str, int] | None
+    ) -> tuple[list[uuid.UUID], list[Any], int]:
+        ids = [uuid.uuid4() for _ in prepared]
+        timestamp = int(time.time() * 1000)
+        return (
+            ids,
+            [
+                ids,
+                [new.type for new, _, _ in prepared],
+                [version for _, _, version in prepared],
+                [aggregate for _, aggregate, _ in prepared],
+                [json.dumps(new.data) for new, _, _ in prepared],
+                [new.user_uuid for new, _, _ in prepared],
+                timestamp,
+                expected[0] if expected else None,
+                expected[1] if expected else None,
+            ],
+            timestamp,
+        )
+
+    @staticmethod
+    def _numbered(
+        prepared: list[_Prepared],
+        ids: list[uuid.UUID],
+        timestamp: int,
+        rows: Sequence[asyncpg.Record],
+        position: str = "_event_position",
+        seq: str = "_event_seq",
+    ) -> list[Event]:
+        # Positions are drawn in input order, so sorted positions line up with the input.
+        numbered = sorted((r[position], r[seq]) for r in rows)
+        return [
+            Event(
+                position=pos,
+                id=str(event_id),
+                type=new.type,
+                version=version,
+                aggregate_id=aggregate,
+                seq=sq,
+                timestamp=timestamp,
+                data=new.data,  # validate() made it: JSON types, not the caller's dict
+                user_uuid=new.user_uuid,
+            )
+            for (pos, sq), event_id, (new, aggregate, version) in zip(
+                numbered, ids, prepared, strict=True
+            )
+        ]
+
     async def _insert(
         self,
         conn: asyncpg.Connection | asyncpg.Pool,

@@ -40,6 +40,19 @@ from orchestrator.memory._embed import Embedder, EmbedderUnavailable
 log = logging.getLogger(__name__)
 
 CACHE_TTL_S = 300
+# Cached copies are "<version>|<json>" (an empty json: a tombstone, a miss), the version
+# being the row's `updated_at`, which the store keeps strictly increasing per row. A copy
+# is written only over an older one, so a reader that read the row before a store and
+# caches it after the store's own write-through cannot put the older value back.
+_PUT_NEWER = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local bar = string.find(cur, '|', 1, true)
+  if bar and tonumber(string.sub(cur, 1, bar - 1)) >= tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'EX', ARGV[3])
+return 1
+"""
 FILL_BATCH = 32
 FILL_POLL_S = 1.0  # entries another process stored (agent workers) are found this fast
 FILL_MAX_ATTEMPTS = 5
@@ -139,6 +152,7 @@ class MemoryStore:
         self._distrust_until = 0.0
         self._fill_wake = asyncio.Event()
         self._iterative = False
+        self._put_newer = redis.register_script(_PUT_NEWER) if redis is not None else None
 
     async def prepare(self) -> None:
         """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
@@ -166,7 +180,7 @@ class MemoryStore:
     @staticmethod
     def _cache_key(agent_id: str, owner: str | None, key: str) -> str:
         who = owner or ""
-        return f"mem:{len(agent_id)}:{agent_id}:{len(who)}:{who}:{key}"
+        return f"mem2:{len(agent_id)}:{agent_id}:{len(who)}:{who}:{key}"
 
     async def _cached(self, agent_id: str, owner: str | None, key: str) -> Entry | None:
         if self._redis is None or time.monotonic() < self._distrust_until:
@@ -177,28 +191,39 @@ class MemoryStore:
             return None
         if raw is None:
             return None
-        data = json.loads(raw)
+        _, _, body = (raw.decode() if isinstance(raw, bytes) else raw).partition("|")
+        if not body:  # a tombstone: deleted since
+            return None
+        data = json.loads(body)
         return Entry(agent_id=agent_id, key=key, **data)
 
-    async def _cache(self, entry: Entry) -> None:
-        ttl = CACHE_TTL_S
-        if entry.expires_at is not None:
-            ttl = min(ttl, max(1, (entry.expires_at - now_ms()) // 1000))
-        data = {
-            "value": entry.value,
-            "user_uuid": entry.user_uuid,
-            "created_at": entry.created_at,
-            "expires_at": entry.expires_at,
-            "pinned": entry.pinned,
-        }
-        if self._redis is None:
+    async def _cache(self, entry: Entry, version: int, *, gone: bool = False) -> None:
+        """Put `entry` (or, `gone`, a tombstone) in the cache unless a copy of a version as
+        new or newer is there. A write that fails may leave an older copy behind: this
+        process then reads from Postgres until such a copy has expired."""
+        if self._put_newer is None:
             return
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.set(
-                self._cache_key(entry.agent_id, entry.user_uuid, entry.key),
-                json.dumps(data),
-                ex=ttl,
+        ttl = CACHE_TTL_S
+        body = ""
+        if not gone:
+            if entry.expires_at is not None:
+                ttl = min(ttl, max(1, (entry.expires_at - now_ms()) // 1000))
+            body = json.dumps(
+                {
+                    "value": entry.value,
+                    "user_uuid": entry.user_uuid,
+                    "created_at": entry.created_at,
+                    "expires_at": entry.expires_at,
+                    "pinned": entry.pinned,
+                }
             )
+        try:
+            await self._put_newer(
+                keys=[self._cache_key(entry.agent_id, entry.user_uuid, entry.key)],
+                args=[version, body, ttl],
+            )
+        except (RedisError, OSError):
+            self._distrust_until = time.monotonic() + CACHE_TTL_S
 
     async def _forget_cached(self, agent_id: str, *rows: tuple[str | None, str]) -> None:
         """Drop the cached copies of (owner, key) entries of `agent_id`."""
@@ -229,53 +254,55 @@ class MemoryStore:
             )
         ts = now_ms()
         expires = ts + ttl_ms if ttl_ms else None
-        async with self._events.transaction() as tx:
-            # The caller's own entry: another owner's same-named entry is untouched.
-            pending = embedding is None and self._auto_embed
-            # One row version: the pgvector column (when there is one) is written with the rest.
-            vcol, vval, vset = (
-                (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
-                if self.pgvector
-                else ("", "", "")
-            )
-            row = await tx.conn.fetchrow(
-                "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
-                f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
-                f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
-                " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
-                " updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at,"
-                f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
-                " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
-                " RETURNING created_at, user_uuid, pinned",
-                agent_id,
-                key,
-                value,
+        # The caller's own entry: another owner's same-named entry is untouched.
+        pending = embedding is None and self._auto_embed
+        # One row version: the pgvector column (when there is one) is written with the rest.
+        vcol, vval, vset = (
+            (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
+            if self.pgvector
+            else ("", "", "")
+        )
+        events = [
+            NewEvent(
+                "memory.stored",
+                {"agent_id": agent_id, "key": key, "ttl_ms": ttl_ms, "bytes": len(value)},
                 principal.user_uuid,
-                ts,
-                expires,
-                embedding,
-                pending,
             )
-            events = [
+        ]
+        if key.startswith(REFLECTION_PREFIX):
+            events.append(
                 NewEvent(
-                    "memory.stored",
-                    {"agent_id": agent_id, "key": key, "ttl_ms": ttl_ms, "bytes": len(value)},
-                    principal.user_uuid,
+                    "memory.reflected", {"agent_id": agent_id, "key": key}, principal.user_uuid
                 )
-            ]
-            if key.startswith(REFLECTION_PREFIX):
-                events.append(
-                    NewEvent(
-                        "memory.reflected", {"agent_id": agent_id, "key": key}, principal.user_uuid
-                    )
-                )
-            await tx.append(events)
-        await self._forget_cached(agent_id, (principal.user_uuid, key))
+            )
+        # The entry and its events in one statement, autocommitted: one round trip and one
+        # commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
+        row, _ = await self._events.append_with(
+            self._pool,
+            "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
+            f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
+            f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
+            " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
+            # Strictly increasing per row: the version the cache compares (two stores in one
+            # millisecond, or a clock behind, still make a newer version).
+            " updated_at = greatest(EXCLUDED.updated_at, memory_entries.updated_at + 1),"
+            " expires_at = EXCLUDED.expires_at,"
+            f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
+            " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
+            " RETURNING created_at, user_uuid, pinned, updated_at",
+            [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
+            events,
+        )
+        assert row is not None
         if pending:
             self._fill_wake.set()
-        return Entry(
+        entry = Entry(
             agent_id, key, value, row["user_uuid"], row["created_at"], expires, row["pinned"]
         )
+        # Committed: the new copy replaces any cached one before the caller hears "ok", so
+        # no read after the acknowledgement finds an older value.
+        await self._cache(entry, row["updated_at"])
+        return entry
 
     # --- embeddings (best effort, after the write) -----------------------------------------
 
@@ -410,7 +437,8 @@ class MemoryStore:
         else:
             owners = None if principal.is_admin else [principal.user_uuid, ""]
         rows = await self._pool.fetch(
-            "SELECT value, user_uuid, created_at, expires_at, pinned FROM memory_entries"
+            "SELECT value, user_uuid, created_at, expires_at, pinned, updated_at"
+            " FROM memory_entries"
             " WHERE agent_id = $1 AND key = $2 AND ($3::text[] IS NULL OR owner = ANY($3))"
             " ORDER BY owner = $4 DESC, owner = '' DESC, owner LIMIT 51",
             agent_id,
@@ -437,7 +465,7 @@ class MemoryStore:
             top["pinned"],
         )
         if not entry.expired(now_ms()):
-            await self._cache(entry)
+            await self._cache(entry, top["updated_at"])
         return entry
 
     async def get(
@@ -466,13 +494,19 @@ class MemoryStore:
         entry = await self._resolve(agent_id, key, principal, owner)
         if entry.user_uuid != principal.user_uuid and not principal.is_admin:
             raise Forbidden("only the owner deletes an entry")
-        await self._pool.execute(
-            "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2 AND owner = $3",
+        version = await self._pool.fetchval(
+            "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2 AND owner = $3"
+            " RETURNING updated_at",
             agent_id,
             key,
             entry.user_uuid or "",
         )
-        await self._forget_cached(agent_id, (entry.user_uuid, key))
+        if version is None:
+            await self._forget_cached(agent_id, (entry.user_uuid, key))
+        else:
+            # A tombstone, not a DEL: a reader that read the row before the delete cannot
+            # cache it again afterwards (newer than the row's own version, to replace it).
+            await self._cache(entry, version + 1, gone=True)
 
     async def pin(
         self,
