@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import email.utils
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +101,7 @@ def _transport_error(provider: str, exc: httpx.HTTPError) -> ProviderError:
     return ProviderError.unreachable(provider, f"{type(exc).__name__}: {exc}")
 
 
-def _json_headers(headers: dict[str, str]) -> dict[str, str]:
+def _json_headers(headers: Mapping[str, str]) -> Mapping[str, str]:
     """`headers` with `Content-Type: application/json` unless they set one (the body is
     encoded here, with orjson, rather than by httpx's `json=`)."""
     if any(name.lower() == "content-type" for name in headers):
@@ -112,9 +112,9 @@ def _json_headers(headers: dict[str, str]) -> dict[str, str]:
 async def post_json(
     http: httpx.AsyncClient,
     provider: str,
-    url: str,
+    url: str | httpx.URL,
     body: dict[str, Any] | bytes,
-    headers: dict[str, str],
+    headers: Mapping[str, str],
     request_timeout: httpx.Timeout | float | None = None,
 ) -> Any:
     """POST and return the decoded JSON answer; any failure is a `ProviderError`."""
@@ -145,11 +145,11 @@ async def open_stream(
     http: httpx.AsyncClient,
     provider: str,
     method: str,
-    url: str,
+    url: str | httpx.URL,
     *,
     json_body: dict[str, Any] | None = None,
     content: bytes | None = None,
-    headers: dict[str, str],
+    headers: Mapping[str, str],
     request_timeout: httpx.Timeout | float | None = None,
 ) -> AsyncIterator[httpx.Response]:
     """A streaming request whose status is checked (error bodies read and raised as
