@@ -104,8 +104,12 @@ async def build_context(
         db=db,
         redis=redis,
         tokens=tokens,
-        authenticator=Authenticator(tokens, jwt_verifier, settings.auth_cache_ttl_s),
-        rate_limiter=RateLimiter(redis, settings.rate_limit_per_minute),
+        authenticator=Authenticator(
+            tokens, jwt_verifier, settings.auth_cache_ttl_s, settings.auth_cache_max_entries
+        ),
+        rate_limiter=RateLimiter(
+            redis, settings.rate_limit_per_minute, sync_s=settings.rate_limit_sync_s
+        ),
         auth_throttle=FailedAuthThrottle(
             redis, settings.auth_failures_per_address, settings.auth_failure_window_s
         ),
@@ -290,6 +294,12 @@ def create_app(
         if scheduler is not None:
             supervisor.spawn("scheduler", scheduler.run_forever)
         supervisor.spawn("heartbeat", lambda: _every(HEARTBEAT_S, "heartbeat", beat))
+        # Revoked tokens leave every replica's auth cache by NOTIFY (no cache while it is down).
+        supervisor.spawn(
+            "token-listener", lambda: ctx.authenticator.watch(settings.database_url or "")
+        )
+        if ctx.rate_limiter.enabled:
+            supervisor.spawn("rate-limit-sync", ctx.rate_limiter.run)
         if ctx.memory.embedder:
             supervisor.spawn("memory-filler", ctx.memory.run_filler)
 

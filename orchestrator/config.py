@@ -146,7 +146,13 @@ class Settings(BaseSettings):
         description="Paths served without a bearer token",
     )
     auth_cache_ttl_s: float = Field(
-        5.0, ge=0, description="Seconds a replica caches a verified token (revocation delay)"
+        60.0,
+        ge=0,
+        description="Longest a replica keeps a verified token in its cache (a safety net: a "
+        "revoked or deleted token is dropped everywhere by NOTIFY within 1 s); 0 = no cache",
+    )
+    auth_cache_max_entries: int = Field(
+        10_000, ge=1, description="Verified tokens a replica caches at most (oldest go first)"
     )
     jwt_secret: SecretStr | None = Field(None, description="HS256 secret for JWT bearers")
     jwt_jwks_url: str | None = Field(None, description="JWKS URL for RS256/ES256 JWT bearers")
@@ -167,6 +173,13 @@ class Settings(BaseSettings):
     )
     rate_limit_per_minute: int = Field(
         600, ge=0, description="Requests per token per minute; 0 = off"
+    )
+    rate_limit_sync_s: float = Field(
+        0.2,
+        gt=0,
+        le=5,
+        description="Seconds between a replica's rate-limit syncs with Redis (counting the "
+        "replicas that share a budget, giving back leases of credentials gone quiet)",
     )
     max_request_bytes: int = Field(
         32 * 1024 * 1024,

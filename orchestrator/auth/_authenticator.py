@@ -19,26 +19,77 @@ NEGATIVE_TTL_S = 2.0
 CACHE_MAX = 10_000
 
 
-def _bounded_put(cache: dict[str, Any], key: str, value: Any) -> None:
-    if len(cache) >= CACHE_MAX:
-        cache.clear()  # crude, but bounded; a hot client re-enters on its next request
+def _bounded_put(cache: dict[str, Any], key: str, value: Any, limit: int) -> None:
+    # Dicts keep insertion order: the oldest entries go first (a hot client re-enters on
+    # its next request).
+    while len(cache) >= limit:
+        del cache[next(iter(cache))]
     cache[key] = value
 
 
 class Authenticator:
     """Verifies bearer tokens.
 
-    Opaque tokens are looked up by hash in Postgres and cached for `cache_ttl_s`, so a hot
-    client costs one dict lookup, not a database round trip; a revoked token stops working
-    on every replica within that time (at once on the replica that revoked it).
+    Opaque tokens are looked up by hash in Postgres and then served from a per-replica cache,
+    so a hot client costs one dict lookup, not a database round trip. With `watch` running
+    (every replica runs it), a token changed in `api_tokens` (revoked, deleted) is dropped
+    from every replica's cache when its NOTIFY arrives (well within a second); the cache is
+    used only while that LISTEN connection is up, and is dropped whole whenever it (re)connects,
+    since notifications may have been missed meanwhile. `cache_ttl_s` (the longest an entry
+    is kept) and `cache_max` bound it as a safety net. Without `watch` (tools, tests), the TTL
+    alone bounds how long a revoked token keeps working.
     """
 
-    def __init__(self, store: TokenStore, jwt_verifier: JwtVerifier, cache_ttl_s: float) -> None:
+    def __init__(
+        self,
+        store: TokenStore,
+        jwt_verifier: JwtVerifier,
+        cache_ttl_s: float,
+        cache_max: int = CACHE_MAX,
+    ) -> None:
         self._store = store
         self._jwt = jwt_verifier
         self._ttl = cache_ttl_s
+        self._max = max(1, cache_max)
         self._cache: dict[str, tuple[float, Principal]] = {}
         self._unknown: dict[str, float] = {}
+        self._watched = False  # a `watch` was started: the cache needs its LISTEN
+        self._listening = False
+        # Bumped by every invalidation: a lookup that raced one does not cache its answer.
+        self._epoch = 0
+
+    @property
+    def listening(self) -> bool:
+        """`watch`'s LISTEN connection is up."""
+        return self._listening
+
+    @property
+    def caching(self) -> bool:
+        """Verified tokens are cached now (with `watch`: only while its LISTEN is up)."""
+        return self._ttl > 0 and (self._listening or not self._watched)
+
+    async def watch(self, dsn: str) -> None:
+        """Keep the cache honest: LISTEN for changed tokens until the connection is lost
+        (then raise; run it under the replica's Supervisor, which starts it again)."""
+        self._watched = True
+        try:
+            await self._store.listen(dsn, self._changed, self._connected)
+        finally:
+            self._listening = False
+            self._drop_all()
+
+    def _connected(self) -> None:
+        # Whatever changed while nobody listened is unknown: start from an empty cache.
+        self._drop_all()
+        self._listening = True
+
+    def _changed(self, token_hash: str) -> None:
+        self.forget([token_hash])
+
+    def _drop_all(self) -> None:
+        self._epoch += 1
+        self._cache.clear()
+        self._unknown.clear()
 
     async def authenticate(
         self, authorization: str | None, before_lookup: Callable[[], None] | None = None
@@ -65,6 +116,7 @@ class Authenticator:
             before_lookup()
         if self._unknown.get(digest, 0.0) > now:
             raise Unauthorized("invalid or revoked token")
+        epoch = self._epoch
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT_S):
                 principal = await self._store.lookup(digest)
@@ -76,13 +128,15 @@ class Authenticator:
         if principal is None:
             self._cache.pop(digest, None)
             # Remember misses briefly, so garbage tokens cannot each cost a database query.
-            _bounded_put(self._unknown, digest, now + NEGATIVE_TTL_S)
+            _bounded_put(self._unknown, digest, now + NEGATIVE_TTL_S, self._max)
             raise Unauthorized("invalid or revoked token")
-        if self._ttl > 0:
-            _bounded_put(self._cache, digest, (now + self._ttl, principal))
+        # A change notified while we looked may have come after our read: not cached then.
+        if self.caching and self._epoch == epoch:
+            _bounded_put(self._cache, digest, (now + self._ttl, principal), self._max)
         return principal
 
     def forget(self, token_hashes: list[str]) -> None:
+        self._epoch += 1
         for digest in token_hashes:
             self._cache.pop(digest, None)
             self._unknown.pop(digest, None)

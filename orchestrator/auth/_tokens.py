@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -15,6 +18,14 @@ from orchestrator.errors import ValidationFailed
 TOKEN_PREFIX = "orch_"
 PREFIX_LEN = 12  # characters of the token kept in clear to name it (e.g. for revocation)
 
+
+# Migration 0017: every update or delete of a token row sends its hash here, at commit.
+NOTIFY_CHANNEL = "orch_tokens"
+# How often the LISTEN connection is probed: a connection dead without a FIN (a partition)
+# is noticed within this plus the probe's timeout, and the caches dropped.
+LISTEN_PROBE_S = 2.0
+LISTEN_PROBE_TIMEOUT_S = 5.0  # generous: a busy server is not a dead connection
+LISTENER_NAME = "orch-token-listener"  # its application_name, as pg_stat_activity shows it
 
 ADMIN_USER = "admin"  # the user_uuid of the configured admin token
 RESERVED_PREFIX = "jwt:"  # JWT identities (orchestrator/auth/_jwt.py)
@@ -134,3 +145,31 @@ class TokenStore:
             _now_ms(),
         )
         return [r["token_hash"] for r in rows]
+
+    async def listen(
+        self, dsn: str, on_change: Callable[[str], None], on_connected: Callable[[], None]
+    ) -> None:
+        """LISTEN for changed tokens on a connection of its own: `on_connected()` once the
+        LISTEN is in place, then `on_change(token_hash)` per changed row. Raises when the
+        connection is lost (the caller's supervisor starts it again)."""
+        conn = await asyncpg.connect(
+            dsn, timeout=5, server_settings={"application_name": LISTENER_NAME}
+        )
+        closed = asyncio.Event()
+        try:
+            conn.add_termination_listener(lambda _conn: closed.set())
+            await conn.add_listener(
+                NOTIFY_CHANNEL, lambda _conn, _pid, _channel, payload: on_change(payload)
+            )
+            on_connected()
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LISTEN_PROBE_S):
+                        await closed.wait()
+                if closed.is_set():
+                    raise ConnectionError("the token listener's connection closed")
+                async with asyncio.timeout(LISTEN_PROBE_TIMEOUT_S):
+                    await conn.fetchval("SELECT 1")
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
