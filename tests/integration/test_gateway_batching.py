@@ -1,19 +1,25 @@
 """Gateway calls' `inference.*` records are written in batches after the responses (the real
 app under uvicorn, real Postgres, a loopback OpenAI-format upstream): a response never waits
-for its record, the records of a window share one transaction, and shutdown writes what is
-still queued."""
+for its record, the records of a window share one transaction, shutdown writes what is still
+queued, and records queued while the database is down are written once it is back."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
+from orchestrator.db import connect
+from orchestrator.events import EventStore
+from orchestrator.providers import InferenceLog
+from orchestrator.runtime import EmbeddedPostgres
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.openai_server import FakeReply, OpenAIFake
@@ -119,3 +125,57 @@ async def test_shutdown_writes_the_queued_records(
     finally:
         await conn.close()
     assert sorted(r["aggregate_id"] for r in rows) == sorted(ids)
+
+
+class _Logged(logging.Handler):
+    """Sets `seen` when a record containing `text` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+async def test_records_queued_through_a_database_outage_are_written_after_it(
+    tmp_path: Path,
+) -> None:
+    failed = _Logged("could not record")
+    logging.getLogger("orchestrator.gateway").addHandler(failed)
+    pg = EmbeddedPostgres(tmp_path / "own-pg")
+    url = pg.start()
+    db = await connect(url)
+    inference = InferenceLog(EventStore(db.pool), flush_s=0.01)
+    flusher = asyncio.create_task(inference.run())
+    try:
+        pg.stop()
+        ids = [f"outage-{i}" for i in range(3)]
+        for request_id in ids:
+            inference.complete(
+                request_id=request_id,
+                user_uuid="admin",
+                model="m",
+                provider="openai",
+                tokens_in=1,
+                tokens_out=1,
+                duration_ms=1,
+                finish_reason="end_turn",
+                stream=False,
+            )
+        await asyncio.wait_for(failed.seen.wait(), WAIT_S)  # a write failed: kept, retried
+        pg.restart()
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await _wait_for_records(conn, ids)
+        finally:
+            await conn.close()
+        assert sorted(r["aggregate_id"] for r in rows) == ids
+    finally:
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+        logging.getLogger("orchestrator.gateway").removeHandler(failed)
+        await db.close()
+        pg.stop()
