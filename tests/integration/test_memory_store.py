@@ -1,0 +1,172 @@
+"""MemoryStore against real Postgres (pgvector) and Redis: the store is one statement with
+its events, the cache never serves a value older than what was acknowledged (two stores in
+one millisecond, a reader that read before a write and caches after it, a delete), and
+embeddings are filled behind: an entry is found by key and text at once, by vector once
+the filler has embedded it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+
+import orchestrator.memory._store as memory_store
+from orchestrator.auth import Principal
+from orchestrator.db import Database, connect
+from orchestrator.errors import NotFound
+from orchestrator.events import EventStore
+from orchestrator.memory import MemoryStore
+
+DIM = 384
+ANN = Principal("ann")
+
+
+@dataclass
+class Stores:
+    db: Database
+    events: EventStore
+    cache: aioredis.Redis
+
+    def memory(self, embedder: object | None = None) -> MemoryStore:
+        return MemoryStore(
+            self.db.pool,
+            self.events,
+            self.cache,
+            DIM,
+            pgvector=self.db.pgvector,
+            embedder=embedder,  # type: ignore[arg-type]
+        )
+
+
+@pytest.fixture
+async def stores(database_url: str, clean_redis: str) -> AsyncIterator[Stores]:
+    db = await connect(database_url)
+    cache = aioredis.from_url(clean_redis)
+    try:
+        made = Stores(db, EventStore(db.pool), cache)
+        await made.memory().prepare()  # the pgvector column, as the service does at start
+        yield made
+    finally:
+        await cache.aclose()
+        await db.close()
+
+
+async def _version(s: Stores, key: str) -> int:
+    value = await s.db.pool.fetchval(
+        "SELECT updated_at FROM memory_entries WHERE agent_id = 'ns' AND key = $1", key
+    )
+    assert isinstance(value, int)
+    return value
+
+
+async def test_store_writes_entry_and_events_together(stores: Stores) -> None:
+    memory = stores.memory()
+    committed: list[str] = []
+
+    async def seen(events: list[object]) -> None:
+        committed.extend(e.type for e in events)  # type: ignore[attr-defined]
+
+    stores.events.add_post_commit_hook(seen)
+    await memory.store("ns", "reflection:today", "calm", ANN)
+    rows = await stores.db.pool.fetch(
+        "SELECT type, seq, user_uuid FROM events WHERE aggregate_id = 'ns' ORDER BY position"
+    )
+    assert [(r["type"], r["seq"], r["user_uuid"]) for r in rows] == [
+        ("memory.stored", 1, "ann"),
+        ("memory.reflected", 2, "ann"),
+    ]
+    assert committed == ["memory.stored", "memory.reflected"]
+    assert (await memory.get("ns", "reflection:today", ANN)).value == "calm"
+
+
+async def test_two_stores_in_one_millisecond_never_leave_the_older_cached(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cached copy's version is the row's updated_at; a second store in the same
+    millisecond (or with a clock behind) still makes a newer version."""
+    memory = stores.memory()
+    monkeypatch.setattr(memory_store, "now_ms", lambda: 1_700_000_000_000)
+    await memory.store("ns", "k", "v1", ANN)
+    assert (await memory.get("ns", "k", ANN)).value == "v1"  # cached now
+    await memory.store("ns", "k", "v2", ANN)
+    assert (await memory.get("ns", "k", ANN)).value == "v2"
+    assert (await stores.memory().get("ns", "k", ANN)).value == "v2"  # another replica
+
+
+async def test_a_reader_that_read_before_a_store_cannot_cache_the_older_value(
+    stores: Stores,
+) -> None:
+    """A replica reads v1 from Postgres, another stores v2 (acknowledged), then the first
+    puts its v1 into the cache: the put is refused, every later read sees v2."""
+    writer, reader = stores.memory(), stores.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    old = await reader.get("ns", "k", ANN)
+    old_version = await _version(stores, "k")
+    await stores.cache.flushdb()  # the reader's copy expired meanwhile
+    await writer.store("ns", "k", "v2", ANN)
+    await reader._cache(old, old_version)  # the late put of what it read before the store
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    assert (await stores.memory().get("ns", "k", ANN)).value == "v2"
+
+
+async def test_a_reader_that_read_before_a_delete_cannot_bring_it_back(stores: Stores) -> None:
+    writer, reader = stores.memory(), stores.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    old = await reader.get("ns", "k", ANN)
+    old_version = await _version(stores, "k")
+    await writer.delete("ns", "k", ANN)
+    await reader._cache(old, old_version)
+    with pytest.raises(NotFound):
+        await reader.get("ns", "k", ANN)
+    # A new store after the delete is read back, whatever the tombstone's version.
+    await writer.store("ns", "k", "v3", ANN)
+    assert (await reader.get("ns", "k", ANN)).value == "v3"
+
+
+class GatedEmbedder:
+    """Embeds only once `gate` opens (a slow provider); `entered` is set when asked."""
+
+    name = "test:gated"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        self.entered.set()
+        await self.gate.wait()
+        return [[1.0 if i == len(t) % DIM else 0.0 for i in range(DIM)] for t in texts]
+
+
+async def test_store_returns_before_the_embedding_and_vector_search_finds_it_after(
+    stores: Stores,
+) -> None:
+    if not stores.db.pgvector:
+        pytest.skip("pgvector is not available")
+    embedder = GatedEmbedder()
+    memory = stores.memory(embedder)
+    filler = asyncio.create_task(memory.run_filler())
+    try:
+        value = "the deploy key rotates on fridays"
+        await memory.store("ns", "deploy", value, ANN)  # returns with the embedder stuck
+        await asyncio.wait_for(embedder.entered.wait(), 10)  # the filler has it, not the store
+        assert (await memory.get("ns", "deploy", ANN)).value == value
+        assert [e.key for e in await memory.search("ns", "deploy key", ANN, 10)] == ["deploy"]
+        vector = [1.0 if i == len(value) % DIM else 0.0 for i in range(DIM)]
+        assert await memory.vector_search("ns", vector, ANN, 10, 0.9) == []
+        embedder.gate.set()
+        deadline = time.monotonic() + 20
+        while not await memory.vector_search("ns", vector, ANN, 10, 0.9):
+            assert time.monotonic() < deadline, "the filler did not embed the entry"
+            await asyncio.sleep(0.02)
+        pending = await stores.db.pool.fetchval(
+            "SELECT embed_pending FROM memory_entries WHERE key = 'deploy'"
+        )
+        assert pending is False
+    finally:
+        filler.cancel()
+        await asyncio.gather(filler, return_exceptions=True)
