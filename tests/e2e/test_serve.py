@@ -137,6 +137,38 @@ def test_token_creation_through_the_api_and_the_cli(service: Service) -> None:
     }
 
 
+async def test_a_revoked_token_gets_401_on_every_replica_within_a_second(
+    service: Service,
+) -> None:
+    """Replicas cache verified tokens (issue 17); DELETE /tokens reaches every replica's cache
+    by NOTIFY. Requests go in concurrent batches, so HAProxy spreads them over the replicas."""
+    async with httpx.AsyncClient(base_url=f"{service.url}/api/v1", timeout=10) as client:
+        r = await client.post("/tokens", headers=service.admin, json={"user_uuid": "rita"})
+        created = r.json()
+        rita = {"Authorization": f"Bearer {created['token']}"}
+
+        async def batch() -> set[int]:
+            answers = await asyncio.gather(
+                *(client.get("/whoami", headers=rita) for _ in range(16))
+            )
+            return {a.status_code for a in answers}
+
+        # Every replica has verified (and cached) it.
+        assert await batch() | await batch() == {200}
+        r = await client.delete(f"/tokens/{created['prefix']}", headers=service.admin)
+        assert r.json() == {"ok": True, "revoked": 1}
+        revoked_at = time.monotonic()
+        # 401, or 429 once its failures trip the failed-auth throttle (asked only for a token
+        # that is not cached): never 200.
+        refused = {401, 429}
+        while True:
+            codes = await batch()
+            if codes <= refused:
+                break
+            assert time.monotonic() - revoked_at < 1.0, f"still accepted after 1 s: {codes}"
+        assert await batch() <= refused
+
+
 def test_health_ready_slo(service: Service) -> None:
     r = service.get("/health")
     assert r.status_code == 200
