@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,8 +19,10 @@ from actors.inference import RayLocalInference
 from actors.metrics import ActorMetricsHub
 from actors.workflow_shard import RayWorkflows
 from deployments.api import create_app
+from deployments.in_cluster import serve_request
 from deployments.runtime import runtime_deployment
 from orchestrator.config import Settings
+from orchestrator.sdk._in_cluster import HandleRequest, HandleResponse
 
 APP_NAME = "orchestrator"
 
@@ -68,6 +71,16 @@ class Api:
             run_scheduler=False,
             channel_runner=RayChannels(self._settings, generation),
         )
+
+    async def handle_request(self, request: HandleRequest) -> AsyncIterator[HandleResponse | bytes]:
+        """A request from a program on the cluster, over this deployment's handle
+        (orchestrator/sdk/_in_cluster.py): served by this replica's app, middleware and all,
+        as HTTP is, so it acts as its token's principal and nothing more. Streamed
+        (`handle.options(stream=True)`): the answer's head, then its body chunks."""
+        key = self._settings.ingress_key
+        app = self.app  # type: ignore[attr-defined]  # the ingress wrapper built and started it
+        async for item in serve_request(app, request, key.get_secret_value() if key else None):
+            yield item
 
     def __repr__(self) -> str:
         return f"Api(port={self._settings.port})"

@@ -1,0 +1,182 @@
+"""The in-cluster wire without Ray: `AsyncServeTransport` (orchestrator/sdk/_in_cluster.py)
+and the replica's side (`deployments.in_cluster.serve_request`) against the real app (real
+Postgres and Redis). Only Serve's handle is stood in for, by `LoopHandle`, which calls the
+replica's method in this process as Serve would on the replica. What goes through Ray
+itself is covered by tests/e2e/test_in_cluster.py on a `ray start` cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from deployments import in_cluster
+from deployments.api import create_app
+from deployments.in_cluster import serve_request
+from orchestrator.sdk._in_cluster import HANDLE_BASE_URL, AsyncServeTransport, HandleRequest
+from tests.conftest import ADMIN_TOKEN, ServedApp
+
+INGRESS_KEY = "ingress-key-0123456789abcdef0123"
+
+
+class _Answer:
+    """What `handle.options(stream=True).remote()` gives: an async iterator with cancel()."""
+
+    def __init__(self, items: AsyncIterator[Any]) -> None:
+        self._items = items
+        self.cancelled = False
+        self.closed = False
+
+    def __aiter__(self) -> _Answer:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._items.__anext__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._closing = asyncio.get_running_loop().create_task(self._close())
+
+    async def _close(self) -> None:
+        await self._items.aclose()  # type: ignore[attr-defined]
+        self.closed = True
+
+
+class LoopHandle:
+    """A stand-in for the Api deployment handle that runs `handle_request` in this loop."""
+
+    def __init__(self, app: FastAPI, ingress_key: str | None) -> None:
+        self._app = app
+        self._key = ingress_key
+        self.options_seen: dict[str, Any] = {}
+        self.answers: list[_Answer] = []
+
+    def options(self, **options: Any) -> LoopHandle:
+        self.options_seen = options
+        return self
+
+    def remote(self, request: HandleRequest) -> _Answer:
+        assert isinstance(request, HandleRequest)
+        answer = _Answer(serve_request(self._app, request, self._key))
+        self.answers.append(answer)
+        return answer
+
+
+def _client(handle: LoopHandle, token: str | None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(
+        transport=AsyncServeTransport(handle), base_url=HANDLE_BASE_URL, headers=headers
+    )
+
+
+async def _tenant_token(api: httpx.AsyncClient, user: str) -> str:
+    response = await api.post("/tokens", json={"user_uuid": user})
+    assert response.status_code == 200, response.text
+    return str(response.json()["token"])
+
+
+async def test_a_handle_request_acts_as_its_token_and_nothing_else(make_settings) -> None:
+    settings = make_settings(ingress_key=INGRESS_KEY)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), ServedApp(settings) as served:
+        handle = LoopHandle(app, INGRESS_KEY)
+        async with _client(handle, ADMIN_TOKEN) as admin:
+            assert handle.options_seen == {"method_name": "handle_request", "stream": True}
+            who = await admin.get("/whoami")
+            assert who.status_code == 200 and who.json()["admin"] is True
+            # The replica made the request id and says it, as Serve's proxy does over HTTP.
+            assert len(who.headers["x-request-id"]) == 32
+            ann = await _tenant_token(admin, "ann")
+            bob = await _tenant_token(admin, "bob")
+
+        # Over HTTP the ingress key is required (issue 19); the handle is not HTTP.
+        async with httpx.AsyncClient(base_url=served.url + "/api/v1") as http:
+            direct = await http.get("/whoami", headers={"Authorization": f"Bearer {ann}"})
+            assert direct.status_code == 421
+
+        async with _client(handle, ann) as as_ann:
+            created = await as_ann.post(
+                "/workflows", json={"name": "w", "steps": [{"name": "a", "prompt": "hi"}]}
+            )
+            assert created.status_code == 200, created.text
+            workflow_id = created.json()["id"]
+            mine = await as_ann.get(f"/workflows/{workflow_id}")
+            assert mine.status_code == 200 and mine.json()["id"] == workflow_id
+
+        async with _client(handle, bob) as as_bob:
+            theirs = await as_bob.get(f"/workflows/{workflow_id}")
+            assert theirs.status_code == 404 and theirs.json()["code"] == "not_found"
+            # Headers that only the service decides are not the caller's to set.
+            forged = await as_bob.get(
+                "/whoami",
+                headers={
+                    "X-Orch-Ingress": "wrong",
+                    "X-Forwarded-For": "10.9.9.9",
+                    "X-Request-ID": "chosen-by-caller",
+                },
+            )
+            assert forged.status_code == 200 and forged.json()["user_uuid"] == "bob"
+            assert forged.headers["x-request-id"] != "chosen-by-caller"
+
+        async with _client(handle, "orch_not-a-real-token-000000000000") as stranger:
+            denied = await stranger.get("/whoami")
+            assert denied.status_code == 401 and denied.json()["code"] == "unauthorized"
+        async with _client(handle, None) as nobody:
+            assert (await nobody.get("/whoami")).status_code == 401
+
+
+async def test_failed_auth_over_the_handle_is_throttled_as_one_address(make_settings) -> None:
+    settings = make_settings(auth_failures_per_address=3, auth_failure_window_s=60)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        handle = LoopHandle(app, None)
+        statuses = []
+        for i in range(5):
+            async with _client(handle, f"orch_guess-{i:030d}") as guesser:
+                # A different forwarded address each time: it must not be a new bucket.
+                answer = await guesser.get("/whoami", headers={"X-Forwarded-For": f"10.0.0.{i}"})
+                statuses.append(answer.status_code)
+        assert statuses[:3] == [401, 401, 401] and statuses[-1] == 429, statuses
+
+
+async def test_a_stream_arrives_in_chunks_and_leaving_it_ends_it(make_settings) -> None:
+    settings = make_settings()
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        handle = LoopHandle(app, None)
+        async with _client(handle, ADMIN_TOKEN) as admin:
+            async with admin.stream("GET", "/sync-events") as stream:
+                assert stream.status_code == 200
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                await admin.post("/tokens", json={"user_uuid": "carl"})
+                seen = ""
+                async for text in stream.aiter_text():
+                    seen += text
+                    if "data:" in seen:
+                        break
+            assert "data:" in seen
+            answer = handle.answers[0]
+            assert answer.cancelled
+        # The route saw the disconnect and ended: no request of the handle is left running.
+        deadline = asyncio.get_running_loop().time() + 10
+        while in_cluster._finishing or not answer.closed:
+            assert asyncio.get_running_loop().time() < deadline, in_cluster._finishing
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("size", [0, 70_000])
+async def test_bodies_go_both_ways_whole(make_settings, size: int) -> None:
+    settings = make_settings()
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        handle = LoopHandle(app, None)
+        async with _client(handle, ADMIN_TOKEN) as admin:
+            text = "é" * size
+            put = await admin.post("/workspace/write", json={"path": "big.txt", "content": text})
+            assert put.status_code == 200, put.text
+            got = await admin.post("/workspace/read", json={"path": "big.txt"})
+            assert got.status_code == 200 and got.json()["content"] == text
