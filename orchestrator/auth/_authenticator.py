@@ -17,6 +17,10 @@ from orchestrator.errors import ServiceUnavailable, Unauthorized
 LOOKUP_TIMEOUT_S = 5.0
 NEGATIVE_TTL_S = 2.0
 CACHE_MAX = 10_000
+# While the LISTEN connection is down, what is cached is served this much longer at most
+# (a Postgres outage does not lock out every client at once; nobody can revoke meanwhile
+# unless only this replica lost Postgres), and nothing new is cached.
+UNWATCHED_GRACE_S = 5.0
 
 
 def _bounded_put(cache: dict[str, Any], key: str, value: Any, limit: int) -> None:
@@ -33,10 +37,11 @@ class Authenticator:
     Opaque tokens are looked up by hash in Postgres and then served from a per-replica cache,
     so a hot client costs one dict lookup, not a database round trip. With `watch` running
     (every replica runs it), a token changed in `api_tokens` (revoked, deleted) is dropped
-    from every replica's cache when its NOTIFY arrives (well within a second); the cache is
-    used only while that LISTEN connection is up, and is dropped whole whenever it (re)connects,
-    since notifications may have been missed meanwhile. `cache_ttl_s` (the longest an entry
-    is kept) and `cache_max` bound it as a safety net. Without `watch` (tools, tests), the TTL
+    from every replica's cache when its NOTIFY arrives (well within a second). Entries are
+    added only while that LISTEN connection is up; when it drops, what is cached is kept at
+    most UNWATCHED_GRACE_S more, and the whole cache is dropped when it reconnects, since
+    notifications may have been missed meanwhile. `cache_ttl_s` (the longest an entry is
+    kept) and `cache_max` bound it as a safety net. Without `watch` (tools, tests), the TTL
     alone bounds how long a revoked token keeps working.
     """
 
@@ -76,7 +81,11 @@ class Authenticator:
             await self._store.listen(dsn, self._changed, self._connected)
         finally:
             self._listening = False
-            self._drop_all()
+            self._epoch += 1
+            latest = time.monotonic() + UNWATCHED_GRACE_S
+            for digest, (expires, principal) in list(self._cache.items()):
+                if expires > latest:
+                    self._cache[digest] = (latest, principal)
 
     def _connected(self) -> None:
         # Whatever changed while nobody listened is unknown: start from an empty cache.

@@ -89,7 +89,7 @@ async def test_a_changed_token_stops_working_on_every_replica_within_a_second(
 
 async def test_the_cache_is_dropped_when_the_listener_reconnects(database_url: str) -> None:
     """Notifications sent while a replica's LISTEN connection is down are lost: the replica
-    drops its whole cache when it reconnects (and caches nothing while it is down)."""
+    drops its whole cache when it reconnects (and caches nothing new while it is down)."""
     async with replica(database_url) as (db, auth):
         store = TokenStore(db.pool)
         issued = await store.create("bob", admin=False)
