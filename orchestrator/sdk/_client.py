@@ -1,340 +1,221 @@
-"""Synchronous and asynchronous clients of the HTTP API.
-
-Each endpoint is described once, as a `_Call` (method, path, body, how to read the answer);
-the two clients only differ in how they send it. Turning a response into a result or an
-`ApiError` happens in one function, `_read`, shared by both.
+"""The blocking client. Every endpoint is a `Call` in _calls.py; this class sends them, with
+the retry policy of _base.py, over its own httpx.Client or one it is given.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
-from urllib.parse import quote
+from typing import Any, Literal, Self, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
 
+from orchestrator.sdk import _calls, _streams
+from orchestrator.sdk._base import (
+    ApiError,
+    Call,
+    RetryPolicy,
+    SseFrame,
+    SseParser,
+    error_of,
+    headers_for,
+    read,
+    reconnect_delay,
+    resolve_options,
+)
+from orchestrator.sdk._calls import ScheduleOptions, StepSpec
 from orchestrator.sdk._models import (
+    Channel,
+    ChannelCreated,
+    ChannelDeleted,
+    ChannelList,
+    ChannelUpdated,
+    ChatCompletion,
+    ChatCompletionChunk,
+    DirectoryListing,
+    Encoding,
+    Event,
+    EventPage,
+    FileContent,
+    FileEdited,
+    FileSearch,
+    FileWritten,
     Health,
+    InstanceDetail,
+    InstanceList,
+    InstancesStopped,
+    InstanceState,
     Job,
     JobCreated,
     JobPage,
     JobStatus,
+    MemoryCleared,
+    MemoryCopied,
+    MemoryEntries,
+    MemoryEntry,
+    MemoryForgotten,
+    MemoryOk,
+    MemoryPinned,
+    MemoryResults,
+    MemoryStats,
+    Message,
+    MessageStreamEvent,
+    ModelList,
+    ModelsDiscovered,
+    ProvidersStatus,
+    ProviderStatusDetail,
+    Reflections,
+    ReportFiled,
+    ReportPage,
+    ReportsDismissed,
+    SimilarResults,
+    Skill,
+    SkillDeleted,
+    SkillDetail,
+    SkillPage,
+    SkillPublished,
+    SkillReport,
     Slo,
     TemplateSaved,
     TokenCreated,
     TokenRevoked,
+    WebhookAck,
     WhoAmI,
     Workflow,
     WorkflowCancelled,
     WorkflowCreated,
     WorkflowDeleted,
     WorkflowPage,
+    WorkflowSummary,
     WorkflowTemplates,
 )
 
-__all__ = ["API_PREFIX", "ApiError", "AsyncClient", "Client", "normalise_base_url"]
-
-API_PREFIX = "/api/v1"
-USER_AGENT = "orchestrator-sdk/0.1"
-REQUEST_ID_HEADER = "X-Request-ID"
+__all__ = ["Client"]
 
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 
 
-class ApiError(Exception):
-    """The service answered with an error (or with something that is not a valid answer).
+class Client:
+    """Blocking client of the whole API. Use as a context manager, or call `close()`.
 
-    `code` is the service's snake_case error code (`unauthorized`, `not_found`, ...);
-    `body` is the decoded JSON error body, or None when the body was not JSON (for example
-    a proxy's own error page). Network failures are not ApiErrors: httpx raises those.
+    `base_url` (with or without `/api/v1`) defaults to $ORCH_BASE_URL, then
+    http://127.0.0.1:8000; `api_key` (a bearer token; `token=` is the same) to $ORCH_API_KEY.
+    429, 503 and connection failures are retried `max_retries` times (RetryPolicy). Pass
+    `http_client` to send over your own httpx.Client (any transport, proxies, mTLS): it is
+    used as given and not closed by `close()`.
     """
 
     def __init__(
         self,
-        status: int,
-        code: str,
-        message: str,
-        request_id: str | None = None,
-        body: dict[str, Any] | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 2,
+        http_client: httpx.Client | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-        self.body = body
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.status, self.code, self.message, self.request_id, self.body))
-
-    def __str__(self) -> str:
-        rid = f", request_id={self.request_id}" if self.request_id else ""
-        return f"{self.status} {self.code}: {self.message}{rid}"
-
-    def __repr__(self) -> str:
-        return (
-            f"ApiError(status={self.status}, code={self.code!r}, message={self.message!r}, "
-            f"request_id={self.request_id!r})"
-        )
-
-
-def normalise_base_url(base_url: str) -> str:
-    """`http://host:port`, with or without a trailing `/api/v1` (and slash) -> `.../api/v1`."""
-    url = base_url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-    return url if url.endswith(API_PREFIX) else url + API_PREFIX
-
-
-# --- reading answers ----------------------------------------------------------------------
-
-
-def _json_object(response: httpx.Response) -> dict[str, Any] | None:
-    try:
-        data = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _error_of(response: httpx.Response) -> ApiError:
-    body = _json_object(response)
-    header_id = response.headers.get(REQUEST_ID_HEADER)
-    if body is not None and isinstance(body.get("error"), str):
-        return ApiError(
-            status=response.status_code,
-            code=str(body.get("code") or f"http_{response.status_code}"),
-            message=body["error"],
-            request_id=body.get("request_id") or header_id,
-            body=body,
-        )
-    text = response.text.strip()
-    message = text[:200] if text else (response.reason_phrase or "error")
-    return ApiError(response.status_code, f"http_{response.status_code}", message, header_id, body)
-
-
-def _invalid(response: httpx.Response, why: str) -> ApiError:
-    return ApiError(
-        response.status_code,
-        "invalid_response",
-        why,
-        response.headers.get(REQUEST_ID_HEADER),
-        _json_object(response),
-    )
-
-
-def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
-    def parse(response: httpx.Response) -> M:
-        body = _json_object(response)
-        if body is None:
-            raise _invalid(response, f"expected a JSON object for {cls.__name__}")
-        try:
-            return cls.model_validate(body)
-        except ValidationError as exc:
-            raise _invalid(response, f"response is not a valid {cls.__name__}: {exc}") from exc
-
-    return parse
-
-
-def _text(response: httpx.Response) -> str:
-    return response.text
-
-
-@dataclass(frozen=True)
-class _Call(Generic[T]):
-    """One request to make, and how to read its answer."""
-
-    method: str
-    path: str
-    parse: Callable[[httpx.Response], T]
-    body: dict[str, Any] | None = None
-    # Error statuses whose body is still a valid answer (a degraded /health is 503).
-    answers: frozenset[int] = field(default_factory=frozenset)
-
-    params: dict[str, Any] | None = None
-
-    def build(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
-        return http.build_request(self.method, self.path, json=self.body, params=self.params)
-
-
-def _read(call: _Call[T], response: httpx.Response) -> T:
-    if response.is_success:
-        return call.parse(response)
-    if response.status_code in call.answers:
-        try:
-            return call.parse(response)
-        except ApiError:
-            # Not the documented body (e.g. a proxy's own 503 page): report the error itself.
-            pass
-    raise _error_of(response)
-
-
-# --- the endpoints, described once ---------------------------------------------------------
-
-
-def _health() -> _Call[Health]:
-    return _Call("GET", "/health", _model(Health), answers=frozenset({503}))
-
-
-def _ready() -> _Call[str]:
-    return _Call("GET", "/ready", _text)
-
-
-def _metrics() -> _Call[str]:
-    return _Call("GET", "/metrics", _text)
-
-
-def _slo() -> _Call[Slo]:
-    return _Call("GET", "/slo", _model(Slo))
-
-
-def _whoami() -> _Call[WhoAmI]:
-    return _Call("GET", "/whoami", _model(WhoAmI))
-
-
-def _create_token(user_uuid: str, admin: bool, description: str) -> _Call[TokenCreated]:
-    body = {"user_uuid": user_uuid, "admin": admin, "description": description}
-    return _Call("POST", "/tokens", _model(TokenCreated), body=body)
-
-
-def _revoke_token(prefix: str) -> _Call[TokenRevoked]:
-    return _Call("DELETE", f"/tokens/{quote(prefix, safe='')}", _model(TokenRevoked))
-
-
-def _create_workflow(
-    name: str | None,
-    steps: list[dict[str, Any]] | None,
-    template: str | None,
-    variables: dict[str, Any] | None,
-    model: str | None,
-) -> _Call[WorkflowCreated]:
-    given = {"name": name, "steps": steps, "template": template, "variables": variables}
-    body = {k: v for k, v in {**given, "model": model}.items() if v is not None}
-    return _Call("POST", "/workflows", _model(WorkflowCreated), body=body)
-
-
-def _workflow(workflow_id: str) -> _Call[Workflow]:
-    return _Call("GET", f"/workflows/{quote(workflow_id, safe='')}", _model(Workflow))
-
-
-def _workflows(
-    status: str | None, parent: str | None, limit: int | None, offset: int
-) -> _Call[WorkflowPage]:
-    given = {"status": status, "parent": parent, "limit": limit, "offset": offset}
-    params = {k: v for k, v in given.items() if v is not None}
-    return _Call("GET", "/workflows", _model(WorkflowPage), params=params)
-
-
-def _cancel_workflow(workflow_id: str) -> _Call[WorkflowCancelled]:
-    path = f"/workflows/{quote(workflow_id, safe='')}/cancel"
-    return _Call("POST", path, _model(WorkflowCancelled))
-
-
-def _delete_workflow(workflow_id: str) -> _Call[WorkflowDeleted]:
-    return _Call("DELETE", f"/workflows/{quote(workflow_id, safe='')}", _model(WorkflowDeleted))
-
-
-def _save_template(name: str, steps: list[dict[str, Any]], shared: bool) -> _Call[TemplateSaved]:
-    body = {"name": name, "steps": steps, "shared": shared}
-    return _Call("POST", "/workflows/templates", _model(TemplateSaved), body=body)
-
-
-def _templates() -> _Call[WorkflowTemplates]:
-    return _Call("GET", "/workflows/templates", _model(WorkflowTemplates))
-
-
-def _create_schedule(prompt: str, fields: dict[str, Any]) -> _Call[JobCreated]:
-    body = {"prompt": prompt, **{k: v for k, v in fields.items() if v is not None}}
-    return _Call("POST", "/schedules", _model(JobCreated), body=body)
-
-
-def _schedules(page: int, per_page: int | None) -> _Call[JobPage]:
-    params = {"page": page, **({"per_page": per_page} if per_page else {})}
-    return _Call("GET", "/schedules", _model(JobPage), params=params)
-
-
-def _schedule(job_id: int) -> _Call[Job]:
-    return _Call("GET", f"/schedules/{int(job_id)}", _model(Job))
-
-
-def _job_action(job_id: int, action: str) -> _Call[JobStatus]:
-    if action == "delete":
-        return _Call("DELETE", f"/schedules/{int(job_id)}", _model(JobStatus))
-    return _Call("POST", f"/schedules/{int(job_id)}/{action}", _model(JobStatus))
-
-
-def _client_options(base_url: str, token: str | None, timeout: float) -> dict[str, Any]:
-    headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return {"base_url": normalise_base_url(base_url), "headers": headers, "timeout": timeout}
-
-
-# --- the clients ---------------------------------------------------------------------------
-
-
-class Client:
-    """Blocking client. Use as a context manager, or call `close()`.
-
-    `base_url` is the service address, with or without the `/api/v1` suffix; `token` is a
-    bearer token (not needed for health, ready, metrics and slo).
-    """
-
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
-        self._http = httpx.Client(**_client_options(base_url, token, timeout))
+        self.base_url, self.api_key = resolve_options(base_url, api_key or token)
+        self.timeout = timeout
+        self.retry = RetryPolicy(max_retries=max_retries)
+        self._headers = headers_for(self.api_key)
+        self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else httpx.Client(timeout=timeout)
 
     @property
-    def base_url(self) -> str:
-        return str(self._http.base_url).rstrip("/")
+    def max_retries(self) -> int:
+        return self.retry.max_retries
 
-    def _send(self, call: _Call[T]) -> T:
-        return _read(call, self._http.send(call.build(self._http)))
+    def _request(self, call: Call[Any], *, stream: bool = False) -> httpx.Response:
+        attempt = 0
+        while True:
+            request = self._http.build_request(
+                call.method,
+                self.base_url + call.path,
+                json=call.body,
+                params=call.params,
+                headers={**self._headers, **(call.headers or {})},
+                timeout=self.timeout,
+            )
+            try:
+                response = self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                if attempt >= self.max_retries or not self.retry.should_retry_error(
+                    call.method, exc
+                ):
+                    raise
+                delay = self.retry.delay(attempt, None)
+            else:
+                if attempt >= self.max_retries or not self.retry.should_retry_status(
+                    call, response
+                ):
+                    return response
+                delay = self.retry.delay(attempt, response)
+                response.close()
+            attempt += 1
+            time.sleep(delay)
+
+    def _send(self, call: Call[T]) -> T:
+        return read(call, self._request(call))
+
+    def _sse(self, call: Call[None], parser: SseParser) -> Iterator[SseFrame]:
+        response = self._request(call, stream=True)
+        try:
+            if not response.is_success:
+                response.read()
+                raise error_of(response)
+            for line in response.iter_lines():
+                frame = parser.line(line)
+                if frame is not None:
+                    yield frame
+        finally:
+            response.close()
+
+    # --- operations and tokens ---------------------------------------------------------
 
     def health(self) -> Health:
         """Service health; returned (not raised) when degraded: check `.status`."""
-        return self._send(_health())
+        return self._send(_calls.health())
 
     def ready(self) -> str:
-        return self._send(_ready())
+        return self._send(_calls.ready())
 
     def metrics(self) -> str:
         """Prometheus text exposition."""
-        return self._send(_metrics())
+        return self._send(_calls.metrics())
 
     def slo(self) -> Slo:
-        return self._send(_slo())
+        return self._send(_calls.slo())
 
     def whoami(self) -> WhoAmI:
-        return self._send(_whoami())
+        return self._send(_calls.whoami())
 
     def create_token(
         self, user_uuid: str, admin: bool = False, description: str = ""
     ) -> TokenCreated:
         """Issue a token for `user_uuid` (admin only)."""
-        return self._send(_create_token(user_uuid, admin, description))
+        return self._send(_calls.create_token(user_uuid, admin, description))
 
     def revoke_token(self, prefix: str) -> TokenRevoked:
-        return self._send(_revoke_token(prefix))
+        return self._send(_calls.revoke_token(prefix))
+
+    # --- workflows -----------------------------------------------------------------------
 
     def create_workflow(
         self,
         name: str | None = None,
-        steps: list[dict[str, Any]] | None = None,
+        steps: Sequence[StepSpec] | None = None,
         *,
         template: str | None = None,
-        variables: dict[str, Any] | None = None,
+        variables: Mapping[str, Any] | None = None,
         model: str | None = None,
     ) -> WorkflowCreated:
         """Inline (`name`, `steps`) or from a template; it starts at once."""
-        return self._send(_create_workflow(name, steps, template, variables, model))
+        return self._send(_calls.create_workflow(name, steps, template, variables, model))
 
     def workflow(self, workflow_id: str) -> Workflow:
-        return self._send(_workflow(workflow_id))
+        return self._send(_calls.workflow(workflow_id))
 
     def workflows(
         self,
@@ -343,47 +224,466 @@ class Client:
         limit: int | None = None,
         offset: int = 0,
     ) -> WorkflowPage:
-        return self._send(_workflows(status, parent, limit, offset))
+        """One page; `iter_workflows` walks them all."""
+        return self._send(_calls.workflows(status, parent, limit, offset))
 
     def cancel_workflow(self, workflow_id: str) -> WorkflowCancelled:
-        return self._send(_cancel_workflow(workflow_id))
+        return self._send(_calls.cancel_workflow(workflow_id))
 
     def delete_workflow(self, workflow_id: str) -> WorkflowDeleted:
-        return self._send(_delete_workflow(workflow_id))
+        return self._send(_calls.delete_workflow(workflow_id))
 
     def save_template(
-        self, name: str, steps: list[dict[str, Any]], shared: bool = False
+        self, name: str, steps: Sequence[StepSpec], shared: bool = False
     ) -> TemplateSaved:
-        return self._send(_save_template(name, steps, shared))
+        return self._send(_calls.save_template(name, steps, shared))
 
     def templates(self) -> WorkflowTemplates:
-        return self._send(_templates())
+        return self._send(_calls.templates())
 
-    def create_schedule(self, prompt: str, **fields: Any) -> JobCreated:
-        """Admin. `fields`: name, and one of cron, every, at, schedule; model, opts, tz,
-        delete_after_run."""
-        return self._send(_create_schedule(prompt, fields))
+    # --- schedules (admin) -----------------------------------------------------------------
+
+    def create_schedule(
+        self,
+        prompt: str,
+        *,
+        name: str | None = None,
+        cron: str | None = None,
+        every: int | None = None,
+        at: int | None = None,
+        schedule: str | None = None,
+        tz: str | None = None,
+        model: str | None = None,
+        opts: ScheduleOptions | None = None,
+        delete_after_run: bool = False,
+    ) -> JobCreated:
+        """One of `cron` (5 fields), `every` (ms), `at` (Unix ms) or `schedule` (a phrase)."""
+        call = _calls.create_schedule(
+            prompt, name, cron, every, at, schedule, tz, model, opts, delete_after_run
+        )
+        return self._send(call)
 
     def schedules(self, page: int = 1, per_page: int | None = None) -> JobPage:
-        return self._send(_schedules(page, per_page))
+        """One page; `iter_schedules` walks them all."""
+        return self._send(_calls.schedules(page, per_page))
 
     def schedule(self, job_id: int) -> Job:
-        return self._send(_schedule(job_id))
+        return self._send(_calls.schedule(job_id))
 
     def delete_schedule(self, job_id: int) -> JobStatus:
-        return self._send(_job_action(job_id, "delete"))
+        return self._send(_calls.job_action(job_id, "delete"))
 
     def pause_schedule(self, job_id: int) -> JobStatus:
-        return self._send(_job_action(job_id, "pause"))
+        return self._send(_calls.job_action(job_id, "pause"))
 
     def unpause_schedule(self, job_id: int) -> JobStatus:
-        return self._send(_job_action(job_id, "unpause"))
+        return self._send(_calls.job_action(job_id, "unpause"))
 
     def run_schedule(self, job_id: int) -> JobStatus:
-        return self._send(_job_action(job_id, "run"))
+        return self._send(_calls.job_action(job_id, "run"))
+
+    # --- events ----------------------------------------------------------------------------
+
+    def events(
+        self,
+        aggregate: str = "all",
+        *,
+        user_uuid: str | None = None,
+        types: Sequence[str] | None = None,
+        from_seq: int = 0,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> EventPage:
+        """One page of stored events, oldest first; `iter_events` walks them all."""
+        return self._send(_calls.events(aggregate, user_uuid, types, from_seq, limit, offset))
+
+    # --- inference instances, models, providers --------------------------------------------
+
+    def instances(self) -> InstanceList:
+        return self._send(_calls.instances())
+
+    def start_instance(
+        self,
+        model: str,
+        *,
+        gpu_layers: int | None = None,
+        ctx_size: int | None = None,
+        threads: int | None = None,
+    ) -> InstanceState:
+        return self._send(_calls.start_instance(model, gpu_layers, ctx_size, threads))
+
+    def instance(self, instance_id: str) -> InstanceDetail:
+        return self._send(_calls.instance(instance_id))
+
+    def stop_instance(self, instance_id: str) -> InstanceState:
+        return self._send(_calls.stop_instance(instance_id))
+
+    def stop_all_instances(self) -> InstancesStopped:
+        return self._send(_calls.stop_all_instances())
+
+    def models(self) -> ModelList:
+        return self._send(_calls.models())
+
+    def discover_models(self) -> ModelsDiscovered:
+        """Admin: scan for local models again."""
+        return self._send(_calls.discover_models())
+
+    def providers_health(self) -> ProvidersStatus:
+        return self._send(_calls.providers_health())
+
+    def provider_health(self, provider: str) -> ProviderStatusDetail:
+        return self._send(_calls.provider_health(provider))
+
+    # --- chat: OpenAI chat completions and Anthropic messages (thin) ----------------------
+
+    def chat_completion(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> ChatCompletion:
+        """POST /chat/completions. Fields not named here go in `extra_body`, as in
+        openai-python; `chat_completion_stream` streams."""
+        body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, False)
+        return self._send(_calls.chat_completion(body))
+
+    def message(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int = 1024,
+        temperature: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """POST /messages (Anthropic's shape; `system` etc. go in `extra_body`)."""
+        body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, False)
+        return self._send(_calls.message(body))
+
+    # --- channels --------------------------------------------------------------------------
+
+    def channels(self) -> ChannelList:
+        return self._send(_calls.channels())
+
+    def create_channel(
+        self,
+        type: Literal["slack", "teams", "telegram", "webhook"],
+        name: str,
+        config: Mapping[str, Any] | None = None,
+    ) -> ChannelCreated:
+        """The answer's `data.webhook_token` is shown only once."""
+        return self._send(_calls.create_channel(type, name, config))
+
+    def channel(self, channel_id: str) -> Channel:
+        return self._send(_calls.channel(channel_id))
+
+    def update_channel(
+        self,
+        channel_id: str,
+        *,
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        status: Literal["active", "paused"] | None = None,
+        rotate_token: bool = False,
+    ) -> ChannelUpdated:
+        """`config` is merged into the current one (a None value removes a key)."""
+        call = _calls.update_channel(channel_id, name, config, status, rotate_token)
+        return self._send(call)
+
+    def delete_channel(self, channel_id: str) -> ChannelDeleted:
+        return self._send(_calls.delete_channel(channel_id))
+
+    def channel_webhook(
+        self,
+        token: str,
+        payload: Mapping[str, Any],
+        *,
+        sync: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> WebhookAck:
+        """Deliver a platform's payload to a channel (what Slack, Teams, Telegram or a generic
+        webhook sender POSTs); `headers` carries their signatures."""
+        return self._send(_calls.channel_webhook(token, payload, sync, headers))
+
+    # --- marketplace -----------------------------------------------------------------------
+
+    def browse_skills(
+        self,
+        sort: Literal["newest", "popular"] = "newest",
+        *,
+        tags: Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> SkillPage:
+        return self._send(_calls.browse_skills(sort, tags, limit, offset))
+
+    def search_skills(
+        self,
+        q: str,
+        *,
+        tags: Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> SkillPage:
+        return self._send(_calls.search_skills(q, tags, limit, offset))
+
+    def skill(self, name: str, *, author: str | None = None) -> SkillDetail:
+        return self._send(_calls.skill(name, author))
+
+    def publish_skill(
+        self, name: str, body: str, *, description: str = "", tags: Sequence[str] = ()
+    ) -> SkillPublished:
+        return self._send(_calls.publish_skill(name, body, description, tags))
+
+    def delete_skill(self, name: str, *, author: str | None = None) -> SkillDeleted:
+        return self._send(_calls.delete_skill(name, author))
+
+    def report_skill(self, name: str, reason: str, *, author: str | None = None) -> ReportFiled:
+        return self._send(_calls.report_skill(name, reason, author))
+
+    def skill_reports(self, limit: int = 100, offset: int = 0) -> ReportPage:
+        """Admin: pending reports."""
+        return self._send(_calls.skill_reports(limit, offset))
+
+    def dismiss_reports(self, name: str, *, author: str | None = None) -> ReportsDismissed:
+        """Admin."""
+        return self._send(_calls.dismiss_reports(name, author))
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def memory_stats(self) -> MemoryStats:
+        return self._send(_calls.memory_stats())
+
+    def memory_decay(self) -> MemoryForgotten:
+        return self._send(_calls.memory_decay())
+
+    def memory_share(self, source: str, target: str, *, pattern: str | None = None) -> MemoryCopied:
+        """Copy entries from agent namespace `source` to `target` (the body's from/to)."""
+        return self._send(_calls.memory_share(source, target, pattern))
+
+    def memory_store(
+        self,
+        agent_id: str,
+        key: str,
+        value: str,
+        *,
+        ttl: int | None = None,
+        embedding: Sequence[float] | None = None,
+    ) -> MemoryOk:
+        return self._send(_calls.memory_store(agent_id, key, value, ttl, embedding))
+
+    def memory_vector_search(
+        self,
+        agent_id: str,
+        text: str | None = None,
+        *,
+        embedding: Sequence[float] | None = None,
+        limit: int | None = None,
+        threshold: float | None = None,
+    ) -> SimilarResults:
+        call = _calls.memory_vector_search(agent_id, text, embedding, limit, threshold)
+        return self._send(call)
+
+    def memory_search(self, agent_id: str, q: str, *, limit: int | None = None) -> MemoryResults:
+        return self._send(_calls.memory_search(agent_id, q, limit))
+
+    def memory_list(
+        self, agent_id: str, *, limit: int | None = None, offset: int = 0
+    ) -> MemoryEntries:
+        """One page; `iter_memory` walks them all."""
+        return self._send(_calls.memory_list(agent_id, limit, offset))
+
+    def memory_reflections(self, agent_id: str) -> Reflections:
+        return self._send(_calls.memory_reflections(agent_id))
+
+    def memory_clear(self, agent_id: str) -> MemoryCleared:
+        return self._send(_calls.memory_clear(agent_id))
+
+    def memory_get(self, agent_id: str, key: str, *, user_uuid: str | None = None) -> MemoryEntry:
+        """`user_uuid`: admins reading another owner's entry."""
+        return self._send(_calls.memory_get(agent_id, key, user_uuid))
+
+    def memory_delete(self, agent_id: str, key: str, *, user_uuid: str | None = None) -> MemoryOk:
+        return self._send(_calls.memory_delete(agent_id, key, user_uuid))
+
+    def memory_pin(
+        self, agent_id: str, key: str, pinned: bool = True, *, user_uuid: str | None = None
+    ) -> MemoryPinned:
+        return self._send(_calls.memory_pin(agent_id, key, pinned, user_uuid))
+
+    # --- workspace files -------------------------------------------------------------------
+
+    def read_file(self, path: str) -> FileContent:
+        return self._send(_calls.read_file(path))
+
+    def write_file(self, path: str, content: str, encoding: Encoding = "utf-8") -> FileWritten:
+        """`encoding="base64"`: `content` is base64 of the bytes."""
+        return self._send(_calls.write_file(path, content, encoding))
+
+    def edit_file(self, path: str, old_text: str, new_text: str) -> FileEdited:
+        """Replace the one occurrence of `old_text` (none or several: an ApiError)."""
+        return self._send(_calls.edit_file(path, old_text, new_text))
+
+    def search_files(self, pattern: str, *, max_results: int = 100) -> FileSearch:
+        """Glob relative to the workspace root (`**/*.py`)."""
+        return self._send(_calls.search_files(pattern, max_results))
+
+    def list_files(self, path: str = "", *, recursive: bool = False) -> DirectoryListing:
+        return self._send(_calls.list_files(path, recursive))
+
+    # --- iterators over paginated lists ----------------------------------------------------
+
+    def iter_workflows(
+        self, status: str | None = None, parent: str | None = None, *, page_size: int = 100
+    ) -> Iterator[WorkflowSummary]:
+        return _offset_pages(
+            lambda offset: self.workflows(status, parent, page_size, offset).data, page_size
+        )
+
+    def iter_schedules(self, *, page_size: int = 100) -> Iterator[Job]:
+        page = 1
+        while True:
+            found = self.schedules(page, page_size)
+            yield from found.items
+            if len(found.items) < page_size or page * page_size >= found.total:
+                return
+            page += 1
+
+    def iter_events(
+        self,
+        aggregate: str = "all",
+        *,
+        user_uuid: str | None = None,
+        types: Sequence[str] | None = None,
+        from_seq: int = 0,
+        page_size: int = 100,
+    ) -> Iterator[Event]:
+        """Every stored event that matches, oldest first, a page at a time."""
+
+        def fetch(offset: int) -> list[Event]:
+            page = self.events(
+                aggregate,
+                user_uuid=user_uuid,
+                types=types,
+                from_seq=from_seq,
+                limit=page_size,
+                offset=offset,
+            )
+            return page.data
+
+        return _offset_pages(fetch, page_size)
+
+    def iter_skills(
+        self,
+        q: str | None = None,
+        *,
+        sort: Literal["newest", "popular"] = "newest",
+        tags: Sequence[str] | None = None,
+        page_size: int = 50,
+    ) -> Iterator[Skill]:
+        """Search results when `q` is given, else the browse order."""
+
+        def fetch(offset: int) -> list[Skill]:
+            if q is not None:
+                return self.search_skills(q, tags=tags, limit=page_size, offset=offset).items
+            return self.browse_skills(sort, tags=tags, limit=page_size, offset=offset).items
+
+        return _offset_pages(fetch, page_size)
+
+    def iter_skill_reports(self, *, page_size: int = 100) -> Iterator[SkillReport]:
+        return _offset_pages(
+            lambda offset: self.skill_reports(page_size, offset).reports, page_size
+        )
+
+    def iter_memory(self, agent_id: str, *, page_size: int = 100) -> Iterator[MemoryEntry]:
+        return _offset_pages(
+            lambda offset: self.memory_list(agent_id, limit=page_size, offset=offset).entries,
+            page_size,
+        )
+
+    # --- streams ---------------------------------------------------------------------------
+
+    def sync_events(
+        self,
+        aggregate: str = "all",
+        *,
+        user_uuid: str | None = None,
+        types: Sequence[str] | None = None,
+        from_seq: int = 0,
+        last_event_id: int | None = None,
+        reconnect: bool = True,
+    ) -> Iterator[Event]:
+        """Live events (GET /sync-events). When the server ends or drops the stream, it
+        reconnects with Last-Event-ID set to the last event seen, so no event is missed or
+        repeated; after `max_retries` failed connections in a row the error is raised.
+        `reconnect=False` stops at the end of the first stream instead."""
+        last, failures, parser = last_event_id, 0, SseParser()
+        while True:
+            call = _calls.sync_events(aggregate, user_uuid, types, from_seq, last)
+            try:
+                for frame in self._sse(call, parser):
+                    failures = 0
+                    event = _streams.sync_event(frame)
+                    if event is not None:
+                        last = _streams.event_position(frame, event)
+                        yield event
+            except ApiError as exc:
+                if exc.code != "subscriber_too_slow":
+                    raise
+                # Dropped for lagging behind: resume from the last event seen.
+            except httpx.TransportError:
+                failures += 1
+                if not reconnect or failures > self.max_retries:
+                    raise
+            if not reconnect:
+                return
+            time.sleep(reconnect_delay(self.retry, parser, failures))
+
+    def chat_completion_stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> Iterator[ChatCompletionChunk]:
+        """POST /chat/completions with `stream: true`: the chunks, up to `[DONE]`."""
+        body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, True)
+        for frame in self._sse(_calls.streamed(_calls.chat_completion(body)), SseParser()):
+            chunk = _streams.chat_chunk(frame)
+            if chunk is None:
+                return
+            yield chunk
+
+    def message_stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int = 1024,
+        temperature: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> Iterator[MessageStreamEvent]:
+        """POST /messages with `stream: true`: message_start ... message_stop."""
+        body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, True)
+        for frame in self._sse(_calls.streamed(_calls.message(body)), SseParser()):
+            event = _streams.message_event(frame)
+            if event is not None:
+                yield event
+
+    # --- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     def __enter__(self) -> Self:
         return self
@@ -400,119 +700,11 @@ class Client:
         return f"Client({self.base_url!r})"
 
 
-class AsyncClient:
-    """Asynchronous client, same methods as `Client`. Use with `async with`, or `aclose()`."""
-
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
-        self._http = httpx.AsyncClient(**_client_options(base_url, token, timeout))
-
-    @property
-    def base_url(self) -> str:
-        return str(self._http.base_url).rstrip("/")
-
-    async def _send(self, call: _Call[T]) -> T:
-        return _read(call, await self._http.send(call.build(self._http)))
-
-    async def health(self) -> Health:
-        """Service health; returned (not raised) when degraded: check `.status`."""
-        return await self._send(_health())
-
-    async def ready(self) -> str:
-        return await self._send(_ready())
-
-    async def metrics(self) -> str:
-        """Prometheus text exposition."""
-        return await self._send(_metrics())
-
-    async def slo(self) -> Slo:
-        return await self._send(_slo())
-
-    async def whoami(self) -> WhoAmI:
-        return await self._send(_whoami())
-
-    async def create_token(
-        self, user_uuid: str, admin: bool = False, description: str = ""
-    ) -> TokenCreated:
-        """Issue a token for `user_uuid` (admin only)."""
-        return await self._send(_create_token(user_uuid, admin, description))
-
-    async def revoke_token(self, prefix: str) -> TokenRevoked:
-        return await self._send(_revoke_token(prefix))
-
-    async def create_workflow(
-        self,
-        name: str | None = None,
-        steps: list[dict[str, Any]] | None = None,
-        *,
-        template: str | None = None,
-        variables: dict[str, Any] | None = None,
-        model: str | None = None,
-    ) -> WorkflowCreated:
-        """Inline (`name`, `steps`) or from a template; it starts at once."""
-        return await self._send(_create_workflow(name, steps, template, variables, model))
-
-    async def workflow(self, workflow_id: str) -> Workflow:
-        return await self._send(_workflow(workflow_id))
-
-    async def workflows(
-        self,
-        status: str | None = None,
-        parent: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-    ) -> WorkflowPage:
-        return await self._send(_workflows(status, parent, limit, offset))
-
-    async def cancel_workflow(self, workflow_id: str) -> WorkflowCancelled:
-        return await self._send(_cancel_workflow(workflow_id))
-
-    async def delete_workflow(self, workflow_id: str) -> WorkflowDeleted:
-        return await self._send(_delete_workflow(workflow_id))
-
-    async def save_template(
-        self, name: str, steps: list[dict[str, Any]], shared: bool = False
-    ) -> TemplateSaved:
-        return await self._send(_save_template(name, steps, shared))
-
-    async def templates(self) -> WorkflowTemplates:
-        return await self._send(_templates())
-
-    async def create_schedule(self, prompt: str, **fields: Any) -> JobCreated:
-        """Admin. `fields`: name, and one of cron, every, at, schedule; model, opts, tz,
-        delete_after_run."""
-        return await self._send(_create_schedule(prompt, fields))
-
-    async def schedules(self, page: int = 1, per_page: int | None = None) -> JobPage:
-        return await self._send(_schedules(page, per_page))
-
-    async def schedule(self, job_id: int) -> Job:
-        return await self._send(_schedule(job_id))
-
-    async def delete_schedule(self, job_id: int) -> JobStatus:
-        return await self._send(_job_action(job_id, "delete"))
-
-    async def pause_schedule(self, job_id: int) -> JobStatus:
-        return await self._send(_job_action(job_id, "pause"))
-
-    async def unpause_schedule(self, job_id: int) -> JobStatus:
-        return await self._send(_job_action(job_id, "unpause"))
-
-    async def run_schedule(self, job_id: int) -> JobStatus:
-        return await self._send(_job_action(job_id, "run"))
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"AsyncClient({self.base_url!r})"
+def _offset_pages(fetch: Callable[[int], Sequence[T]], page_size: int) -> Iterator[T]:
+    offset = 0
+    while True:
+        items = fetch(offset)
+        yield from items
+        if len(items) < page_size:
+            return
+        offset += len(items)

@@ -1,29 +1,95 @@
 """Typed results of the API, as a client sees them.
 
-They mirror the response bodies of SPEC part 4 (operations) and the token endpoints of
-DESIGN "Tokens". Unknown fields are kept rather than refused, so a newer server that adds a
-field does not break an older client.
+They mirror the response bodies of the API (SPEC part 4 and DESIGN). They are written once,
+here, and tests/unit/test_sdk_openapi.py checks each against the app's OpenAPI
+document (every field the server declares is here, nothing here that it does not send,
+required where the server always sends it), so a drift fails a test. The SDK does not import
+the server's models: it installs and runs without FastAPI or the service's dependencies.
+Unknown fields are kept rather than refused, so a newer server that adds a field does not
+break an older client.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "ApiModel",
+    "Channel",
+    "ChannelCreated",
+    "ChannelDeleted",
+    "ChannelList",
+    "ChannelUpdated",
+    "ChatChoice",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatMessage",
+    "ChunkChoice",
     "ComponentHealth",
+    "CreatedChannel",
+    "DirectoryEntry",
+    "DirectoryListing",
+    "Encoding",
+    "Event",
+    "EventPage",
+    "FileContent",
+    "FileEdited",
+    "FileHit",
+    "FileSearch",
+    "FileWritten",
     "Health",
     "HealthComponents",
+    "Instance",
+    "InstanceDetail",
+    "InstanceList",
+    "InstanceState",
+    "InstancesStopped",
+    "Job",
+    "JobCreated",
+    "JobPage",
+    "JobStatus",
+    "MemoryCleared",
+    "MemoryCopied",
+    "MemoryEntries",
+    "MemoryEntry",
+    "MemoryForgotten",
+    "MemoryOk",
+    "MemoryPinned",
+    "MemoryResults",
+    "MemoryStats",
+    "Message",
+    "MessageStreamEvent",
     "MessagingHealth",
+    "ModelInfo",
+    "ModelList",
+    "ModelsDiscovered",
+    "ProviderStatus",
+    "ProviderStatusDetail",
     "ProvidersHealth",
+    "ProvidersStatus",
+    "Reflection",
+    "Reflections",
+    "ReportFiled",
+    "ReportPage",
+    "ReportsDismissed",
+    "SimilarEntry",
+    "SimilarResults",
+    "Skill",
+    "SkillDeleted",
+    "SkillDetail",
+    "SkillPage",
+    "SkillPublished",
+    "SkillReport",
     "Slo",
     "SloEntry",
     "StoreHealth",
     "TemplateSaved",
     "TokenCreated",
     "TokenRevoked",
+    "Usage",
+    "WebhookAck",
     "WhoAmI",
     "WorkersHealth",
     "Workflow",
@@ -237,3 +303,424 @@ class JobStatus(ApiModel):
     status: str
     id: int
     next_run: int | None = None
+
+
+# --- events (SPEC part 2 / part 4 "Events") -------------------------------------------------
+
+
+class Event(ApiModel):
+    """One stored event; `position` is its global order (the SSE `id`, the Last-Event-ID)."""
+
+    id: str
+    type: str
+    version: int
+    aggregate_id: str
+    seq: int
+    timestamp: int
+    data: dict[str, Any]
+    position: int
+    user_uuid: str | None = None
+
+
+class EventPage(ApiModel):
+    ok: bool = True
+    data: list[Event]
+    total: int
+    offset: int
+    limit: int
+
+
+# --- memory (SPEC part 7) ------------------------------------------------------------------
+
+
+class MemoryOk(ApiModel):
+    status: str = "ok"
+
+
+class MemoryEntry(ApiModel):
+    key: str
+    value: str
+    created_at: int
+
+
+class MemoryResults(ApiModel):
+    results: list[MemoryEntry]
+
+
+class MemoryEntries(ApiModel):
+    entries: list[MemoryEntry]
+
+
+class Reflection(ApiModel):
+    key: str
+    value: str
+
+
+class Reflections(ApiModel):
+    reflections: list[Reflection]
+
+
+class MemoryCleared(ApiModel):
+    status: str = "ok"
+    cleared: int
+
+
+class MemoryStats(ApiModel):
+    total_entries: int
+    total_agents: int
+    pg_enabled: bool
+    pgvector_enabled: bool
+
+
+class SimilarEntry(ApiModel):
+    key: str
+    value: str
+    similarity: float
+
+
+class SimilarResults(ApiModel):
+    results: list[SimilarEntry]
+
+
+class MemoryForgotten(ApiModel):
+    status: str = "ok"
+    forgotten: int
+
+
+class MemoryCopied(ApiModel):
+    status: str = "ok"
+    copied: int
+
+
+class MemoryPinned(ApiModel):
+    status: str = "ok"
+    pinned: bool
+
+
+# --- workspace files -----------------------------------------------------------------------
+
+Encoding = Literal["utf-8", "base64"]
+
+
+class FileContent(ApiModel):
+    path: str
+    content: str
+    size: int
+    encoding: Encoding = "utf-8"
+
+
+class FileWritten(ApiModel):
+    ok: bool = True
+    path: str
+    size: int
+    created: bool
+
+
+class FileEdited(ApiModel):
+    ok: bool = True
+    path: str
+    size: int
+    replacements: int = 1
+
+
+class FileHit(ApiModel):
+    path: str
+    size: int
+    modified: str
+
+
+class FileSearch(ApiModel):
+    results: list[FileHit]
+    count: int
+    truncated: bool
+
+
+class DirectoryEntry(ApiModel):
+    path: str
+    type: Literal["file", "directory"]
+    size: int
+    modified: str
+
+
+class DirectoryListing(ApiModel):
+    path: str
+    entries: list[DirectoryEntry]
+    count: int
+    truncated: bool
+
+
+# --- marketplace ---------------------------------------------------------------------------
+
+
+class Skill(ApiModel):
+    name: str
+    author: str
+    description: str
+    tags: list[str]
+    downloads: int
+    version: str
+
+
+class SkillPage(ApiModel):
+    items: list[Skill]
+    total: int
+    limit: int
+    offset: int
+    has_more: bool
+
+
+class SkillDetail(Skill):
+    body: str
+    created_at: int
+    updated_at: int
+
+
+class SkillPublished(ApiModel):
+    ok: bool = True
+    name: str
+    author: str
+    version: str
+    created: bool
+
+
+class SkillDeleted(ApiModel):
+    ok: bool = True
+    name: str
+    author: str
+    deleted: bool = True
+
+
+class ReportFiled(ApiModel):
+    ok: bool = True
+    id: int
+    name: str
+    author: str
+
+
+class SkillReport(ApiModel):
+    id: int
+    name: str
+    author: str
+    reporter: str
+    reason: str
+    created_at: int
+
+
+class ReportPage(ApiModel):
+    ok: bool = True
+    reports: list[SkillReport]
+    total: int
+    limit: int
+    offset: int
+    has_more: bool
+
+
+class ReportsDismissed(ApiModel):
+    ok: bool = True
+    name: str
+    author: str
+    dismissed: int
+
+
+# --- channels ------------------------------------------------------------------------------
+
+
+class Channel(ApiModel):
+    id: str
+    type: str
+    name: str
+    status: str
+    config: dict[str, Any]
+    user_uuid: str
+    failures: int
+    last_error: str | None = None
+    created_at: int
+    updated_at: int
+
+
+class CreatedChannel(Channel):
+    """The webhook token is shown only here (and when rotated)."""
+
+    webhook_token: str
+    webhook_path: str
+
+
+class ChannelList(ApiModel):
+    ok: bool = True
+    data: list[Channel]
+
+
+class ChannelCreated(ApiModel):
+    ok: bool = True
+    data: CreatedChannel
+
+
+class ChannelUpdated(ApiModel):
+    ok: bool = True
+    data: Channel
+    webhook_token: str | None = None
+    webhook_path: str | None = None
+
+
+class ChannelDeleted(ApiModel):
+    ok: bool = True
+    deleted: str
+
+
+class WebhookAck(ApiModel):
+    ok: bool = True
+    accepted: bool
+    duplicate: bool = False
+    ignored: str | None = None
+    answer: str | None = None
+
+
+# --- inference instances, models, providers ------------------------------------------------
+
+
+class InstanceState(ApiModel):
+    ok: bool = True
+    id: str
+    state: str
+
+
+class InstancesStopped(ApiModel):
+    ok: bool = True
+    stopped: list[str]
+
+
+class Instance(ApiModel):
+    id: str
+    model: str
+    state: str
+    base_url: str | None = None
+    host: str | None = None
+    port: int | None = None
+    pid: int | None = None
+    ctx_size: int | None = None
+    gpu_layers: int | None = None
+    threads: int | None = None
+    user_uuid: str | None = None
+    error: str | None = None
+    created_at: int
+    updated_at: int
+
+
+class InstanceDetail(Instance):
+    ok: bool = True
+
+
+class InstanceList(ApiModel):
+    ok: bool = True
+    data: list[Instance]
+    total: int
+
+
+class ModelInfo(ApiModel):
+    name: str
+    status: str
+    provider: str
+    ctx_size: int | None = None
+
+
+class ModelList(ApiModel):
+    models: list[ModelInfo]
+
+
+class ModelsDiscovered(ApiModel):
+    ok: bool = True
+    discovered: int
+    warnings: list[str]
+
+
+class ProviderStatus(ApiModel):
+    """One provider kind; admins also see base_url, last_error and probe_error."""
+
+    configured: bool
+    reachable: bool | None = None
+    breaker: str = "closed"
+    last_error: str | None = None
+
+
+class ProvidersStatus(ApiModel):
+    ok: bool = True
+    providers: dict[str, ProviderStatus]
+    configured: int
+    healthy: int
+
+
+class ProviderStatusDetail(ProviderStatus):
+    ok: bool = True
+    provider: str
+
+
+# --- chat (OpenAI chat completions and Anthropic messages, as the gateway answers) ---------
+
+
+class ChatMessage(ApiModel):
+    role: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatChoice(ApiModel):
+    index: int
+    message: ChatMessage
+    finish_reason: str | None = None
+
+
+class Usage(ApiModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatCompletion(ApiModel):
+    """OpenAI's CreateChatCompletionResponse (the fields this service fills)."""
+
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChunkChoice(ApiModel):
+    index: int
+    delta: dict[str, Any]
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(ApiModel):
+    """One `data:` chunk of a streamed chat completion (the last may carry only usage)."""
+
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class Message(ApiModel):
+    """Anthropic's Messages response: `content` is a list of blocks (text, tool_use)."""
+
+    id: str
+    type: str = "message"
+    role: str
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None = None
+    usage: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        return "".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+
+class MessageStreamEvent(ApiModel):
+    """One event of a streamed message (message_start, content_block_delta, ...); the rest of
+    the event's fields are kept as extra attributes (`.delta`, `.message`, `.index`)."""
+
+    type: str
