@@ -266,7 +266,7 @@ class WorkflowTemplates(ApiModel):
 
 
 class JobCreated(ApiModel):
-    status: str
+    status: str = "ok"
     id: int
     next_run: int | None = None
 
