@@ -634,12 +634,21 @@ class ModelsDiscovered(ApiModel):
 
 
 class ProviderStatus(ApiModel):
-    """One provider kind; admins also see base_url, last_error and probe_error."""
+    """One provider kind. base_url, last_error and probe_error are shown to admins only;
+    `instances` is the local provider's; the probe's fields once it has been probed."""
 
     configured: bool
     reachable: bool | None = None
     breaker: str = "closed"
+    breaker_state: int = 0
     last_error: str | None = None
+    kind: str | None = None
+    base_url: str | None = None
+    models: list[str] = []
+    instances: int | None = None
+    probe_error: str | None = None
+    latency_ms: float | None = None
+    checked_at: int | None = None
 
 
 class ProvidersStatus(ApiModel):

@@ -302,3 +302,35 @@ def test_arguments_cover_the_request_fields(openapi: dict[str, Any]) -> None:
         if lacking:
             missing.append(f"{route}: {sorted(lacking)}")
     assert missing == []
+
+
+def test_models_of_undeclared_answers_match_the_server_wire_functions() -> None:
+    """GET /inference and /models items are built by the domain's `wire()`: the SDK's
+    models carry exactly those keys."""
+    from orchestrator.inference._instances import InstanceRecord, InstanceState
+    from orchestrator.inference._models import ModelEntry
+    from orchestrator.sdk import Instance, InstanceDetail, ModelInfo
+
+    record = InstanceRecord(
+        id="inf-1",
+        model_name="m",
+        model_path="/m.gguf",
+        state=InstanceState.RUNNING,
+        ctx_size=4096,
+        gpu_layers=0,
+        threads=2,
+        user_uuid="ann",
+        host="127.0.0.1",
+        port=9000,
+        pid=42,
+        error=None,
+        created_at=1,
+        updated_at=2,
+    )
+    wire = record.wire()
+    assert set(Instance.model_fields) == set(wire)
+    assert Instance.model_validate(wire).model_extra == {}
+    assert set(InstanceDetail.model_fields) == set(wire) | {"ok"}
+    entry = ModelEntry(name="m", status="available", provider="local", ctx_size=4096)
+    assert ModelInfo.model_validate(entry.wire()).model_extra == {}
+    assert set(ModelInfo.model_fields) == set(entry.wire())
