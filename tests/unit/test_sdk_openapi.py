@@ -207,15 +207,20 @@ def _python_type(annotation: Any) -> type:
 
 
 def compare(
-    doc: dict[str, Any], cls: type[ApiModel], schema: dict[str, Any], where: str
+    doc: dict[str, Any],
+    cls: type[ApiModel],
+    schema: dict[str, Any],
+    where: str,
+    complete: bool = True,
 ) -> list[str]:
-    """Why `cls` does not describe `schema` (empty: it does)."""
+    """Why `cls` does not describe `schema` (empty: it does). `complete=False`: `cls` may
+    leave out properties of the schema (OpenAI's, of which we fill a subset)."""
     schema = _resolve(doc, schema)
     props: dict[str, Any] = schema.get("properties", {})
     required = set(schema.get("required", []))
     open_ = schema.get("additionalProperties") is True
     problems = []
-    for name in props.keys() - cls.model_fields.keys():
+    for name in props.keys() - cls.model_fields.keys() if complete else ():
         problems.append(f"{where}.{name}: the server sends it, {cls.__name__} lacks it")
     for name, info in cls.model_fields.items():
         if name not in props:
@@ -229,12 +234,16 @@ def compare(
         if not wire or all("type" not in v and "properties" not in v for v in wire):
             continue  # Any on the server
         for annotation in ours:
-            problems += _compare_value(doc, annotation, wire, f"{where}.{name}")
+            problems += _compare_value(doc, annotation, wire, f"{where}.{name}", complete)
     return problems
 
 
 def _compare_value(
-    doc: dict[str, Any], annotation: Any, wire: list[dict[str, Any]], where: str
+    doc: dict[str, Any],
+    annotation: Any,
+    wire: list[dict[str, Any]],
+    where: str,
+    complete: bool = True,
 ) -> list[str]:
     py = _python_type(annotation)
     kinds = {v.get("type", "object") for v in wire}
@@ -242,13 +251,13 @@ def _compare_value(
         return [f"{where}: {annotation} in the SDK, {sorted(kinds)} on the wire"]
     if isinstance(annotation, type) and issubclass(annotation, ApiModel):
         objects = [v for v in wire if "properties" in v]
-        return compare(doc, annotation, objects[0], where) if objects else []
+        return compare(doc, annotation, objects[0], where, complete) if objects else []
     args = typing.get_args(annotation)
     if py is list and args:
         items = [_variants(doc, v.get("items", {})) for v in wire if v.get("type") == "array"]
         inner = [i for group in items for i in group if i.get("type") != "null"]
         if inner and any("type" in i or "properties" in i for i in inner):
-            return _compare_value(doc, args[0], inner, where + "[]")
+            return _compare_value(doc, args[0], inner, where + "[]", complete)
     if py is dict and len(args) == 2:
         values = [
             v["additionalProperties"]
@@ -257,7 +266,7 @@ def _compare_value(
         ]
         inner = [i for v in values for i in _variants(doc, v)]
         if inner:
-            return _compare_value(doc, args[1], inner, where + "{}")
+            return _compare_value(doc, args[1], inner, where + "{}", complete)
     return []
 
 
@@ -334,3 +343,36 @@ def test_models_of_undeclared_answers_match_the_server_wire_functions() -> None:
     entry = ModelEntry(name="m", status="available", provider="local", ctx_size=4096)
     assert ModelInfo.model_validate(entry.wire()).model_extra == {}
     assert set(ModelInfo.model_fields) == set(entry.wire())
+
+
+def openai_reference() -> dict[str, Any]:
+    """OpenAI's published schemas (the subset the issue names; MIT, LICENSE beside it)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for candidate in (
+        root / "tests" / "reference" / "openai-openapi-subset.json",
+        root.parent / "shared" / "reference" / "openai-openapi-subset.json",
+    ):
+        if candidate.exists():
+            doc: dict[str, Any] = json.loads(candidate.read_text())
+            return doc
+    raise AssertionError("openai-openapi-subset.json not found")
+
+
+def test_openai_shaped_models_are_subsets_of_openai_schemas() -> None:
+    """The SDK's chat models name only OpenAI's fields, with OpenAI's types, and require
+    nothing OpenAI does not."""
+    from orchestrator.sdk import ChatCompletion, ChatCompletionChunk
+
+    doc = openai_reference()
+    pairs = {
+        ChatCompletion: "CreateChatCompletionResponse",
+        ChatCompletionChunk: "CreateChatCompletionStreamResponse",
+    }
+    problems = []
+    for cls, name in pairs.items():
+        ref = {"$ref": f"#/components/schemas/{name}"}
+        problems += compare(doc, cls, ref, name, complete=False)
+    assert problems == []
