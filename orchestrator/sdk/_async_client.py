@@ -4,7 +4,8 @@ with the same retry policy (_base.py) over an httpx.AsyncClient."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
@@ -153,7 +154,7 @@ class AsyncClient:
     async def _send(self, call: Call[T]) -> T:
         return read(call, await self._request(call))
 
-    async def _sse(self, call: Call[None], parser: SseParser) -> AsyncIterator[SseFrame]:
+    async def _sse(self, call: Call[None], parser: SseParser) -> AsyncGenerator[SseFrame, None]:
         response = await self._request(call, stream=True)
         try:
             if not response.is_success:
@@ -628,18 +629,19 @@ class AsyncClient:
         from_seq: int = 0,
         last_event_id: int | None = None,
         reconnect: bool = True,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Live events; reconnects with Last-Event-ID as `Client.sync_events` does."""
         last, failures, parser = last_event_id, 0, SseParser()
         while True:
             call = _calls.sync_events(aggregate, user_uuid, types, from_seq, last)
             try:
-                async for frame in self._sse(call, parser):
-                    failures = 0
-                    event = _streams.sync_event(frame)
-                    if event is not None:
-                        last = _streams.event_position(frame, event)
-                        yield event
+                async with aclosing(self._sse(call, parser)) as frames:
+                    async for frame in frames:
+                        failures = 0
+                        event = _streams.sync_event(frame)
+                        if event is not None:
+                            last = _streams.event_position(frame, event)
+                            yield event
             except ApiError as exc:
                 if exc.code != "subscriber_too_slow":
                     raise
@@ -660,14 +662,16 @@ class AsyncClient:
         temperature: float | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         extra_body: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """POST /chat/completions with `stream: true`: the chunks, up to `[DONE]`."""
         body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, True)
-        async for frame in self._sse(_calls.streamed(_calls.chat_completion(body)), SseParser()):
-            chunk = _streams.chat_chunk(frame)
-            if chunk is None:
-                return
-            yield chunk
+        call = _calls.streamed(_calls.chat_completion(body))
+        async with aclosing(self._sse(call, SseParser())) as frames:
+            async for frame in frames:
+                chunk = _streams.chat_chunk(frame)
+                if chunk is None:
+                    return
+                yield chunk
 
     async def message_stream(
         self,
@@ -678,13 +682,15 @@ class AsyncClient:
         temperature: float | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         extra_body: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[MessageStreamEvent]:
+    ) -> AsyncGenerator[MessageStreamEvent, None]:
         """POST /messages with `stream: true`: message_start ... message_stop."""
         body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, True)
-        async for frame in self._sse(_calls.streamed(_calls.message(body)), SseParser()):
-            event = _streams.message_event(frame)
-            if event is not None:
-                yield event
+        call = _calls.streamed(_calls.message(body))
+        async with aclosing(self._sse(call, SseParser())) as frames:
+            async for frame in frames:
+                event = _streams.message_event(frame)
+                if event is not None:
+                    yield event
 
     # --- lifetime --------------------------------------------------------------------------
 

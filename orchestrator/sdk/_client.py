@@ -5,7 +5,8 @@ the retry policy of _base.py, over its own httpx.Client or one it is given.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import closing
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
@@ -159,7 +160,7 @@ class Client:
     def _send(self, call: Call[T]) -> T:
         return read(call, self._request(call))
 
-    def _sse(self, call: Call[None], parser: SseParser) -> Iterator[SseFrame]:
+    def _sse(self, call: Call[None], parser: SseParser) -> Generator[SseFrame, None, None]:
         response = self._request(call, stream=True)
         try:
             if not response.is_success:
@@ -617,7 +618,7 @@ class Client:
         from_seq: int = 0,
         last_event_id: int | None = None,
         reconnect: bool = True,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Live events (GET /sync-events). When the server ends or drops the stream, it
         reconnects with Last-Event-ID set to the last event seen, so no event is missed or
         repeated; after `max_retries` failed connections in a row the error is raised.
@@ -626,12 +627,13 @@ class Client:
         while True:
             call = _calls.sync_events(aggregate, user_uuid, types, from_seq, last)
             try:
-                for frame in self._sse(call, parser):
-                    failures = 0
-                    event = _streams.sync_event(frame)
-                    if event is not None:
-                        last = _streams.event_position(frame, event)
-                        yield event
+                with closing(self._sse(call, parser)) as frames:
+                    for frame in frames:
+                        failures = 0
+                        event = _streams.sync_event(frame)
+                        if event is not None:
+                            last = _streams.event_position(frame, event)
+                            yield event
             except ApiError as exc:
                 if exc.code != "subscriber_too_slow":
                     raise
@@ -653,14 +655,16 @@ class Client:
         temperature: float | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         extra_body: Mapping[str, Any] | None = None,
-    ) -> Iterator[ChatCompletionChunk]:
+    ) -> Generator[ChatCompletionChunk, None, None]:
         """POST /chat/completions with `stream: true`: the chunks, up to `[DONE]`."""
         body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, True)
-        for frame in self._sse(_calls.streamed(_calls.chat_completion(body)), SseParser()):
-            chunk = _streams.chat_chunk(frame)
-            if chunk is None:
-                return
-            yield chunk
+        call = _calls.streamed(_calls.chat_completion(body))
+        with closing(self._sse(call, SseParser())) as frames:
+            for frame in frames:
+                chunk = _streams.chat_chunk(frame)
+                if chunk is None:
+                    return
+                yield chunk
 
     def message_stream(
         self,
@@ -671,13 +675,14 @@ class Client:
         temperature: float | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         extra_body: Mapping[str, Any] | None = None,
-    ) -> Iterator[MessageStreamEvent]:
+    ) -> Generator[MessageStreamEvent, None, None]:
         """POST /messages with `stream: true`: message_start ... message_stop."""
         body = _calls.chat_body(model, messages, max_tokens, temperature, tools, extra_body, True)
-        for frame in self._sse(_calls.streamed(_calls.message(body)), SseParser()):
-            event = _streams.message_event(frame)
-            if event is not None:
-                yield event
+        with closing(self._sse(_calls.streamed(_calls.message(body)), SseParser())) as frames:
+            for frame in frames:
+                event = _streams.message_event(frame)
+                if event is not None:
+                    yield event
 
     # --- lifetime --------------------------------------------------------------------------
 
