@@ -7,7 +7,7 @@
     python scripts/bench.py workflows [--json] [--workflows 100] [--sequential 20]
     python scripts/bench.py workflow-engine [--json] [--workflows 100] [--sequential 20]
     python scripts/bench.py scheduler [--json] [--jobs 1000] [--interval-ms 20000]
-    python scripts/bench.py memory [--json] [--entries 100000] [--queries 300]
+    python scripts/bench.py memory [--json] [--entries 100000] [--queries 300] [--store-only]
     python scripts/bench.py coldstart [--json] [--runs 1]
     python scripts/bench.py mixed [--json] [--duration 15] [--alone]
     python scripts/bench.py all [--report bench-report.json] [--skip a,b]
@@ -38,7 +38,8 @@ is against the slot it was due at (p50/p99).
 
 `memory` loads 100,000 entries x 384 dimensions into pgvector and measures top-10 vector
 search (p50/p99, recall@10 against exact neighbours, against an exact scan) and store
-throughput with a given embedding and with the local embedder.
+throughput as the API stores (entry + event + Redis cache; the local embedder filling behind,
+no embedder, an embedding given) against single-row INSERT commits interleaved with it.
 
 `coldstart` times `orchestrator serve` to the first 200 of `GET /api/v1/ready`, on a fresh
 data directory and on a restart, against importing the service's modules.
