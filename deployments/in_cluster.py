@@ -90,7 +90,9 @@ async def serve_request(
         if not any(k.lower() == b"x-request-id" for k, _ in headers):
             # Under Serve the app leaves this to the proxy, which a handle call has not.
             headers.append((b"x-request-id", request_id.encode("ascii")))
-        body, more = await _body(messages, task)
+        # The head goes with the body that came with it, without waiting for more: a stream
+        # may send nothing for a long while, and its caller is waiting for the status.
+        body, more = _arrived(messages)
         yield HandleResponse(head["status"], tuple(headers), body, more)
         while more:
             body, more = await _body(messages, task)
@@ -125,17 +127,22 @@ async def _next(messages: asyncio.Queue[Message], task: asyncio.Task[None]) -> M
 
 
 async def _body(messages: asyncio.Queue[Message], task: asyncio.Task[None]) -> tuple[bytes, bool]:
-    """The body chunks that have arrived, as one (waiting for the first), and whether more
+    """The body chunks that have arrived (waiting for the first), as one, and whether more
     follow. Coalescing keeps a burst of stream frames one item on the handle."""
-    chunks: list[bytes] = []
     message = await _next(messages, task)
-    while True:
-        if message is None:
-            return b"".join(chunks), False  # the app ended without finishing its body
+    if message is None:
+        return b"", False  # the app ended without finishing its body
+    return _arrived(messages, message)
+
+
+def _arrived(messages: asyncio.Queue[Message], first: Message | None = None) -> tuple[bytes, bool]:
+    chunks: list[bytes] = []
+    message = first
+    while message is not None or not messages.empty():
+        message = message if message is not None else messages.get_nowait()
         if message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 return b"".join(chunks), False
-        if messages.empty():
-            return b"".join(chunks), True
-        message = messages.get_nowait()
+        message = None
+    return b"".join(chunks), True

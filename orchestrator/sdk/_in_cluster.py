@@ -22,9 +22,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from orchestrator.sdk._async_client import AsyncClient
+    from orchestrator.sdk._client import Client
 
 __all__ = [
     "HANDLE_BASE_URL",
@@ -32,6 +36,8 @@ __all__ = [
     "HandleRequest",
     "HandleResponse",
     "ServeTransport",
+    "in_cluster_async_client",
+    "in_cluster_client",
     "serve_handle",
 ]
 
@@ -166,3 +172,40 @@ class AsyncServeTransport(httpx.AsyncBaseTransport):
         more = isinstance(head, HandleResponse) and head.more
         first = head.body if isinstance(head, HandleResponse) else b""
         return _response(request, head, _AsyncChunks(first, more, answer))
+
+
+def in_cluster_client(
+    token: str | None = None,
+    *,
+    app_name: str = "orchestrator",
+    handle: Any = None,
+    timeout: float = 30.0,
+    max_retries: int = 2,
+) -> Client:
+    """A `Client` whose requests go over the application's deployment handle, acting as
+    `token` (default $ORCH_API_KEY). `handle` defaults to `serve_handle(app_name)`."""
+    from orchestrator.sdk._client import Client  # here: _client may offer this as a method
+
+    transport = ServeTransport(handle if handle is not None else serve_handle(app_name))
+    http = httpx.Client(transport=transport, base_url=HANDLE_BASE_URL, timeout=timeout)
+    return Client(
+        HANDLE_BASE_URL, token=token, timeout=timeout, max_retries=max_retries, http_client=http
+    )
+
+
+def in_cluster_async_client(
+    token: str | None = None,
+    *,
+    app_name: str = "orchestrator",
+    handle: Any = None,
+    timeout: float = 30.0,
+    max_retries: int = 2,
+) -> AsyncClient:
+    """`in_cluster_client` for asyncio programs (a Ray actor, an async driver)."""
+    from orchestrator.sdk._async_client import AsyncClient
+
+    transport = AsyncServeTransport(handle if handle is not None else serve_handle(app_name))
+    http = httpx.AsyncClient(transport=transport, base_url=HANDLE_BASE_URL, timeout=timeout)
+    return AsyncClient(
+        HANDLE_BASE_URL, token=token, timeout=timeout, max_retries=max_retries, http_client=http
+    )

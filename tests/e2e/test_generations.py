@@ -102,6 +102,8 @@ class Service:
     cluster: Cluster
     work: Path
     proc: subprocess.Popen[bytes] | None = None
+    # Settings over the defaults below (other modules' services: tests/e2e/test_in_cluster.py).
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def port(self) -> int:
@@ -133,6 +135,7 @@ class Service:
                     "rate_limit_per_minute": 0,
                     "api_replicas": 1,
                     "generation_drain_s": 10,
+                    **self.settings,
                 }
             )
         )
