@@ -118,6 +118,26 @@ class AsyncClient:
         self._owns_http = http_client is None
         self._http = http_client if http_client is not None else httpx.AsyncClient(timeout=timeout)
 
+    @classmethod
+    def in_cluster(
+        cls,
+        token: str | None = None,
+        *,
+        app_name: str = "orchestrator",
+        handle: Any = None,
+        timeout: float = 30.0,
+        max_retries: int = 2,
+    ) -> AsyncClient:
+        """From a program on the Ray cluster (a driver joined with `ray.init`, a Ray job):
+        requests go over the application's `Api` deployment handle instead of HTTP, acting
+        as `token` (default $ORCH_API_KEY) with the same auth, limits and ownership
+        (orchestrator/sdk/_in_cluster.py). Imports Ray when called."""
+        from orchestrator.sdk._in_cluster import in_cluster_async_client
+
+        return in_cluster_async_client(
+            token, app_name=app_name, handle=handle, timeout=timeout, max_retries=max_retries
+        )
+
     @property
     def max_retries(self) -> int:
         return self.retry.max_retries
