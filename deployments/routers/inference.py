@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
+from orchestrator.errors import ErrorCode, NotFound
 from orchestrator.inference import InferenceService, StartRequest
 
 router = APIRouter(tags=["inference"])
@@ -50,8 +51,19 @@ class StoppedAll(BaseModel):
     stopped: list[str]
 
 
+class OpenAIModel(BaseModel):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str
+
+
 class ModelList(BaseModel):
+    """SPEC's `models` and, for OpenAI clients, the same models as OpenAI's list."""
+
     models: list[dict[str, Any]]
+    object: str = "list"
+    data: list[OpenAIModel]
 
 
 class Discovered(BaseModel):
@@ -105,7 +117,21 @@ async def stop_all_instances(ctx: Ctx, caller: CurrentUser) -> StoppedAll:
 
 @router.get("/models", response_model=ModelList)
 async def list_models(ctx: Ctx, caller: CurrentUser) -> ModelList:
-    return ModelList(models=[m.wire() for m in await _service(ctx).catalog()])
+    catalog = await _service(ctx).catalog()
+    data = [OpenAIModel(**m.openai()) for m in catalog]
+    return ModelList(models=[m.wire() for m in catalog], data=data)
+
+
+@router.get("/models/{model_id:path}", response_model=OpenAIModel)
+async def retrieve_model(model_id: str, ctx: Ctx, caller: CurrentUser) -> OpenAIModel:
+    """OpenAI's Model object; every caller sees the whole catalog, as with the list."""
+    for entry in await _service(ctx).catalog():
+        if entry.name == model_id:
+            return OpenAIModel(**entry.openai())
+    raise NotFound(
+        f"unknown model {model_id!r} (GET /api/v1/models lists the models)",
+        code=ErrorCode.MODEL_NOT_FOUND,
+    )
 
 
 @router.post("/discover", response_model=Discovered)

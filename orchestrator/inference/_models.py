@@ -318,14 +318,24 @@ class ModelEntry:
     name: str
     status: str  # available, loading, loaded, remote, error
     provider: str
-    ctx_size: int
+    ctx_size: int  # 0 when not knowable: sent as null, never as a window of 0
+    created_ms: int = 0  # when it was registered (Unix ms); 0 for configured remote models
 
     def wire(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "status": self.status,
             "provider": self.provider,
-            "ctx_size": self.ctx_size,
+            "ctx_size": self.ctx_size or None,
+        }
+
+    def openai(self) -> dict[str, Any]:
+        """OpenAI's Model object (GET /models `data`, GET /models/{id})."""
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created_ms // 1000,  # OpenAI counts seconds
+            "owned_by": self.provider,
         }
 
 

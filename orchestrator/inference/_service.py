@@ -140,9 +140,9 @@ class InferenceService:
         for r in records:
             if r.provider == "local":
                 status, ctx = states.get(r.name, ("available", r.ctx_size))
-                add(ModelEntry(r.name, status, "local", ctx or r.ctx_size))
+                add(ModelEntry(r.name, status, "local", ctx or r.ctx_size, r.discovered_at))
             else:
-                add(ModelEntry(r.name, "remote", r.provider, r.ctx_size))
+                add(ModelEntry(r.name, "remote", r.provider, r.ctx_size, r.discovered_at))
         for name, (status, ctx) in states.items():
             add(ModelEntry(name, status, "local", ctx))  # its registration was removed since
         for provider in configured_providers(self._settings):

@@ -61,6 +61,7 @@ from orchestrator.sdk._models import (
     MemoryStats,
     Message,
     MessageStreamEvent,
+    Model,
     ModelList,
     ModelsDiscovered,
     ProvidersStatus,
@@ -338,6 +339,10 @@ class AsyncClient:
 
     async def models(self) -> ModelList:
         return await self._send(_calls.models())
+
+    async def model(self, model_id: str) -> Model:
+        """One model in OpenAI's shape; 404 model_not_found when unknown."""
+        return await self._send(_calls.model(model_id))
 
     async def discover_models(self) -> ModelsDiscovered:
         """Admin: scan for local models again."""

@@ -44,6 +44,7 @@ from orchestrator.sdk._models import (
     MemoryResults,
     MemoryStats,
     Message,
+    Model,
     ModelList,
     ModelsDiscovered,
     ProvidersStatus,
@@ -301,6 +302,10 @@ def stop_all_instances() -> Call[InstancesStopped]:
 
 def models() -> Call[ModelList]:
     return Call("GET", "/models", model_of(ModelList))
+
+
+def model(model_id: str) -> Call[Model]:
+    return Call("GET", f"/models/{_seg(model_id)}", model_of(Model))
 
 
 def discover_models() -> Call[ModelsDiscovered]:

@@ -62,6 +62,7 @@ from orchestrator.sdk._models import (
     MemoryStats,
     Message,
     MessageStreamEvent,
+    Model,
     ModelList,
     ModelsDiscovered,
     ProvidersStatus,
@@ -344,6 +345,10 @@ class Client:
 
     def models(self) -> ModelList:
         return self._send(_calls.models())
+
+    def model(self, model_id: str) -> Model:
+        """One model in OpenAI's shape; 404 model_not_found when unknown."""
+        return self._send(_calls.model(model_id))
 
     def discover_models(self) -> ModelsDiscovered:
         """Admin: scan for local models again."""

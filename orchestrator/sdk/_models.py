@@ -623,8 +623,19 @@ class ModelInfo(ApiModel):
     ctx_size: int | None = None
 
 
+class Model(ApiModel):
+    """OpenAI's Model object (GET /models `data`, GET /models/{id})."""
+
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str
+
+
 class ModelList(ApiModel):
     models: list[ModelInfo]
+    object: str = "list"
+    data: list[Model] = []
 
 
 class ModelsDiscovered(ApiModel):

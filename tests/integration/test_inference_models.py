@@ -69,7 +69,7 @@ async def test_discover_registers_gguf_files_and_the_bundled_model(make_settings
         alice = await _token(c, "alice")
         # Nothing is registered before discovery.
         r = await c.get("/api/v1/models", headers=alice)
-        assert r.status_code == 200 and r.json() == {"models": []}
+        assert r.status_code == 200 and r.json() == {"models": [], "object": "list", "data": []}
 
         r = await c.post("/api/v1/discover", headers=alice)
         assert r.status_code == 403 and r.json()["code"] == "forbidden"
@@ -141,12 +141,12 @@ async def test_models_merge_remote_providers_and_ollama(make_settings, tmp_path:
             }
             assert models[("gpt-4.1", "openai")]["ctx_size"] == 1047576
             assert models[("claude-sonnet-4-5", "anthropic")]["ctx_size"] == 200000
-            assert models[("llama3.2:latest", "ollama")]["ctx_size"] == 0  # not known yet
+            assert models[("llama3.2:latest", "ollama")]["ctx_size"] is None  # not known yet: null, not 0
             assert models[("llama-3.1-70b", "vllm")] == {
                 "name": "llama-3.1-70b",
                 "status": "remote",
                 "provider": "vllm",
-                "ctx_size": 0,
+                "ctx_size": None,
             }
 
             r = await c.post("/api/v1/discover", headers=ADMIN)
