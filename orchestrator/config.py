@@ -208,6 +208,14 @@ class Settings(BaseSettings):
     provider_retry_backoff_s: float = Field(
         0.25, ge=0, description="First retry delay (doubles; an upstream Retry-After wins)"
     )
+    drop_unsupported_params: bool = Field(
+        False,
+        description=(
+            "Drop optional request fields (seed, logit_bias, response_format...) the chosen"
+            " provider cannot honour, listing them in X-Orchestrator-Dropped-Params, instead"
+            " of answering 400 naming field and provider"
+        ),
+    )
     breaker_failure_threshold: int = Field(
         5, ge=1, description="Consecutive failures that open a provider's circuit breaker"
     )

@@ -25,15 +25,18 @@ from orchestrator.providers import (
     ChatRequest,
     MessageEnd,
     ProviderError,
+    Route,
     RoutedStream,
     StreamEvent,
 )
 from orchestrator.providers import _anthropic_format as anthropic_format
 from orchestrator.providers import _openai_format as openai_format
+from orchestrator.providers import _params as provider_params
 from orchestrator.providers._json import dumps
 
 router = APIRouter(tags=["inference"])
 
+DROPPED_HEADER = "X-Orchestrator-Dropped-Params"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 log = logging.getLogger("orchestrator.gateway")
 
@@ -49,8 +52,15 @@ class _SseResponse(StreamingResponse):
     """An SSE response that runs `on_close` however it ends: finished, failed, or the
     client gone (even before the body started, when the body's own cleanup never runs)."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Any]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        on_close: Callable[[], Any],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            content, media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})}
+        )
         self._on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -74,7 +84,9 @@ async def chat_completions(
     call = _Call(ctx, principal, request, chat)
     if not chat.stream:
         response = await call.complete()
-        return _JsonResponse(openai_format.encode_response(response, chat.model))
+        return _JsonResponse(
+            openai_format.encode_response(response, chat.model), headers=call.dropped_header()
+        )
     await call.open_stream()
     encoder = openai_format.ChunkEncoder(chat.model, include_usage)
 
@@ -89,7 +101,7 @@ async def chat_completions(
     stream = call.sse(
         frames, heartbeat=b": heartbeat\n\n", error=error_frame, done=openai_format.SSE_DONE
     )
-    return _SseResponse(stream, lambda: call.close(stream))
+    return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
 
 
 @router.post("/messages")
@@ -100,7 +112,9 @@ async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: Curren
     call = _Call(ctx, principal, request, chat)
     if not chat.stream:
         response = await call.complete()
-        return _JsonResponse(anthropic_format.encode_response(response, chat.model))
+        return _JsonResponse(
+            anthropic_format.encode_response(response, chat.model), headers=call.dropped_header()
+        )
     await call.open_stream()
     encoder = anthropic_format.EventEncoder(chat.model)
 
@@ -113,7 +127,7 @@ async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: Curren
         error=anthropic_format.error_event,
         done=b"",
     )
-    return _SseResponse(stream, lambda: call.close(stream))
+    return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
 
 
 # Where providers live and what they answered (URLs, upstream error text) is for admins:
@@ -169,6 +183,7 @@ class _Call:
         self.started = time.perf_counter()
         self.provider = ""
         self.routed: RoutedStream | None = None
+        self.route: Route | None = None
         self.opening: asyncio.Future[RoutedStream] | None = None
         self.body_started = False
 
@@ -179,6 +194,7 @@ class _Call:
             self._error(exc)
             raise
         self.provider = route.provider
+        self.route = route
         self.ctx.inference_log.complete(
             request_id=self.request_id,
             user_uuid=self.principal.user_uuid,
@@ -191,6 +207,17 @@ class _Call:
             stream=False,
         )
         return response
+
+    def dropped_header(self) -> dict[str, str] | None:
+        """`X-Orchestrator-Dropped-Params` naming the optional fields the serving provider
+        does not honour and `drop_unsupported_params` dropped (they are never dropped
+        silently). A stream still opening when its headers go out cannot name them; with
+        the setting off such fields are a 400 instead."""
+        route = self.routed.route if self.routed is not None else self.route
+        if route is None or not self.chat.params:
+            return None
+        dropped = provider_params.unsupported(route.adapter, self.chat.params)
+        return {DROPPED_HEADER: ",".join(dropped)} if dropped else None
 
     async def open_stream(self) -> None:
         """Open the upstream stream. Answered within `stream_heartbeat_s`: errors become an

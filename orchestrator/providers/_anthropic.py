@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
+from orchestrator.providers import _params
 from orchestrator.providers._anthropic_format import (
     ANTHROPIC_VERSION,
     EventDecoder,
@@ -19,6 +20,7 @@ from orchestrator.providers._http import (
     post_json,
     retry_after_of,
 )
+from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     ChatRequest,
     ChatResponse,
@@ -32,6 +34,8 @@ __all__ = ["AnthropicAdapter"]
 
 class AnthropicAdapter:
     """POST {base}/v1/messages with `x-api-key` and `anthropic-version`; streams SSE."""
+
+    params: Mapping[str, Translate] = _params.ANTHROPIC
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
         self.config = config
@@ -51,7 +55,7 @@ class AnthropicAdapter:
             self._http,
             self.config.name,
             f"{self._base}/v1/messages",
-            encode_request(request, stream=False),
+            _params.apply(self, encode_request(request, stream=False), request.params),
             self._headers(),
             self._timeout,
         )
@@ -64,7 +68,7 @@ class AnthropicAdapter:
             self.config.name,
             "POST",
             f"{self._base}/v1/messages",
-            json_body=encode_request(request, stream=True),
+            json_body=_params.apply(self, encode_request(request, stream=True), request.params),
             headers={**self._headers(), "accept": "text/event-stream"},
             request_timeout=self._timeout,
         ) as response:

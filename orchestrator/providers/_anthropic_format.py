@@ -296,7 +296,24 @@ def decode_request(body: Any) -> ChatRequest:
         stop=tuple(stop),
         stream=stream,
         user=user,
+        params=_params_of(data),
     )
+
+
+def _params_of(data: dict[str, Any]) -> dict[str, Any]:
+    """Optional fields kept for the provider's declared table (`_params.py`): `thinking`, and
+    `tool_choice.disable_parallel_tool_use` as OpenAI's `parallel_tool_calls: false`."""
+    out: dict[str, Any] = {}
+    thinking = data.get("thinking")
+    if thinking is not None:
+        thinking = _obj(thinking, "thinking")
+        if thinking.get("type") not in ("enabled", "disabled"):
+            _invalid("thinking.type", "must be enabled or disabled")
+        out["thinking"] = thinking
+    choice = data.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True:
+        out["parallel_tool_calls"] = False
+    return out
 
 
 # --- server side: encoding an answer -----------------------------------------------------------

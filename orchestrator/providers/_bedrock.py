@@ -13,7 +13,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, NoReturn, cast
 from urllib.parse import quote, unquote_to_bytes
 
@@ -24,8 +24,10 @@ from botocore.credentials import Credentials, ReadOnlyCredentials, RefreshableCr
 from botocore.eventstream import EventStreamBuffer, EventStreamMessage, ParserError
 
 from orchestrator.errors import BadRequest
+from orchestrator.providers import _params
 from orchestrator.providers._blocks import BlockWriter
 from orchestrator.providers._http import open_stream
+from orchestrator.providers._params import Translate
 from orchestrator.providers._registry import DEFAULT_BASE_URLS
 from orchestrator.providers._types import (
     Block,
@@ -153,6 +155,10 @@ class BedrockAdapter:
     instance role) is asked, again every CHAIN_RETRY_S while it finds nothing. Credentials
     that expire are refreshed by botocore, in a thread: a refresh calls STS or the metadata
     service, which must not stall the event loop."""
+
+    # Converse's inferenceConfig has maxTokens/temperature/topP/stopSequences only; the rest
+    # is per-model `additionalModelRequestFields`, so nothing optional is honoured: 400.
+    params: Mapping[str, Translate] = _params.BEDROCK
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
         self.config = config

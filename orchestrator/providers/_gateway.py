@@ -10,6 +10,7 @@ anthropic...); then the same for each of `fallback_models[model]`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -22,6 +23,7 @@ from httpx_aiohttp import AiohttpTransport
 from orchestrator.config import PROVIDER_KINDS, Settings
 from orchestrator.errors import BadRequest, ErrorCode, NotFound, ServiceUnavailable
 from orchestrator.observability import MetricsRecorder
+from orchestrator.providers import _params
 from orchestrator.providers._breaker import BreakerState, CircuitBreaker
 from orchestrator.providers._registry import build_adapter, configured_providers
 from orchestrator.providers._types import (
@@ -319,9 +321,19 @@ class Gateway:
         return out
 
     # --- calls -------------------------------------------------------------------------------
+    def _fit(self, request: ChatRequest, route: Route) -> ChatRequest:
+        """`request` for `route`: its model name, and only the optional fields the route's
+        provider declares (400 naming the others unless `drop_unsupported_params`)."""
+        routed = request.with_model(route.model)
+        if not request.params:
+            return routed
+        drop = self._settings.drop_unsupported_params
+        kept = _params.fit(request.params, route.adapter, route.provider, drop=drop)
+        return dataclasses.replace(routed, params=kept)
+
     async def complete(self, request: ChatRequest) -> tuple[ChatResponse, Route]:
         async def call(route: Route) -> ChatResponse:
-            return await route.adapter.complete(request.with_model(route.model))
+            return await route.adapter.complete(self._fit(request, route))
 
         return await self._with_failover(request.model, call)
 
@@ -331,7 +343,7 @@ class Gateway:
 
         async def call(route: Route) -> RoutedStream:
             started = time.perf_counter()
-            upstream = route.adapter.stream(request.with_model(route.model))
+            upstream = route.adapter.stream(self._fit(request, route))
             # Read up to the first content (a block, or the end): an upstream that fails
             # right after message_start can still be retried or fall back.
             head: list[StreamEvent] = []

@@ -17,15 +17,17 @@ import mimetypes
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 import httpx
 
 from orchestrator.errors import BadRequest
+from orchestrator.providers import _params
 from orchestrator.providers._blocks import BlockWriter
 from orchestrator.providers._http import error_message, iter_sse, retry_after_of
+from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     Block,
     ChatRequest,
@@ -68,6 +70,8 @@ _TOOL_MODES = {"auto": "AUTO", "any": "ANY", "none": "NONE"}
 
 class GeminiAdapter:
     """Gemini through the Generative Language REST API (v1beta by default)."""
+
+    params: Mapping[str, Translate] = _params.GEMINI
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
         self.config = config
@@ -140,7 +144,7 @@ class GeminiAdapter:
             config["stopSequences"] = list(request.stop)
         if config:
             body["generationConfig"] = config
-        return body
+        return _params.apply(self, body, request.params)
 
     def _model_parts(self, message: Message) -> list[dict[str, Any]]:
         parts: list[dict[str, Any]] = []

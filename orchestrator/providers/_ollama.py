@@ -11,15 +11,17 @@ import base64
 import hashlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import httpx
 
 from orchestrator.errors import BadRequest
+from orchestrator.providers import _params
 from orchestrator.providers._blocks import BlockWriter
 from orchestrator.providers._http import iter_ndjson, open_stream, post_json
+from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     Block,
     ChatRequest,
@@ -44,6 +46,8 @@ __all__ = ["OllamaAdapter"]
 class OllamaAdapter:
     """A local (or remote) Ollama server. No key is needed; a configured one is sent as a
     bearer token (for Ollama behind an authenticating proxy)."""
+
+    params: Mapping[str, Translate] = _params.OLLAMA
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
         self.config = config
@@ -93,7 +97,7 @@ class OllamaAdapter:
             options["stop"] = list(request.stop)
         if options:
             body["options"] = options
-        return body
+        return _params.apply(self, body, request.params)
 
     # --- the adapter protocol --------------------------------------------------------------
     async def complete(self, request: ChatRequest) -> ChatResponse:

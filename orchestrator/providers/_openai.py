@@ -5,11 +5,12 @@ in a subclass."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 
+from orchestrator.providers import _params
 from orchestrator.providers._http import iter_sse, open_stream, post_json
 from orchestrator.providers._json import loads
 from orchestrator.providers._openai_format import (
@@ -18,6 +19,7 @@ from orchestrator.providers._openai_format import (
     decode_response,
     encode_request,
 )
+from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     ChatRequest,
     ChatResponse,
@@ -39,6 +41,8 @@ class OpenAIAdapter:
     stream_usage: bool = True
     # Which assistant reasoning goes back upstream in the history.
     reasoning: ReasoningPolicy = "drop"
+    # Optional fields honoured and their wire form: the declared table (_params.py).
+    params: Mapping[str, Translate] = _params.OPENAI
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
         self.config = config
@@ -69,13 +73,14 @@ class OpenAIAdapter:
         # OpenAI deprecated `max_tokens` (its reasoning models reject it); every other
         # compatible server documents `max_tokens`.
         field = "max_completion_tokens" if self.config.kind == "openai" else "max_tokens"
-        return encode_request(
+        body = encode_request(
             request,
             stream=stream,
             include_usage=self.stream_usage,
             reasoning=self.reasoning,
             max_tokens_field=field,
         )
+        return _params.apply(self, body, request.params)
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         data = await post_json(
@@ -139,6 +144,7 @@ class ZhipuAdapter(OpenAIAdapter):
     Images go as `image_url` parts (GLM-4V); `reasoning_content` (GLM-4.5+) is thinking."""
 
     stream_usage = False
+    params: Mapping[str, Translate] = {}  # not checked against Zhipu's docs yet: 400
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
         body = super().build_body(request, stream=stream)
@@ -171,6 +177,7 @@ class DeepSeekAdapter(OpenAIAdapter):
     so it is sent back only for tool-calling turns."""
 
     reasoning: ReasoningPolicy = "tool_turns"
+    params: Mapping[str, Translate] = {}  # not checked against DeepSeek's docs yet: 400
 
 
 class QwenAdapter(OpenAIAdapter):
@@ -178,6 +185,8 @@ class QwenAdapter(OpenAIAdapter):
     (`https://dashscope.aliyuncs.com/compatible-mode/v1`): the OpenAI wire, including
     `stream_options.include_usage` (a final usage-only chunk) and `image_url` parts for the
     VL models; Qwen3's thinking streams as `reasoning_content`."""
+
+    params: Mapping[str, Translate] = {}  # not checked against DashScope's docs yet: 400
 
 
 class LocalAdapter(OpenAIAdapter):
@@ -187,6 +196,8 @@ class LocalAdapter(OpenAIAdapter):
     /health; the model name is sent as given (the server has one model and does not check
     it). `probe` is llama-server's own `GET /health` on the server root (200 when the model
     is loaded, 503 while it loads)."""
+
+    params: Mapping[str, Translate] = _params.LOCAL
 
     def probe_url(self) -> str:
         root = self.config.base_url.rstrip("/").removesuffix("/v1")

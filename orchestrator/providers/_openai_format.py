@@ -179,7 +179,45 @@ def decode_request(body: Any) -> ChatRequest:
         stop=_stop(body.get("stop")),
         stream=bool(stream),
         user=user,
+        params=_params_of(body),
     )
+
+
+# Each optional field's accepted JSON type (shape beyond that is the provider's to judge).
+_PARAM_TYPES: dict[str, tuple[type, ...]] = {
+    "seed": (int,),
+    "frequency_penalty": (int, float),
+    "presence_penalty": (int, float),
+    "logit_bias": (dict,),
+    "response_format": (dict,),
+    "reasoning_effort": (str,),
+    "parallel_tool_calls": (bool,),
+    "metadata": (dict,),
+}
+
+
+def _params_of(body: JSON) -> dict[str, Any]:
+    """The optional generation fields the caller set (null = unset), type-checked."""
+    out: dict[str, Any] = {}
+    for name, types in _PARAM_TYPES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) and bool not in types:
+            _invalid(name, "has the wrong type")
+        if not isinstance(value, types):
+            _invalid(name, "has the wrong type")
+        out[name] = value
+    response_format = out.get("response_format")
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            _invalid("response_format.type", "must be text, json_object or json_schema")
+        if kind == "text":
+            del out["response_format"]  # the default of every provider
+        elif kind == "json_schema" and not isinstance(response_format.get("json_schema"), dict):
+            _invalid("response_format.json_schema", "is required for type json_schema")
+    return out
 
 
 class _Turns:

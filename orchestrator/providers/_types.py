@@ -161,6 +161,9 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     user: str | None = None  # end-user id forwarded to providers that take one
+    # Generation options beyond the above, keyed by their OpenAI name (`thinking`: Anthropic's);
+    # each provider's declared table (`_params.py`) says which it honours and how.
+    params: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def with_model(self, model: str) -> ChatRequest:
         return _replace(self, model=model)

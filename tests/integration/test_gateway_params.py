@@ -1,0 +1,88 @@
+"""Optional request fields over HTTP (the real app, Postgres and Redis, loopback upstreams):
+an unsupported one is a DESIGN error body (400) naming field and provider on both
+/chat/completions and /messages; with `drop_unsupported_params` it is dropped and listed in
+`X-Orchestrator-Dropped-Params`, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ServedApp
+from tests.fakes.anthropic_server import FakeAnthropic, text_reply
+from tests.fakes.openai_server import FakeReply, OpenAIFake
+from tests.integration.test_gateway import ADMIN, gateway_settings
+
+DROPPED = "x-orchestrator-dropped-params"
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[tuple[OpenAIFake, FakeAnthropic]]:
+    async with OpenAIFake(api_key="sk-openai") as oai, FakeAnthropic(api_key="sk-ant") as ant:
+        yield oai, ant
+
+
+def chat(model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+async def test_unsupported_field_is_a_400_naming_field_and_provider(
+    make_settings: Any, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    oai, ant = upstreams
+    async with (
+        ServedApp(gateway_settings(make_settings, oai, ant)) as app,
+        httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN, timeout=30) as client,
+    ):
+        r = await client.post("/chat/completions", json=chat("claude-sonnet-4-5", seed=7))
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert body["ok"] is False and body["request_id"]
+        assert "seed" in body["error"] and "anthropic" in body["error"]
+        assert ant.requests == []
+        # The Anthropic-shaped route: `thinking` to an OpenAI model.
+        r = await client.post(
+            "/messages",
+            json={
+                **chat("gpt-4o-mini"),
+                "max_tokens": 64,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+            },
+        )
+        assert r.status_code == 400, r.text
+        assert "thinking" in r.json()["error"] and "openai" in r.json()["error"]
+        assert oai.chat_requests == []
+
+
+async def test_dropped_fields_are_listed_in_a_header(
+    make_settings: Any, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    oai, ant = upstreams
+    settings = gateway_settings(make_settings, oai, ant, drop_unsupported_params=True)
+    async with (
+        ServedApp(settings) as app,
+        httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN, timeout=30) as client,
+    ):
+        ant.enqueue(text_reply("ok"))
+        r = await client.post(
+            "/chat/completions",
+            json=chat("claude-sonnet-4-5", seed=7, logit_bias={"1": 2}, max_tokens=16),
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers[DROPPED] == "seed,logit_bias"
+        assert "seed" not in ant.requests[-1].json and "logit_bias" not in ant.requests[-1].json
+        # Streamed, the header is there too; nothing dropped: no header.
+        ant.enqueue(text_reply("ok"))
+        async with client.stream(
+            "POST", "/chat/completions", json=chat("claude-sonnet-4-5", seed=7, stream=True)
+        ) as s:
+            assert s.status_code == 200
+            assert s.headers[DROPPED] == "seed"
+            assert "[DONE]" in "".join([line async for line in s.aiter_lines()])
+        oai.script([FakeReply(text="ok")])
+        r = await client.post("/chat/completions", json=chat("gpt-4o-mini", seed=7))
+        assert r.status_code == 200 and DROPPED not in r.headers
+        assert oai.chat_requests[-1].json["seed"] == 7
