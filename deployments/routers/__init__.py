@@ -4,6 +4,7 @@ from fastapi import APIRouter
 
 from deployments.routers import (
     channels,
+    embeddings,
     events,
     gateway,
     inference,
@@ -22,6 +23,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     workflows.router,
     inference.router,
     gateway.router,
+    embeddings.router,
     events.router,
     scheduler.router,
     channels.router,

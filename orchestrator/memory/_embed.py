@@ -119,6 +119,12 @@ class LocalEmbedder:
         out: list[list[float]] = (pooled / norms).astype(np.float32).tolist()
         return out
 
+    def count_tokens(self, texts: list[str]) -> int:
+        """Tokens the model reads for `texts` (after truncation, without padding)."""
+        if self._session is None:
+            self._load()
+        return sum(sum(e.attention_mask) for e in self._tokenizer.encode_batch(texts))
+
     async def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
@@ -140,8 +146,13 @@ class ProviderEmbedder:
         self._http = http
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
-        if not texts:
-            return []
+        return (await self.embed_counted(texts))[0] if texts else []
+
+    async def embed_counted(
+        self, texts: list[str], dimensions: int | None = None
+    ) -> tuple[list[list[float]], int]:
+        """The vectors and the upstream's `usage.prompt_tokens` (0 when it sends none);
+        `dimensions` is passed on for models that shorten their vectors."""
         try:
             routes = await self._gateway.routes(self._model)
         except Exception as exc:  # NotFound and the like
@@ -156,15 +167,21 @@ class ProviderEmbedder:
             url = f"{base}/v1/embeddings" if config.kind == "ollama" else f"{base}/embeddings"
             headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
             try:
+                payload: dict[str, Any] = {
+                    "model": route.model,
+                    "input": texts,
+                    "encoding_format": "float",
+                }
+                if dimensions is not None:
+                    payload["dimensions"] = dimensions
                 r = await self._http.post(
-                    url,
-                    json={"model": route.model, "input": texts, "encoding_format": "float"},
-                    headers=headers,
-                    timeout=config.timeout_s,
+                    url, json=payload, headers=headers, timeout=config.timeout_s
                 )
                 r.raise_for_status()
-                data = sorted(r.json()["data"], key=lambda d: d["index"])
+                answer = r.json()
+                data = sorted(answer["data"], key=lambda d: d["index"])
                 vectors = [[float(x) for x in d["embedding"]] for d in data]
+                prompt_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
             except httpx.HTTPStatusError as exc:
                 log.warning("%s: %s answered %r", self.name, route.provider, exc)
                 errors.append(f"{route.provider} answered {exc.response.status_code}")
@@ -176,7 +193,7 @@ class ProviderEmbedder:
             if len(vectors) != len(texts):
                 errors.append(f"{route.provider}: {len(vectors)} embeddings for {len(texts)}")
                 continue
-            return vectors
+            return vectors, prompt_tokens
         raise EmbedderUnavailable(f"{self.name}: " + "; ".join(errors))
 
 

@@ -34,6 +34,7 @@ from orchestrator.sdk._models import (
     ChatCompletion,
     ChatCompletionChunk,
     DirectoryListing,
+    EmbeddingList,
     Encoding,
     Event,
     EventPage,
@@ -339,6 +340,18 @@ class AsyncClient:
 
     async def models(self) -> ModelList:
         return await self._send(_calls.models())
+
+    async def embeddings(
+        self,
+        input: str | Sequence[str],
+        *,
+        model: str,
+        encoding_format: str | None = None,
+        dimensions: int | None = None,
+    ) -> EmbeddingList:
+        """POST /embeddings (OpenAI's shape): `model` is `local` (all-MiniLM-L6-v2) or a
+        provider's embedding model."""
+        return await self._send(_calls.embeddings(model, input, encoding_format, dimensions))
 
     async def model(self, model_id: str) -> Model:
         """One model in OpenAI's shape; 404 model_not_found when unknown."""

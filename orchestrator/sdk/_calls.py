@@ -19,6 +19,7 @@ from orchestrator.sdk._models import (
     ChannelUpdated,
     ChatCompletion,
     DirectoryListing,
+    EmbeddingList,
     Encoding,
     EventPage,
     FileContent,
@@ -344,6 +345,20 @@ def chat_body(
 
 def chat_completion(body: dict[str, Any]) -> Call[ChatCompletion]:
     return Call("POST", "/chat/completions", model_of(ChatCompletion), body=body)
+
+
+def embeddings(
+    model: str, input: str | Sequence[str], encoding_format: str | None, dimensions: int | None
+) -> Call[EmbeddingList]:
+    body: dict[str, Any] = {
+        "model": model,
+        "input": input if isinstance(input, str) else list(input),
+    }
+    if encoding_format is not None:
+        body["encoding_format"] = encoding_format
+    if dimensions is not None:
+        body["dimensions"] = dimensions
+    return Call("POST", "/embeddings", model_of(EmbeddingList), body=body)
 
 
 def message(body: dict[str, Any]) -> Call[Message]:

@@ -35,6 +35,7 @@ from orchestrator.sdk._models import (
     ChatCompletion,
     ChatCompletionChunk,
     DirectoryListing,
+    EmbeddingList,
     Encoding,
     Event,
     EventPage,
@@ -345,6 +346,18 @@ class Client:
 
     def models(self) -> ModelList:
         return self._send(_calls.models())
+
+    def embeddings(
+        self,
+        input: str | Sequence[str],
+        *,
+        model: str,
+        encoding_format: str | None = None,
+        dimensions: int | None = None,
+    ) -> EmbeddingList:
+        """POST /embeddings (OpenAI's shape): `model` is `local` (all-MiniLM-L6-v2) or a
+        provider's embedding model."""
+        return self._send(_calls.embeddings(model, input, encoding_format, dimensions))
 
     def model(self, model_id: str) -> Model:
         """One model in OpenAI's shape; 404 model_not_found when unknown."""

@@ -632,6 +632,26 @@ class Model(ApiModel):
     owned_by: str
 
 
+class Embedding(ApiModel):
+    object: str = "embedding"
+    index: int
+    embedding: list[float] | str  # a string with encoding_format: base64
+
+
+class EmbeddingUsage(ApiModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(ApiModel):
+    """OpenAI's CreateEmbeddingResponse (POST /embeddings)."""
+
+    object: str = "list"
+    model: str
+    data: list[Embedding]
+    usage: EmbeddingUsage
+
+
 class ModelList(ApiModel):
     models: list[ModelInfo]
     object: str = "list"

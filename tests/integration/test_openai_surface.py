@@ -52,3 +52,49 @@ async def test_unknown_model_is_a_design_404(app: ServedApp) -> None:
         assert (await http.get("/models/gpt-4o")).status_code == 200
         anonymous = await http.get("/models/gpt-4o", headers={"Authorization": ""})
         assert anonymous.status_code == 401
+
+
+async def test_embeddings_local_through_the_openai_sdk(app: ServedApp) -> None:
+    client = oai_client(app)
+    answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=["a cat", "a dog"])
+    validate(answer.model_dump(exclude_unset=True), "CreateEmbeddingResponse")
+    assert [d.index for d in answer.data] == [0, 1]
+    assert all(len(d.embedding) == 384 for d in answer.data)
+    assert answer.usage.prompt_tokens > 0
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens
+    # The SDK asks for base64 by default when none is given and decodes it: same vectors.
+    default = client.embeddings.create(model="local", input="a cat")
+    assert default.data[0].embedding == pytest.approx(answer.data[0].embedding, abs=1e-6)
+
+
+async def test_embeddings_body_and_errors(app: ServedApp) -> None:
+    async with httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN) as http:
+        body = (await http.post("/embeddings", json={"model": "local", "input": "hi"})).json()
+        validate(body, "CreateEmbeddingResponse")
+        for bad, field in (
+            ({"model": "local", "input": [[1, 2, 3]]}, "token arrays"),
+            ({"model": "local", "input": []}, "input"),
+            ({"model": "local", "input": "x", "dimensions": 8}, "dimensions"),
+            ({"model": "local", "input": "x", "encoding_format": "hex"}, "encoding_format"),
+            ({"input": "x"}, "model"),
+        ):
+            answer = await http.post("/embeddings", json=bad)
+            assert answer.status_code == 400, (bad, answer.text)
+            error = answer.json()
+            assert error["ok"] is False and field in error["error"] + str(error), error
+        anonymous = await http.post(
+            "/embeddings", json={"model": "local", "input": "x"}, headers={"Authorization": ""}
+        )
+        assert anonymous.status_code == 401
+
+
+async def test_embeddings_through_the_openai_provider(
+    app: ServedApp, upstreams: tuple[Any, Any]
+) -> None:
+    client = oai_client(app)
+    answer = client.embeddings.create(
+        model="gpt-4o-mini", input=["hello world", "world"], encoding_format="float"
+    )
+    validate(answer.model_dump(exclude_unset=True), "CreateEmbeddingResponse")
+    assert len(answer.data) == 2 and answer.model == "gpt-4o-mini"
+    assert answer.usage.prompt_tokens == 3  # the upstream's count (the fake counts words)

@@ -40,6 +40,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/stop-all"): "stop_all_instances",
     ("GET", "/models"): "models",
     ("GET", "/models/{model_id}"): "model",
+    ("POST", "/embeddings"): "embeddings",
     ("POST", "/discover"): "discover_models",
     ("POST", "/chat/completions"): "chat_completion",
     ("POST", "/messages"): "message",

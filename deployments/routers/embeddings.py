@@ -1,0 +1,170 @@
+"""POST /embeddings in OpenAI's shape (issue 18): the local embedder (all-MiniLM-L6-v2, the
+one memory uses with `embedder: local`) under the names in LOCAL_MODELS, and any other model
+through the provider serving it (`POST {base_url}/embeddings`, as `embedder:
+provider:<model>` does for memory). Auth and rate limits apply as for every route; each call
+is an `inference.complete` record (`finish_reason: embeddings`)."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import struct
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from pydantic import BaseModel
+
+from deployments.context import AppContext
+from deployments.deps import Ctx, CurrentUser
+from orchestrator.errors import BadRequest, OrchestratorError
+from orchestrator.memory import LocalEmbedder, ProviderEmbedder
+from orchestrator.memory._embed import LOCAL_DIM
+
+router = APIRouter(tags=["inference"])
+
+LOCAL_MODELS = frozenset({"local", "all-MiniLM-L6-v2", LocalEmbedder.name})
+MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
+
+
+class Embedding(BaseModel):
+    object: str = "embedding"
+    index: int
+    embedding: list[float] | str  # a string with encoding_format: base64
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    """OpenAI's CreateEmbeddingResponse."""
+
+    object: str = "list"
+    model: str
+    data: list[Embedding]
+    usage: EmbeddingUsage
+
+
+@functools.cache
+def _local(threads: int) -> LocalEmbedder:
+    # One per process: the ONNX session is loaded once, on first use.
+    return LocalEmbedder(threads)
+
+
+def _inputs(body: dict[str, Any]) -> list[str]:
+    value = body.get("input")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise BadRequest(
+            "input must be a non-empty string or array of strings",
+            extra={"fields": {"input": "required"}},
+        )
+    if len(value) > MAX_INPUTS:
+        raise BadRequest(f"input: at most {MAX_INPUTS} items", extra={"fields": {"input": "max"}})
+    if any(isinstance(v, int) or isinstance(v, list) for v in value):
+        raise BadRequest(
+            "input as token arrays is not supported: send strings",
+            extra={"fields": {"input": "token arrays"}},
+        )
+    if not all(isinstance(v, str) and v for v in value):
+        raise BadRequest(
+            "input: every item must be a non-empty string", extra={"fields": {"input": "type"}}
+        )
+    return value
+
+
+def _encoding(body: dict[str, Any]) -> str:
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise BadRequest(
+            "encoding_format must be float or base64",
+            extra={"fields": {"encoding_format": "enum"}},
+        )
+    return str(encoding)
+
+
+def _dimensions(body: dict[str, Any]) -> int | None:
+    dimensions = body.get("dimensions")
+    if dimensions is None:
+        return None
+    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+        raise BadRequest(
+            "dimensions must be a positive integer", extra={"fields": {"dimensions": "type"}}
+        )
+    return dimensions
+
+
+def _encode(vector: list[float], encoding: str) -> list[float] | str:
+    if encoding == "float":
+        return vector
+    # OpenAI's base64: the little-endian float32 bytes.
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+async def _embed(
+    ctx: AppContext, model: str, texts: list[str], dimensions: int | None
+) -> tuple[list[list[float]], int, str]:
+    """(vectors, prompt tokens, provider)."""
+    if model in LOCAL_MODELS:
+        if dimensions is not None and dimensions != LOCAL_DIM:
+            raise BadRequest(
+                f"dimensions: {model} makes {LOCAL_DIM}-dimensional vectors only",
+                extra={"fields": {"dimensions": "unsupported"}},
+            )
+        local = _local(ctx.settings.embedder_threads)
+        vectors = await local.embed(texts)
+        return vectors, local.count_tokens(texts), "local"
+    embedder = ProviderEmbedder(ctx.gateway, model, ctx.gateway.http)
+    vectors, tokens = await embedder.embed_counted(texts, dimensions)
+    if dimensions is not None and any(len(v) != dimensions for v in vectors):
+        raise BadRequest(
+            f"dimensions: {model} does not shorten its vectors to {dimensions}",
+            extra={"fields": {"dimensions": "unsupported"}},
+        )
+    routes = await ctx.gateway.routes(model)
+    return vectors, tokens, routes[0].provider if routes else ""
+
+
+@router.post("/embeddings", response_model=EmbeddingList)
+async def embeddings(
+    body: Annotated[dict[str, Any], Body()], request: Request, ctx: Ctx, principal: CurrentUser
+) -> EmbeddingList:
+    """OpenAI's CreateEmbeddingResponse: one `embedding` per input, in order."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model is required", extra={"fields": {"model": "required"}})
+    texts = _inputs(body)
+    encoding = _encoding(body)
+    dimensions = _dimensions(body)
+    request_id = str(getattr(request.state, "request_id", "") or "")
+    started = time.perf_counter()
+    try:
+        vectors, tokens, provider = await _embed(ctx, model, texts, dimensions)
+    except OrchestratorError as exc:
+        ctx.inference_log.error(
+            request_id=request_id,
+            user_uuid=principal.user_uuid,
+            model=model,
+            error=exc.message,
+            status_code=exc.status_code,
+        )
+        raise
+    ctx.inference_log.complete(
+        request_id=request_id,
+        user_uuid=principal.user_uuid,
+        model=model,
+        provider=provider,
+        tokens_in=tokens,
+        tokens_out=0,
+        duration_ms=int((time.perf_counter() - started) * 1000),
+        finish_reason="embeddings",
+        stream=False,
+    )
+    return EmbeddingList(
+        model=model,
+        data=[Embedding(index=i, embedding=_encode(v, encoding)) for i, v in enumerate(vectors)],
+        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
