@@ -4,6 +4,7 @@ real Postgres and Redis, loopback upstreams."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -11,7 +12,15 @@ import openai
 import pytest
 
 from tests.conftest import ServedApp
-from tests.integration.test_gateway import ADMIN, app, oai_client, upstreams
+from tests.fakes.anthropic_server import FakeAnthropic, text_reply, tool_reply
+from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
+from tests.integration.test_gateway import (
+    ADMIN,
+    WEATHER_TOOL_OPENAI,
+    app,
+    oai_client,
+    upstreams,
+)
 from tests.openai_schema import validate
 
 __all__ = ["app", "upstreams"]  # fixtures shared with the gateway tests
@@ -98,3 +107,57 @@ async def test_embeddings_through_the_openai_provider(
     validate(answer.model_dump(exclude_unset=True), "CreateEmbeddingResponse")
     assert len(answer.data) == 2 and answer.model == "gpt-4o-mini"
     assert answer.usage.prompt_tokens == 3  # the upstream's count (the fake counts words)
+
+
+async def _chat_bodies(app: ServedApp, model: str) -> tuple[dict[str, Any], list[Any]]:
+    """One non-streamed answer and every chunk of one streamed answer (with usage)."""
+    request = {
+        "model": model,
+        "messages": [{"role": "user", "content": "weather in Paris?"}],
+        "tools": [WEATHER_TOOL_OPENAI],
+    }
+    async with httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN) as http:
+        whole = (await http.post("/chat/completions", json=request)).json()
+        streamed = {**request, "stream": True, "stream_options": {"include_usage": True}}
+        chunks = []
+        async with http.stream("POST", "/chat/completions", json=streamed) as answer:
+            async for line in answer.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[len("data: ") :]))
+    return whole, chunks
+
+
+@pytest.mark.parametrize("reply", ["text", "tool"])
+async def test_chat_from_anthropic_upstream_matches_openai_schemas(
+    app: ServedApp, upstreams: tuple[OpenAIFake, FakeAnthropic], reply: str
+) -> None:
+    _, ant = upstreams
+    for _ in range(2):
+        ant.enqueue(
+            text_reply("Bonjour!", input_tokens=2, output_tokens=3)
+            if reply == "text"
+            else tool_reply("get_weather", {"city": "Paris"}, id="toolu_1", text="Checking.")
+        )
+    whole, chunks = await _chat_bodies(app, "claude-sonnet-4-5")
+    validate(whole, "CreateChatCompletionResponse")
+    assert chunks
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse")
+
+
+@pytest.mark.parametrize("reply", ["text", "tool"])
+async def test_chat_from_openai_upstream_matches_openai_schemas(
+    app: ServedApp, upstreams: tuple[OpenAIFake, FakeAnthropic], reply: str
+) -> None:
+    oai, _ = upstreams
+    answer = (
+        FakeReply(text="It is sunny.")
+        if reply == "text"
+        else FakeReply(tool_calls=[FakeToolCall("get_weather", {"city": "Rome"}, id="call_r")])
+    )
+    oai.script([answer, answer])
+    whole, chunks = await _chat_bodies(app, "gpt-4o-mini")
+    validate(whole, "CreateChatCompletionResponse")
+    assert chunks
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse")
