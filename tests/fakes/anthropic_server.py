@@ -410,7 +410,9 @@ class FakeAnthropic:
         self.requests.append(Received(method, path, headers, raw, parsed))
         request_id = f"req_{uuid.uuid4().hex[:24]}"
 
-        if self.api_key is not None and headers.get("x-api-key") != self.api_key:
+        # anthropic-python >= 2 sends `Authorization: Bearer <key>`; earlier ones `x-api-key`.
+        keys = {headers.get("x-api-key"), headers.get("authorization", "").removeprefix("Bearer ")}
+        if self.api_key is not None and self.api_key not in keys:
             return await self._error(send, unauthorized(), request_id)
         if "anthropic-version" not in headers:
             error = ErrorReply(
