@@ -58,6 +58,8 @@ class LoopbackServer:
 
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
+        # Problems found in request bodies by the fake's wire checks (answered with a 400).
+        self.violations: list[str] = []
         self._script: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
         self.port = _free_port()

@@ -47,6 +47,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send, pieces
+from tests.fakes._wire_checks import bedrock_problems
 
 __all__ = [
     "BedrockFake",
@@ -374,9 +375,14 @@ class BedrockFake(LoopbackServer):
 
     async def _converse(self, request: RecordedRequest, send: Send, *, stream: bool) -> None:
         try:
-            request.json  # noqa: B018 - only checks that the body parses
+            body = request.json
         except ValueError:
             await self._error(send, 400, "SerializationException", "Unexpected character")
+            return
+        problems = bedrock_problems(body)
+        if problems:
+            self.violations.extend(problems)
+            await self._error(send, 400, "ValidationException", "; ".join(problems))
             return
         turn = self.next_reply() or BedrockTurn(text="echo")
         request_id = str(uuid.uuid4())

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
+from tests.fakes._wire_checks import gemini_problems
 
 __all__ = ["GeminiFake", "GeminiTurn", "google_error"]
 
@@ -167,6 +168,11 @@ class GeminiFake(LoopbackServer):
             body = request.json
         except ValueError:
             await self.send_json(send, 400, google_error(400, "Invalid JSON payload received."))
+            return
+        problems = gemini_problems(body)
+        if problems:
+            self.violations.extend(problems)
+            await self.send_json(send, 400, google_error(400, "; ".join(problems)))
             return
         turn = self.next_reply() or _echo(body)
         if turn.status >= 400:

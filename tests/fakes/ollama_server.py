@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send, pieces
+from tests.fakes._wire_checks import ollama_problems
 
 __all__ = ["OllamaFake", "OllamaTurn"]
 
@@ -120,6 +121,11 @@ class OllamaFake(LoopbackServer):
             body = request.json
         except ValueError:
             await self.send_json(send, 400, {"error": "invalid character 'x' looking for value"})
+            return
+        problems = ollama_problems(body)
+        if problems:
+            self.violations.extend(problems)
+            await self.send_json(send, 400, {"error": "; ".join(problems)})
             return
         turn = self.next_reply() or _echo(body)
         if turn.status >= 400:

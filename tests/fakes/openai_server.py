@@ -56,6 +56,8 @@ from typing import Any, Literal
 
 import uvicorn
 
+from tests.openai_schema import errors as schema_errors
+
 __all__ = ["FakeReply", "FakeToolCall", "OpenAIFake", "RecordedRequest", "echo_reply"]
 
 Scope = dict[str, Any]
@@ -228,6 +230,8 @@ class OpenAIFake:
         self.models_status = 200
         self.health_status = 200
         self.requests: list[RecordedRequest] = []
+        # CreateChatCompletionRequest mismatches of chat bodies received (answered with 400).
+        self.violations: list[str] = []
         self._script: collections.deque[FakeReply] = collections.deque()
         self._lock = threading.Lock()
         self.port = _free_port()
@@ -406,6 +410,11 @@ class OpenAIFake:
         except ValueError:
             msg = "We could not parse the JSON body of your request."
             await self._json(send, 400, {"error": error_object(400, msg)})
+            return
+        problems = schema_errors(body, "CreateChatCompletionRequest")
+        if problems:
+            self.violations.extend(problems)
+            await self._json(send, 400, {"error": error_object(400, "; ".join(problems))})
             return
         with self._lock:
             reply = self._script.popleft() if self._script else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from orchestrator.config import Settings
@@ -17,6 +18,7 @@ from orchestrator.observability import MetricsRecorder
 from orchestrator.providers import ChatRequest, Gateway, Message, TextBlock, ToolDef
 from orchestrator.providers import _anthropic_format as anthropic_format
 from orchestrator.providers import _openai_format as openai_format
+from tests.fakes._wire_checks import bedrock_problems
 from tests.fakes.anthropic_server import FakeAnthropic, text_reply
 from tests.fakes.bedrock_server import ACCESS_KEY, SECRET_KEY, BedrockFake, BedrockTurn
 from tests.fakes.gemini_server import GeminiFake, GeminiTurn
@@ -98,6 +100,10 @@ class Upstreams:
             return [r.json for r in self.bedrock.requests if "/model/" in r.path]
         return [r.json for r in self.ollama.chat_requests]
 
+    def violations(self) -> list[str]:
+        fakes = (self.openai, self.gemini, self.bedrock, self.ollama)
+        return [v for fake in fakes for v in fake.violations]
+
 
 @pytest.fixture
 async def upstreams() -> AsyncIterator[Upstreams]:
@@ -132,6 +138,7 @@ async def sent_body(ups: Upstreams, kind: str, request: ChatRequest, **kw: Any) 
         assert route.provider == kind
     finally:
         await gw.aclose()
+    assert ups.violations() == []  # the fakes found the body well formed
     return ups.sent(kind)[-1]
 
 
@@ -301,3 +308,54 @@ def test_decoders_keep_only_declared_optional_fields() -> None:
                 "response_format": {"type": "xml"},
             }
         )
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "body", "problem"),
+    [
+        ("openai", "/v1/chat/completions", {"model": "m", "messages": "hi"}, "messages"),
+        ("openai", "/v1/chat/completions", {"model": "m"}, "messages"),
+        ("gemini", "/v1beta/models/g:generateContent", {"contents": []}, "contents"),
+        (
+            "gemini",
+            "/v1beta/models/g:generateContent",
+            {"contents": [{"role": "user", "parts": [{"text": "a", "inlineData": {}}]}]},
+            "exactly one data field",
+        ),
+        (
+            "gemini",
+            "/v1beta/models/g:generateContent",
+            {
+                "contents": [{"role": "user", "parts": [{"text": "a"}]}],
+                "generationConfig": {"response_schema": {}},
+            },
+            "response_schema",
+        ),
+        ("ollama", "/api/chat", {"messages": []}, "model"),
+        ("ollama", "/api/chat", {"model": "m", "messages": [], "seed": 1}, "seed"),
+        (
+            "ollama",
+            "/api/chat",
+            {"model": "m", "messages": [], "options": {"max_tokens": 5}},
+            "max_tokens",
+        ),
+    ],
+)
+async def test_the_fakes_answer_400_to_a_malformed_request_and_record_it(
+    upstreams: Upstreams, kind: str, path: str, body: Any, problem: str
+) -> None:
+    fake = getattr(upstreams, kind)
+    headers = {"Authorization": "Bearer sk-openai", "x-goog-api-key": "g-key"}
+    async with httpx.AsyncClient(base_url=fake.url, headers=headers) as client:
+        r = await client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert any(problem in v for v in fake.violations), fake.violations
+
+
+def test_the_bedrock_fake_checks_converse_bodies() -> None:
+    assert bedrock_problems({"messages": [{"role": "user", "content": [{"text": "a"}]}]}) == []
+    assert bedrock_problems({"messages": [{"role": "system", "content": [{"text": "a"}]}]})
+    assert bedrock_problems({"messages": [{"role": "user", "content": [{"text": "a", "x": 1}]}]})
+    assert bedrock_problems({"inferenceConfig": {"seed": 1}}) == [
+        "inferenceConfig.seed: not an InferenceConfiguration field"
+    ]
