@@ -141,7 +141,8 @@ async def test_models_merge_remote_providers_and_ollama(make_settings, tmp_path:
             }
             assert models[("gpt-4.1", "openai")]["ctx_size"] == 1047576
             assert models[("claude-sonnet-4-5", "anthropic")]["ctx_size"] == 200000
-            assert models[("llama3.2:latest", "ollama")]["ctx_size"] is None  # not known yet: null, not 0
+            # Not known yet: null, not 0.
+            assert models[("llama3.2:latest", "ollama")]["ctx_size"] is None
             assert models[("llama-3.1-70b", "vllm")] == {
                 "name": "llama-3.1-70b",
                 "status": "remote",
