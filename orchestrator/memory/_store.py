@@ -43,14 +43,53 @@ CACHE_TTL_S = 300
 # Cached copies are "<version>|<json>" (an empty json: a tombstone, a miss), the version
 # being the row's `updated_at`, which the store keeps strictly increasing per row. A copy
 # is written only over an older one, so a reader that read the row before a store and
-# caches it after the store's own write-through cannot put the older value back.
+# caches it after the store's own write-back cannot put the older value back.
+#
+# A store does not wait for the new copy to be written: beside its statement (in
+# parallel, not after it) it marks the key as being written (`_MARK`: a counter of
+# stores in flight, and the cached copy turned into a tombstone at its own version), and
+# it answers once both are done; the new copy is written after the answer (`_WRITE_BACK`).
+# From the acknowledgement on, a reader finds either the tombstone (and reads Postgres)
+# or the new copy. While stores are in flight, readers cache nothing (`_PUT_NEWER` with
+# "r"); the write-back of a store that is not the last in flight only raises the
+# tombstone's version, so an older store's late write-back cannot follow a newer one's.
+# A write-back that never comes (the process died) leaves the counter to expire after
+# PENDING_TTL_MS and the tombstone in place: readers read Postgres and cache again.
+PENDING_TTL_MS = 30_000
 _PUT_NEWER = """
+if ARGV[4] == 'r' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local bar = string.find(cur, '|', 1, true)
   if bar and tonumber(string.sub(cur, 1, bar - 1)) >= tonumber(ARGV[1]) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+_MARK = """
+redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local bar = string.find(cur, '|', 1, true)
+  if bar and bar < string.len(cur) then
+    redis.call('SET', KEYS[1], string.sub(cur, 1, bar), 'KEEPTTL')
+  end
+end
+return 1
+"""
+_WRITE_BACK = """
+local left = redis.call('DECR', KEYS[2])
+if left <= 0 then redis.call('DEL', KEYS[2]) end
+if ARGV[1] == '' then return 0 end
+local body, ttl = ARGV[2], ARGV[3]
+if left > 0 then body, ttl = '', ARGV[4] end
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local bar = string.find(cur, '|', 1, true)
+  if bar and tonumber(string.sub(cur, 1, bar - 1)) >= tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. body, 'EX', ttl)
 return 1
 """
 FILL_BATCH = 32
@@ -157,6 +196,10 @@ class MemoryStore:
         self._fill_wake = asyncio.Event()
         self._iterative = False
         self._put_newer = redis.register_script(_PUT_NEWER) if redis is not None else None
+        self._mark = redis.register_script(_MARK) if redis is not None else None
+        self._write_back = redis.register_script(_WRITE_BACK) if redis is not None else None
+        # Write-backs run after the answer; their tasks are held here until done.
+        self._writing: set[asyncio.Task[None]] = set()
 
     async def prepare(self) -> None:
         """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
@@ -186,6 +229,10 @@ class MemoryStore:
         who = owner or ""
         return f"mem2:{len(agent_id)}:{agent_id}:{len(who)}:{who}:{key}"
 
+    @staticmethod
+    def _pending_key(cache_key: str) -> str:
+        return "mem2w" + cache_key[4:]
+
     async def _cached(self, agent_id: str, owner: str | None, key: str) -> Entry | None:
         if self._redis is None or time.monotonic() < self._distrust_until:
             return None
@@ -201,33 +248,76 @@ class MemoryStore:
         data = json.loads(body)
         return Entry(agent_id=agent_id, key=key, **data)
 
-    async def _cache(self, entry: Entry, version: int, *, gone: bool = False) -> None:
+    @staticmethod
+    def _body(entry: Entry) -> tuple[str, int]:
+        """The cached copy's JSON and its TTL in seconds."""
+        ttl = CACHE_TTL_S
+        if entry.expires_at is not None:
+            ttl = min(ttl, max(1, (entry.expires_at - now_ms()) // 1000))
+        body = json.dumps(
+            {
+                "value": entry.value,
+                "user_uuid": entry.user_uuid,
+                "created_at": entry.created_at,
+                "expires_at": entry.expires_at,
+                "pinned": entry.pinned,
+            }
+        )
+        return body, ttl
+
+    async def _cache(
+        self, entry: Entry, version: int, *, gone: bool = False, reader: bool = False
+    ) -> None:
         """Put `entry` (or, `gone`, a tombstone) in the cache unless a copy of a version as
-        new or newer is there. A write that fails may leave an older copy behind: this
+        new or newer is there (`reader`: a copy read from Postgres, and not while a store
+        of the key is in flight). A write that fails may leave an older copy behind: this
         process then reads from Postgres until such a copy has expired."""
         if self._put_newer is None:
             return
-        ttl = CACHE_TTL_S
-        body = ""
-        if not gone:
-            if entry.expires_at is not None:
-                ttl = min(ttl, max(1, (entry.expires_at - now_ms()) // 1000))
-            body = json.dumps(
-                {
-                    "value": entry.value,
-                    "user_uuid": entry.user_uuid,
-                    "created_at": entry.created_at,
-                    "expires_at": entry.expires_at,
-                    "pinned": entry.pinned,
-                }
-            )
+        body, ttl = ("", CACHE_TTL_S) if gone else self._body(entry)
+        key = self._cache_key(entry.agent_id, entry.user_uuid, entry.key)
         try:
             await self._put_newer(
-                keys=[self._cache_key(entry.agent_id, entry.user_uuid, entry.key)],
-                args=[version, body, ttl],
+                keys=[key, self._pending_key(key)], args=[version, body, ttl, "r" if reader else ""]
             )
         except (RedisError, OSError):
             self._distrust_until = time.monotonic() + CACHE_TTL_S
+
+    async def _mark_writing(self, cache_key: str) -> bool:
+        """The key's cached copy is about to be replaced (see `_MARK`); False if Redis failed
+        (this process then distrusts the cache, as after any failed cache write)."""
+        if self._mark is None:
+            return True
+        try:
+            await self._mark(keys=[cache_key, self._pending_key(cache_key)], args=[PENDING_TTL_MS])
+        except (RedisError, OSError):
+            self._distrust_until = time.monotonic() + CACHE_TTL_S
+            return False
+        return True
+
+    def _after_store(self, cache_key: str, entry: Entry | None, version: int | None) -> None:
+        """Write the new copy (or, `entry` None: only end the mark) after the answer."""
+        if self._write_back is None:
+            return
+        body, ttl = self._body(entry) if entry is not None else ("", 0)
+        args = ["" if version is None else version, body, ttl, PENDING_TTL_MS // 1000]
+        script = self._write_back
+
+        async def write() -> None:
+            try:
+                await script(keys=[cache_key, self._pending_key(cache_key)], args=args)
+            except (RedisError, OSError):
+                # The mark expires by itself; the tombstone stays: readers use Postgres.
+                log.debug("memory cache write-back failed", exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+
+    async def settle(self) -> None:
+        """Wait for the cache write-backs started so far (tests, shutdown)."""
+        while self._writing:
+            await asyncio.gather(*self._writing, return_exceptions=True)
 
     async def _forget_cached(self, agent_id: str, *rows: tuple[str | None, str]) -> None:
         """Drop the cached copies of (owner, key) entries of `agent_id`."""
@@ -279,33 +369,44 @@ class MemoryStore:
                     "memory.reflected", {"agent_id": agent_id, "key": key}, principal.user_uuid
                 )
             )
-        # The entry and its events in one statement, autocommitted: one round trip and one
-        # commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
-        row, _ = await self._events.append_with(
-            self._pool,
-            "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
-            f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
-            f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
-            " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
-            # Strictly increasing per row: the version the cache compares (two stores in one
-            # millisecond, or a clock behind, still make a newer version).
-            " updated_at = greatest(EXCLUDED.updated_at, memory_entries.updated_at + 1),"
-            " expires_at = EXCLUDED.expires_at,"
-            f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
-            " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
-            " RETURNING created_at, user_uuid, pinned, updated_at",
-            [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
-            events,
+        cache_key = self._cache_key(agent_id, principal.user_uuid, key)
+        # The cache mark runs beside the statement (see `_MARK`): both finish before "ok".
+        marking = (
+            asyncio.ensure_future(self._mark_writing(cache_key)) if self._mark is not None else None
         )
+        try:
+            # The entry and its events in one statement, autocommitted: one round trip and
+            # one commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
+            row, _ = await self._events.append_with(
+                self._pool,
+                "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
+                f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
+                f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
+                " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
+                # Strictly increasing per row: the version the cache compares (two stores in
+                # one millisecond, or a clock behind, still make a newer version).
+                " updated_at = greatest(EXCLUDED.updated_at, memory_entries.updated_at + 1),"
+                " expires_at = EXCLUDED.expires_at,"
+                f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
+                " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
+                " RETURNING created_at, user_uuid, pinned, updated_at",
+                [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
+                events,
+            )
+        except BaseException:
+            if marking is not None:
+                marked = await asyncio.shield(marking)
+                if marked:
+                    self._after_store(cache_key, None, None)
+            raise
         assert row is not None
         if pending:
             self._fill_wake.set()
         entry = Entry(
             agent_id, key, value, row["user_uuid"], row["created_at"], expires, row["pinned"]
         )
-        # Committed: the new copy replaces any cached one before the caller hears "ok", so
-        # no read after the acknowledgement finds an older value.
-        await self._cache(entry, row["updated_at"])
+        if marking is not None and await marking:
+            self._after_store(cache_key, entry, row["updated_at"])
         return entry
 
     # --- embeddings (best effort, after the write) -----------------------------------------
@@ -473,7 +574,7 @@ class MemoryStore:
             top["pinned"],
         )
         if not entry.expired(now_ms()):
-            await self._cache(entry, top["updated_at"])
+            await self._cache(entry, top["updated_at"], reader=True)
         return entry
 
     async def get(

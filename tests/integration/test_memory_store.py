@@ -108,7 +108,8 @@ async def test_a_reader_that_read_before_a_store_cannot_cache_the_older_value(
     old_version = await _version(stores, "k")
     await stores.cache.flushdb()  # the reader's copy expired meanwhile
     await writer.store("ns", "k", "v2", ANN)
-    await reader._cache(old, old_version)  # the late put of what it read before the store
+    # The late put of what it read before the store.
+    await reader._cache(old, old_version, reader=True)
     assert (await reader.get("ns", "k", ANN)).value == "v2"
     assert (await stores.memory().get("ns", "k", ANN)).value == "v2"
 
@@ -119,12 +120,94 @@ async def test_a_reader_that_read_before_a_delete_cannot_bring_it_back(stores: S
     old = await reader.get("ns", "k", ANN)
     old_version = await _version(stores, "k")
     await writer.delete("ns", "k", ANN)
-    await reader._cache(old, old_version)
+    await reader._cache(old, old_version, reader=True)
     with pytest.raises(NotFound):
         await reader.get("ns", "k", ANN)
     # A new store after the delete is read back, whatever the tombstone's version.
     await writer.store("ns", "k", "v3", ANN)
     assert (await reader.get("ns", "k", ANN)).value == "v3"
+
+
+async def test_late_write_backs_in_reverse_order_leave_the_newest(stores: Stores) -> None:
+    """Two stores in flight on two replicas; the newer one's write-back lands first, the
+    older one's last: every read after both acknowledgements sees the newer value."""
+    a, b, reader = stores.memory(), stores.memory(), stores.memory()
+    await a.store("ns", "k", "v0", ANN)
+    await reader.get("ns", "k", ANN)  # cached
+    key = a._cache_key("ns", "ann", "k")
+    assert await a._mark_writing(key) and await b._mark_writing(key)  # both in flight
+    # The statements commit v1 then v2 (versions are the row's updated_at).
+    v0 = await _version(stores, "k")
+    await stores.db.pool.execute(
+        "UPDATE memory_entries SET value = 'v2', updated_at = $1 WHERE key = 'k'", v0 + 2
+    )
+    # A read while both are in flight: Postgres, and nothing cached from it.
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    entry = await reader.get("ns", "k", ANN)
+    b._after_store(key, entry, v0 + 2)
+    await b.settle()
+    stale = memory_store.Entry("ns", "k", "v1", "ann", entry.created_at, None, False)
+    a._after_store(key, stale, v0 + 1)
+    await a.settle()
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    assert (await stores.memory().get("ns", "k", ANN)).value == "v2"
+
+
+async def test_a_store_answers_before_its_copy_is_cached_and_reads_see_it(
+    stores: Stores,
+) -> None:
+    """The write-back is after the answer: a read between the two finds the tombstone the
+    mark left (not the old copy) and reads Postgres; once written back, the copy is used."""
+    writer, reader = stores.memory(), stores.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    await writer.settle()
+    assert (await reader.get("ns", "k", ANN)).value == "v1"
+    gate = asyncio.Event()
+    real = writer._after_store
+
+    def held(key: str, entry: memory_store.Entry | None, version: int | None) -> None:
+        async def later() -> None:
+            await gate.wait()
+            real(key, entry, version)
+
+        task = asyncio.get_running_loop().create_task(later())
+        writer._writing.add(task)
+        task.add_done_callback(writer._writing.discard)
+
+    writer._after_store = held  # type: ignore[method-assign]
+    await writer.store("ns", "k", "v2", ANN)
+    raw = await stores.cache.get(writer._cache_key("ns", "ann", "k"))
+    assert raw is not None and raw.decode().endswith("|")  # a tombstone, not v1
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    assert await stores.cache.get(writer._cache_key("ns", "ann", "k")) == raw  # not cached
+    gate.set()
+    await writer.settle()
+    raw = await stores.cache.get(writer._cache_key("ns", "ann", "k"))
+    assert raw is not None and b'"v2"' in raw
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+
+
+async def test_a_write_back_that_never_comes_only_costs_cache_hits(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process died between its answer and its write-back: readers read Postgres
+    (the acknowledged value) and cache again once the mark has expired."""
+    monkeypatch.setattr(memory_store, "PENDING_TTL_MS", 300)
+    writer, reader = stores.memory(), stores.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    await writer.settle()
+    await reader.get("ns", "k", ANN)
+    writer._after_store = lambda *a: None  # type: ignore[method-assign]
+    await writer.store("ns", "k", "v2", ANN)
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    key = writer._cache_key("ns", "ann", "k")
+    deadline = asyncio.get_running_loop().time() + 10
+    while await stores.cache.exists(writer._pending_key(key)):
+        assert asyncio.get_running_loop().time() < deadline, "the mark never expired"
+        await asyncio.sleep(0.05)
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    raw = await stores.cache.get(key)
+    assert raw is not None and b'"v2"' in raw  # cached again
 
 
 class GatedEmbedder:
