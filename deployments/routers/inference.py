@@ -56,6 +56,9 @@ class OpenAIModel(BaseModel):
     object: str = "model"
     created: int
     owned_by: str
+    ctx_size: int | None = Field(
+        None, description="Context window in tokens (as in `models`); null when not known"
+    )
 
 
 class ModelList(BaseModel):

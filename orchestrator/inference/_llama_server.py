@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -286,6 +287,7 @@ class Engine:
         self._ctx: Any = None
         self._template: str | None = None
         self._eog: list[int] = []
+        self.fingerprint = ""
 
     def load(self) -> None:
         """Blocking: load the model and create the context."""
@@ -318,6 +320,7 @@ class Engine:
             "size": model.size,
             "n_vocab": self._vocab.n_vocab,
         }
+        self.fingerprint = _fingerprint(lib, self.options, self.meta, n_ctx, threads)
 
     def prompt(self, messages: list[dict[str, str]]) -> str:
         lib = self._lib
@@ -457,6 +460,25 @@ class Engine:
         return outcome
 
 
+def _fingerprint(
+    lib: Any, options: ServerOptions, meta: dict[str, Any], n_ctx: int, threads: int
+) -> str:
+    """OpenAI's `system_fingerprint` (a string, never null in its schema): what a seeded
+    answer depends on, so callers comparing answers see when the backend changed. llama.cpp
+    build, cyllama, the model, the window and the CPU threads (their reductions round
+    differently)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        binding = version("cyllama")
+    except PackageNotFoundError:
+        binding = "unknown"
+    config = [lib.ggml_version(), lib.ggml_commit(), binding, meta, n_ctx, threads]
+    config += [options.gpu_layers, options.batch_size]
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    return f"fp_{digest.hexdigest()[:10]}"
+
+
 # --- HTTP ---------------------------------------------------------------------------------
 
 
@@ -470,6 +492,7 @@ class Completion:
     """One chat completion's identity, shared by all of its chunks."""
 
     model: str
+    fingerprint: str
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -486,7 +509,7 @@ class Completion:
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": None,
+            "system_fingerprint": self.fingerprint,
             "choices": []
             if delta is None
             else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
@@ -501,11 +524,11 @@ class Completion:
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": None,
+            "system_fingerprint": self.fingerprint,
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": {"role": "assistant", "content": text, "refusal": None},
                     "logprobs": None,
                     "finish_reason": outcome.finish_reason,
                 }
@@ -638,7 +661,7 @@ class LlamaServer:
         except BaseException:
             self._release()
             raise
-        completion = Completion(model=self.options.model_id)
+        completion = Completion(self.options.model_id, self.engine.fingerprint)
         if body.stream:
             claim = _TurnClaim(self._release)
             return _TurnStream(self._stream(completion, prepared, body, claim), claim)

@@ -330,12 +330,15 @@ class ModelEntry:
         }
 
     def openai(self) -> dict[str, Any]:
-        """OpenAI's Model object (GET /models `data`, GET /models/{id})."""
+        """OpenAI's Model object (GET /models `data`, GET /models/{id}), with `ctx_size` as
+        an extra field (the schema allows them; llama-server adds `meta`): OpenAI's object
+        has no context window, and a client choosing a model needs one."""
         return {
             "id": self.name,
             "object": "model",
             "created": self.created_ms // 1000,  # OpenAI counts seconds
             "owned_by": self.provider,
+            "ctx_size": self.ctx_size or None,
         }
 
 

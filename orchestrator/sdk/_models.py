@@ -624,12 +624,13 @@ class ModelInfo(ApiModel):
 
 
 class Model(ApiModel):
-    """OpenAI's Model object (GET /models `data`, GET /models/{id})."""
+    """OpenAI's Model object (GET /models `data`, GET /models/{id}); `ctx_size` is ours."""
 
     id: str
     object: str = "model"
     created: int
     owned_by: str
+    ctx_size: int | None = None
 
 
 class Embedding(ApiModel):

@@ -18,6 +18,7 @@ from orchestrator.inference._llama_server import (
     sse,
     usage,
 )
+from tests.openai_schema import validate
 
 
 def test_accepts_llama_server_flags_and_reports_the_rest() -> None:
@@ -153,7 +154,7 @@ def test_unsupported_requests_are_400(extra: dict, needle: str) -> None:
 
 
 def test_chunk_shapes_follow_openai() -> None:
-    c = Completion(model="smol")
+    c = Completion(model="smol", fingerprint="fp_0123456789")
     first = c.chunk({"role": "assistant", "content": ""}, with_usage=True)
     assert first["object"] == "chat.completion.chunk" and first["usage"] is None
     assert first["choices"] == [
@@ -178,13 +179,18 @@ def test_chunk_shapes_follow_openai() -> None:
     assert sse("[DONE]") == b"data: [DONE]\n\n"
     whole = c.response("hi", Outcome(completion_tokens=1, finish_reason="length"), 5)
     assert whole["object"] == "chat.completion" and whole["choices"][0]["finish_reason"] == "length"
-    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "hi", "refusal": None}
+    assert whole["system_fingerprint"] == first["system_fingerprint"] == "fp_0123456789"
+    validate(whole, "CreateChatCompletionResponse")
+    for chunk in (first, last, c.chunk({}, "stop", usage=usage(3, 4))):
+        validate(chunk, "CreateChatCompletionStreamResponse")
 
 
 class _InstantEngine:
     """Stands in for the model: prepares nothing, generates one piece at once."""
 
     n_ctx = 64
+    fingerprint = "fp_instant"
 
     def prepare(self, messages: object, body: object) -> object:
         from orchestrator.inference._llama_server import Prepared
