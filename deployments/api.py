@@ -186,9 +186,7 @@ def create_app(
             ctx.redis,
             settings.memory_embedding_dim,
             pgvector=ctx.db.pgvector,
-            embedder=make_embedder(
-                settings.embedder, ctx.gateway, ctx.gateway.http, settings.embedder_threads
-            ),
+            embedder=make_embedder(settings.embedder, ctx.gateway, settings.embedder_threads),
             ef_search=settings.memory_hnsw_ef_search,
         )
         await ctx.memory.prepare()

@@ -317,8 +317,9 @@ class Settings(BaseSettings):
     memory_enabled: bool = Field(True, description="False: memory endpoints answer 503")
     embedder: str = Field(
         "none",
-        pattern=r"^(none|local|provider:\S.*)$",
-        description="none, local (the [embed] extra), or provider:<model>",
+        pattern=r"^(none|local|all-MiniLM-L6-v2|local:all-MiniLM-L6-v2-int8|provider:\S.*)$",
+        description="none, local (the [embed] extra; also all-MiniLM-L6-v2, as POST"
+        " /embeddings names it), or provider:<model> (any model POST /embeddings serves)",
     )
     embedder_threads: int = Field(1, ge=1, description="CPU threads of the local embedder")
     memory_embedding_dim: int = Field(384, ge=1, description="Dimension of memory embeddings")

@@ -1,8 +1,9 @@
 """POST /embeddings in OpenAI's shape (issue 18): the local embedder (all-MiniLM-L6-v2, the
 one memory uses with `embedder: local`) under the names in LOCAL_MODELS, and any other model
-through the provider serving it (`POST {base_url}/embeddings`, as `embedder:
-provider:<model>` does for memory). Auth and rate limits apply as for every route; each call
-is an `inference.complete` record (`finish_reason: embeddings`)."""
+through the provider serving it, in that provider's wire format (`Gateway.embed`, the path
+`embedder: provider:<model>` takes for memory). A provider's 400/404 is ours with its
+message; its failures are 502/503/504 as for chat. Auth and rate limits apply as for every
+route; each call is an `inference.complete` record (`finish_reason: embeddings`)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
 from orchestrator.errors import BadRequest, OrchestratorError
 from orchestrator.memory import LocalEmbedder, ProviderEmbedder
-from orchestrator.memory._embed import LOCAL_DIM
+from orchestrator.memory._embed import LOCAL_DIM, LOCAL_MODELS
 
 router = APIRouter(tags=["inference"])
 
-LOCAL_MODELS = frozenset({"local", "all-MiniLM-L6-v2", LocalEmbedder.name})
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 
 
@@ -117,15 +117,14 @@ async def _embed(
         local = _local(ctx.settings.embedder_threads)
         vectors = await local.embed(texts)
         return vectors, local.count_tokens(texts), "local"
-    embedder = ProviderEmbedder(ctx.gateway, model, ctx.gateway.http)
-    vectors, tokens = await embedder.embed_counted(texts, dimensions)
+    embedder = ProviderEmbedder(ctx.gateway, model)
+    vectors, tokens, provider = await embedder.embed_counted(texts, dimensions)
     if dimensions is not None and any(len(v) != dimensions for v in vectors):
         raise BadRequest(
             f"dimensions: {model} does not shorten its vectors to {dimensions}",
             extra={"fields": {"dimensions": "unsupported"}},
         )
-    routes = await ctx.gateway.routes(model)
-    return vectors, tokens, routes[0].provider if routes else ""
+    return vectors, tokens, provider
 
 
 @router.post("/embeddings", response_model=EmbeddingList)

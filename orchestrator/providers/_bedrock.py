@@ -33,6 +33,8 @@ from orchestrator.providers._types import (
     Block,
     ChatRequest,
     ChatResponse,
+    Embeddings,
+    EmbedRequest,
     ImageBlock,
     Message,
     MessageStart,
@@ -50,6 +52,8 @@ from orchestrator.providers._types import (
 __all__ = ["BedrockAdapter", "EventStreamDecoder"]
 
 SERVICE = "bedrock"
+TITAN_CONCURRENCY = 8  # Titan embeds one text per InvokeModel call: this many calls at once
+COHERE_BATCH = 96  # Cohere Embed's limit of texts per call
 CHAIN_RETRY_S = 30.0  # how soon a default chain that found nothing is asked again
 
 _STOP: dict[str, StopReason] = {
@@ -211,7 +215,7 @@ class BedrockAdapter:
         return {str(k): str(v) for k, v in request.headers.items()}
 
     # --- requests --------------------------------------------------------------------------
-    def model_id(self, request: ChatRequest) -> str:
+    def model_id(self, request: ChatRequest | EmbedRequest) -> str:
         """The request's model, or the configured `model_id` when the request names one of
         the aliases this provider is configured with."""
         configured = self.config.extra.get("model_id")
@@ -219,7 +223,7 @@ class BedrockAdapter:
             return str(configured)
         return request.model
 
-    def _url(self, request: ChatRequest, operation: str) -> str:
+    def _url(self, request: ChatRequest | EmbedRequest, operation: str) -> str:
         # Model ids can be ARNs (':' and '/'): one path segment, percent-encoded as the AWS
         # SDKs do; SigV4 then encodes the path once more, as AWS expects for non-S3 services.
         return f"{self.config.base_url}/model/{quote(self.model_id(request), safe='')}/{operation}"
@@ -361,6 +365,66 @@ class BedrockAdapter:
         for out in writer.finish(stop, usage):
             yield out
 
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """InvokeModel (`POST /model/{id}/invoke`, signed like Converse) in the model's own
+        body: Titan Text Embeddings `{inputText, dimensions?, normalize: true}`, one text a
+        call (TITAN_CONCURRENCY at once; `dimensions` on v2 only); Cohere Embed `{texts,
+        input_type: search_document}`, COHERE_BATCH texts a call, no `dimensions`."""
+        model_id = self.model_id(request)
+        url = self._url(request, "invoke")
+        if "titan-embed-text" in model_id:
+            if request.dimensions is not None and "-v1" in model_id:
+                raise _no_dimensions(model_id)
+            limit = asyncio.Semaphore(TITAN_CONCURRENCY)
+
+            async def one(text: str) -> Any:
+                body: dict[str, Any] = {"inputText": text}
+                if request.dimensions is not None:
+                    body["dimensions"] = request.dimensions
+                if "-v1" not in model_id:
+                    body["normalize"] = True  # as OpenAI's and Gemini's vectors are
+                async with limit:
+                    return await self._invoke(url, body)
+
+            answers = await asyncio.gather(*(one(text) for text in request.texts))
+            return Embeddings(
+                [[float(x) for x in a["embedding"]] for a in answers],
+                sum(int(a.get("inputTextTokenCount") or 0) for a in answers),
+            )
+        if "cohere.embed" in model_id:
+            if request.dimensions is not None:
+                raise _no_dimensions(model_id)
+            vectors: list[list[float]] = []
+            for start in range(0, len(request.texts), COHERE_BATCH):
+                texts = list(request.texts[start : start + COHERE_BATCH])
+                answer = await self._invoke(url, {"texts": texts, "input_type": "search_document"})
+                vectors += [[float(x) for x in v] for v in answer["embeddings"]]
+            return Embeddings(vectors)
+        raise ProviderError.no_embeddings(self.config.name, model_id)
+
+    async def _invoke(self, url: str, body: dict[str, Any]) -> Any:
+        payload = _dumps(body)
+        headers = await self.signed_headers(
+            "POST", url, payload, {"Content-Type": "application/json", "Accept": "application/json"}
+        )
+        async with open_stream(
+            self.http,
+            self.config.name,
+            "POST",
+            url,
+            content=payload,
+            headers=headers,
+            request_timeout=self._timeout,
+        ) as response:
+            raw = await response.aread()
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            name = self.config.name
+            raise ProviderError(
+                f"{name}: answer is not JSON", provider=name, upstream_status=200
+            ) from exc
+
     async def probe(self) -> None:
         """A signed ListFoundationModels. The runtime endpoint has no cheap read, so with the
         default endpoint the control plane (`bedrock.{region}.amazonaws.com`) is asked: it
@@ -390,6 +454,14 @@ def _default_credentials() -> Credentials | None:
 
     found: Credentials | None = botocore.session.get_session().get_credentials()
     return found
+
+
+def _no_dimensions(model_id: str) -> BadRequest:
+    return BadRequest(
+        f"dimensions: {model_id} makes vectors of one size only (Titan Text Embeddings v2"
+        " takes 256, 512 or 1024)",
+        extra={"fields": {"dimensions": "unsupported"}},
+    )
 
 
 def _dumps(body: dict[str, Any]) -> bytes:

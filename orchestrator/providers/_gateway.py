@@ -29,6 +29,8 @@ from orchestrator.providers._registry import build_adapter, configured_providers
 from orchestrator.providers._types import (
     ChatRequest,
     ChatResponse,
+    Embeddings,
+    EmbedRequest,
     MessageStart,
     ProviderAdapter,
     ProviderConfig,
@@ -281,12 +283,15 @@ class Gateway:
         """The upstream HTTP client (pooled connections), for other callers of providers."""
         return self._http
 
-    async def routes(self, model: str) -> list[Route]:
+    async def routes(self, model: str, *, fallback: bool = True) -> list[Route]:
+        """Who serves `model`, in order; with `fallback`, then who serves each of its
+        `fallback_models`."""
         if not model:
             raise BadRequest("model is required", extra={"fields": {"model": "required"}})
         out: list[Route] = []
         seen: set[tuple[str, str]] = set()
-        for candidate in (model, *self._settings.fallback_models.get(model, ())):
+        fallbacks = self._settings.fallback_models.get(model, ()) if fallback else ()
+        for candidate in (model, *fallbacks):
             for route in await self._routes_for(candidate):
                 key = (route.breaker_key, route.model)
                 if key not in seen:
@@ -387,19 +392,38 @@ class Gateway:
             await settlement.release()
             self._recorder.provider_latency(route.provider, time.perf_counter() - started)
 
+    async def embed(self, request: EmbedRequest) -> tuple[Embeddings, Route]:
+        """Embeddings from the first route of `request.model` that answers, with the same
+        retries, breakers and error mapping as chat. No `fallback_models`: another model's
+        vectors live in another space. An answer of the wrong shape or count is the
+        provider's fault (a 200 that is no valid answer)."""
+
+        async def call(route: Route) -> Embeddings:
+            routed = dataclasses.replace(request, model=route.model)
+            try:
+                out = await route.adapter.embed(routed)
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise _malformed(route, repr(exc)) from exc
+            if len(out.vectors) != len(request.texts):
+                raise _malformed(route, f"{len(out.vectors)} vectors for {len(request.texts)}")
+            return out
+
+        return await self._with_failover(request.model, call, fallback=False)
+
     async def _with_failover(
         self,
         model: str,
         call: Callable[[Route], Awaitable[T]],
         *,
         settle: bool = True,
+        fallback: bool = True,
     ) -> tuple[T, Route]:
         """Try each route in order. On a route: skip it while its breaker is open; retry a
         retryable failure with backoff (the upstream's Retry-After wins); move on after a
         failure that is the provider's fault or a 404 (it does not serve the model). A
         failure that is the request's fault (400, 413, 422) is raised at once.
         `settle=False`: a success is recorded by the caller (a stream, when it ends)."""
-        routes = await self.routes(model)
+        routes = await self.routes(model, fallback=fallback)
         last: ProviderError | None = None
         skipped_retry_in: list[float] = []
         for route in routes:
@@ -591,6 +615,14 @@ async def _aclose(iterator: AsyncIterator[Any]) -> None:
     aclose = getattr(iterator, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def _malformed(route: Route, detail: str) -> ProviderError:
+    return ProviderError(
+        f"{route.provider}: malformed embeddings answer: {detail}",
+        provider=route.provider,
+        upstream_status=200,
+    )
 
 
 def _unavailable(model: str, retry_in: float) -> ServiceUnavailable:

@@ -32,6 +32,8 @@ from orchestrator.providers._types import (
     Block,
     ChatRequest,
     ChatResponse,
+    Embeddings,
+    EmbedRequest,
     ImageBlock,
     Message,
     MessageStart,
@@ -66,6 +68,9 @@ _STOP: dict[str, StopReason] = {
 }
 
 _TOOL_MODES = {"auto": "AUTO", "any": "ANY", "none": "NONE"}
+
+# batchEmbedContents takes at most 100 requests per call.
+EMBED_BATCH = 100
 
 
 class GeminiAdapter:
@@ -289,6 +294,25 @@ class GeminiAdapter:
             )
         for event in writer.finish(stop, usage):
             yield event
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """`POST models/{model}:batchEmbedContents`, one EmbedContentRequest per text (the
+        same model, `outputDimensionality` for `dimensions`), EMBED_BATCH texts a call. The
+        answer carries no token count: `input_tokens` stays 0."""
+        model = request.model.removeprefix("models/")
+        url = f"{self.config.base_url}/models/{quote(model, safe='-._~')}:batchEmbedContents"
+        extra = {} if request.dimensions is None else {"outputDimensionality": request.dimensions}
+        vectors: list[list[float]] = []
+        for start in range(0, len(request.texts), EMBED_BATCH):
+            batch = [
+                {"model": f"models/{model}", "content": {"parts": [{"text": text}]}, **extra}
+                for text in request.texts[start : start + EMBED_BATCH]
+            ]
+            body = {"requests": batch}
+            async with self._request("POST", url, body, self._timeout) as response:
+                data = _json(self.config.name, await response.aread())
+            vectors += [[float(x) for x in e["values"]] for e in data["embeddings"]]
+        return Embeddings(vectors)
 
     async def probe(self) -> None:
         async with self._request(

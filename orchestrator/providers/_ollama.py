@@ -26,6 +26,8 @@ from orchestrator.providers._types import (
     Block,
     ChatRequest,
     ChatResponse,
+    Embeddings,
+    EmbedRequest,
     ImageBlock,
     Message,
     MessageStart,
@@ -191,6 +193,23 @@ class OllamaAdapter:
         raise ProviderError(
             f"{name}: stream ended before the final message", provider=name, retryable=True
         )
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """`POST /api/embed` `{model, input: [...], dimensions?}` -> `{embeddings,
+        prompt_eval_count}`, the native API as for chat."""
+        body: dict[str, Any] = {"model": request.model, "input": list(request.texts)}
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        data = await post_json(
+            self.http,
+            self.config.name,
+            f"{self.config.base_url}/api/embed",
+            body,
+            self._headers(),
+            self._timeout,
+        )
+        vectors = [[float(x) for x in v] for v in data["embeddings"]]
+        return Embeddings(vectors, int(data.get("prompt_eval_count") or 0))
 
     async def probe(self) -> None:
         await self._get_json("/api/tags")

@@ -23,6 +23,8 @@ from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     ChatRequest,
     ChatResponse,
+    Embeddings,
+    EmbedRequest,
     ProviderConfig,
     ProviderError,
     StreamEvent,
@@ -80,6 +82,8 @@ class OpenAIAdapter:
             reasoning=self.reasoning,
             max_tokens_field=field,
         )
+        if "user" not in self.params:
+            body.pop("user", None)  # an end-user id goes only where the provider takes one
         return _params.apply(self, body, request.params)
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
@@ -119,6 +123,33 @@ class OpenAIAdapter:
                     yield event
         for event in decoder.finish():
             yield event
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """`POST {base_url}/embeddings` (CreateEmbeddingRequest, floats); `dimensions` is
+        passed on (OpenAI's text-embedding-3 models shorten; others answer 400)."""
+        body: dict[str, Any] = {
+            "model": request.model,
+            "input": list(request.texts),
+            "encoding_format": "float",
+        }
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        try:
+            data = await post_json(
+                self._http,
+                self.name,
+                self._url("/embeddings"),
+                body,
+                self._post_headers,
+                self._timeout,
+            )
+        except ProviderError as exc:
+            if exc.upstream_status == 501:  # llama-server started without --embeddings
+                raise ProviderError.no_embeddings(self.name, request.model) from exc
+            raise
+        rows = sorted(data["data"], key=lambda d: d["index"])
+        vectors = [[float(x) for x in d["embedding"]] for d in rows]
+        return Embeddings(vectors, int((data.get("usage") or {}).get("prompt_tokens") or 0))
 
     def probe_url(self) -> str:
         return self._url("/models")
@@ -178,6 +209,10 @@ class DeepSeekAdapter(OpenAIAdapter):
 
     reasoning: ReasoningPolicy = "tool_turns"
     params: Mapping[str, Translate] = {}  # not checked against DeepSeek's docs yet: 400
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        # DeepSeek's API has chat and FIM completions only.
+        raise ProviderError.no_embeddings(self.name, request.model)
 
 
 class QwenAdapter(OpenAIAdapter):

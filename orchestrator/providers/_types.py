@@ -36,6 +36,8 @@ __all__ = [
     "BlockStop",
     "ChatRequest",
     "ChatResponse",
+    "EmbedRequest",
+    "Embeddings",
     "ImageBlock",
     "Message",
     "MessageEnd",
@@ -187,6 +189,26 @@ class ChatResponse:
         return [b for b in self.content if isinstance(b, ToolUseBlock)]
 
 
+# --- embeddings ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """Texts to embed with `model`. `dimensions` asks for vectors of that size: an adapter
+    passes it on where its provider can shorten vectors, else raises BadRequest."""
+
+    model: str
+    texts: tuple[str, ...]
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """One vector per input text, in order; `input_tokens` as the provider counted them (0
+    when it does not say)."""
+
+    vectors: list[list[float]]
+    input_tokens: int = 0
+
+
 # --- streaming -----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class MessageStart:
@@ -316,6 +338,17 @@ class ProviderError(OrchestratorError):
         )
 
     @classmethod
+    def no_embeddings(cls, provider: str, model: str) -> ProviderError:
+        """The provider (or this model of it) has no embeddings endpoint: a 404, so the
+        gateway tries the model's next route and the breaker is not charged."""
+        return cls(
+            f"{provider}: model {model!r} has no embeddings here (this provider serves no"
+            " embeddings API for it)",
+            provider=provider,
+            upstream_status=404,
+        )
+
+    @classmethod
     def unreachable(cls, provider: str, detail: str) -> ProviderError:
         return cls(
             f"{provider}: unreachable: {detail}",
@@ -388,6 +421,12 @@ class ProviderAdapter(Protocol):
     async def complete(self, request: ChatRequest) -> ChatResponse: ...
 
     def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]: ...
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """The provider's embeddings, in its own wire format. A provider without embeddings
+        raises `ProviderError.no_embeddings` (a 404 for the gateway: the next route is
+        tried); `dimensions` it cannot honour raises BadRequest before any call."""
+        ...
 
     async def probe(self) -> None:
         """A cheap reachability check (e.g. list models) with a short timeout; raises

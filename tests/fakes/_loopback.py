@@ -8,6 +8,7 @@ import collections
 import json
 import socket
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from urllib.parse import unquote
 
 import uvicorn
 
-__all__ = ["LoopbackServer", "RecordedRequest", "Send", "pieces"]
+__all__ = ["LoopbackServer", "RecordedRequest", "Send", "hashed_embedding", "pieces"]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -42,6 +43,16 @@ class RecordedRequest:
 def pieces(text: str, size: int) -> list[str]:
     size = max(1, size)
     return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def hashed_embedding(text: str, dim: int) -> list[float]:
+    """The fakes' embedding model: words hashed into `dim` buckets, L2-normalised, so texts
+    sharing words are close (the same function as the OpenAI fake's)."""
+    vector = [0.0] * dim
+    for word in text.lower().split():
+        vector[uuid.uuid5(uuid.NAMESPACE_OID, word.strip(".,!?")).int % dim] += 1.0
+    norm = sum(v * v for v in vector) ** 0.5 or 1.0
+    return [v / norm for v in vector]
 
 
 def _free_port() -> int:

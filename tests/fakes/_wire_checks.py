@@ -207,3 +207,89 @@ def ollama_problems(body: Any) -> list[str]:
     options = body.get("options", {})
     out += [f"options.{k}: not a ModelOptions field" for k in sorted(set(options) - OLLAMA_OPTIONS)]
     return out
+
+
+# --- embeddings ----------------------------------------------------------------------------
+# Gemini batchEmbedContents (ai.google.dev/api/embeddings#method:-models.batchembedcontents):
+# `requests` required, each an EmbedContentRequest with `model` ("models/{model}", the model
+# of the URL) and `content` (text parts) required; taskType, title, outputDimensionality
+# optional.
+GEMINI_EMBED = {"model", "content", "taskType", "title", "outputDimensionality"}
+
+
+def gemini_embed_problems(body: Any, model: str) -> list[str]:
+    if not isinstance(body, dict):
+        return ["body: must be an object"]
+    out = [f"{k}: not a BatchEmbedContentsRequest field" for k in sorted(set(body) - {"requests"})]
+    requests = body.get("requests")
+    if not isinstance(requests, list) or not requests:
+        return [*out, "requests: required non-empty array"]
+    for i, r in enumerate(requests):
+        if not isinstance(r, dict):
+            out.append(f"requests[{i}]: must be an object")
+            continue
+        out += [f"requests[{i}].{k}: unknown field" for k in sorted(set(r) - GEMINI_EMBED)]
+        if r.get("model") != f"models/{model}":
+            out.append(f"requests[{i}].model: must be 'models/{model}', got {r.get('model')!r}")
+        _content(r.get("content"), f"requests[{i}].content", {"user"}, out)
+        dim = r.get("outputDimensionality")
+        if dim is not None and (not isinstance(dim, int) or dim < 1):
+            out.append(f"requests[{i}].outputDimensionality: must be a positive integer")
+    return out
+
+
+# Bedrock InvokeModel bodies of the embedding models
+# (docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-titan-embed-text.html,
+# .../model-parameters-embed.html): Titan Text Embeddings v2 `{inputText (required),
+# dimensions?, normalize?, embeddingTypes?}`, v1 `{inputText}` only; Cohere Embed `{texts
+# (required, at most 96), input_type (required), truncate?, embedding_types?}`.
+TITAN_V2 = {"inputText", "dimensions", "normalize", "embeddingTypes"}
+COHERE_EMBED = {"texts", "input_type", "truncate", "embedding_types", "images"}
+COHERE_INPUT_TYPES = {"search_document", "search_query", "classification", "clustering", "image"}
+
+
+def bedrock_embed_problems(body: Any, model_id: str) -> list[str]:
+    if not isinstance(body, dict):
+        return ["body: must be an object"]
+    if model_id.startswith("amazon.titan-embed-text"):
+        allowed = TITAN_V2 if "-v2" in model_id else {"inputText"}
+        out = [f"{k}: not a {model_id} request field" for k in sorted(set(body) - allowed)]
+        if not isinstance(body.get("inputText"), str) or not body["inputText"]:
+            out.append("inputText: required string")
+        if "normalize" in body and not isinstance(body["normalize"], bool):
+            out.append("normalize: must be a boolean")
+        return out
+    if model_id.startswith("cohere.embed"):
+        out = [f"{k}: not a Cohere Embed field" for k in sorted(set(body) - COHERE_EMBED)]
+        texts = body.get("texts")
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            out.append("texts: required array of strings")
+        elif len(texts) > 96:
+            out.append("texts: at most 96 per call")
+        if body.get("input_type") not in COHERE_INPUT_TYPES:
+            out.append(f"input_type: required, one of {sorted(COHERE_INPUT_TYPES)}")
+        return out
+    return [f"{model_id}: not an embedding model"]
+
+
+# Ollama POST /api/embed (docs.ollama.com/api/embed): `model` and `input` (a string or an
+# array of strings) required; truncate, dimensions, keep_alive, options optional.
+OLLAMA_EMBED = {"model", "input", "truncate", "dimensions", "keep_alive", "options"}
+
+
+def ollama_embed_problems(body: Any) -> list[str]:
+    if not isinstance(body, dict):
+        return ["body: must be an object"]
+    out = [f"{k}: not an /api/embed field" for k in sorted(set(body) - OLLAMA_EMBED)]
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        out.append("model: required string")
+    value = body.get("input")
+    if not (
+        isinstance(value, str)
+        or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))
+    ):
+        out.append("input: required string or array of strings")
+    dim = body.get("dimensions")
+    if dim is not None and (not isinstance(dim, int) or dim < 1):
+        out.append("dimensions: must be a positive integer")
+    return out

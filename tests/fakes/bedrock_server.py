@@ -17,6 +17,13 @@ Routes:
   N frames, `byte_chunk=K` sends the body in K-byte slices that cut frames anywhere.
 - `POST /model/{modelId}/converse`: the same turn as one Converse answer
   `{output: {message: {role, content}}, stopReason, usage, metrics}`.
+- `POST /model/{modelId}/invoke` (InvokeModel) for the embedding models: Titan Text
+  Embeddings (`amazon.titan-embed-text-v2:0`: `{inputText, dimensions?, normalize?}` ->
+  `{embedding, inputTextTokenCount, embeddingsByType}`, dimensions 1024 (default), 512 or
+  256, else AWS's 400 ValidationException; v1 takes `inputText` only, 1536 dimensions) and
+  Cohere Embed (`cohere.embed-*`: `{texts, input_type, ...}` -> `{embeddings, id,
+  response_type, texts}`, 1024 dimensions); bodies checked with `bedrock_embed_problems`; any
+  other model id is AWS's 400 "The provided model identifier is invalid."
 - `GET /foundation-models`: a ListFoundationModels answer.
 
 The model id path segment is percent-decoded (ARNs arrive encoded); each request records it
@@ -46,8 +53,14 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send, pieces
-from tests.fakes._wire_checks import bedrock_problems
+from tests.fakes._loopback import (
+    LoopbackServer,
+    RecordedRequest,
+    Send,
+    hashed_embedding,
+    pieces,
+)
+from tests.fakes._wire_checks import bedrock_embed_problems, bedrock_problems
 
 __all__ = [
     "BedrockFake",
@@ -334,6 +347,9 @@ class BedrockFake(LoopbackServer):
         ):
             self.model_ids.append(unquote(segments[2]))
             await self._converse(request, send, stream=segments[3] == "converse-stream")
+        elif request.method == "POST" and len(segments) == 4 and segments[3] == "invoke":
+            self.model_ids.append(unquote(segments[2]))
+            await self._invoke(request, send, unquote(segments[2]))
         else:
             await self._error(send, 404, "UnknownOperationException", "Unknown operation")
 
@@ -372,6 +388,57 @@ class BedrockFake(LoopbackServer):
             "modelLifecycle": {"status": "ACTIVE"},
         }
         await self.send_json(send, 200, {"modelSummaries": [summary]})
+
+    @property
+    def invoke_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.raw_path.endswith("/invoke")]
+
+    async def _invoke(self, request: RecordedRequest, send: Send, model_id: str) -> None:
+        if not model_id.startswith(("amazon.titan-embed-text", "cohere.embed")):
+            await self._error(
+                send, 400, "ValidationException", "The provided model identifier is invalid."
+            )
+            return
+        try:
+            body = request.json
+        except ValueError:
+            await self._error(send, 400, "SerializationException", "Unexpected character")
+            return
+        problems = bedrock_embed_problems(body, model_id)
+        if problems:
+            self.violations.extend(problems)
+            await self._error(send, 400, "ValidationException", "; ".join(problems))
+            return
+        headers = [("x-amzn-requestid", str(uuid.uuid4()))]
+        if model_id.startswith("cohere.embed"):
+            vectors = [hashed_embedding(t, 1024) for t in body["texts"]]
+            answer = {
+                "embeddings": vectors,
+                "id": str(uuid.uuid4()),
+                "response_type": "embeddings_floats",
+                "texts": body["texts"],
+            }
+            await self.send_json(send, 200, answer, headers)
+            return
+        dim = 1536 if "-v1" in model_id else 1024
+        if "dimensions" in body:
+            if body["dimensions"] not in (256, 512, 1024):
+                await self._error(
+                    send,
+                    400,
+                    "ValidationException",
+                    f"Malformed input request: #/dimensions: {body['dimensions']} is not a valid"
+                    " enum value, please reformat your input and try again.",
+                )
+                return
+            dim = body["dimensions"]
+        vector = hashed_embedding(body["inputText"], dim)
+        answer = {
+            "embedding": vector,
+            "inputTextTokenCount": len(body["inputText"].split()),
+            "embeddingsByType": {"float": vector},
+        }
+        await self.send_json(send, 200, answer, headers)
 
     async def _converse(self, request: RecordedRequest, send: Send, *, stream: bool) -> None:
         try:

@@ -13,6 +13,10 @@ Routes (under `/v1beta`):
   `alt=sse` the same chunks come as one JSON array.
 - `POST /models/{model}:generateContent`: one GenerateContentResponse; adjacent text parts
   of the turn (thought or not) are joined, as a non-streamed answer has them.
+- `POST /models/{model}:batchEmbedContents`: `{embeddings: [{values}]}`, one per request, in
+  order, for the models in `embed_models` (else Google's 404 NOT_FOUND); vectors are the
+  words hashed into `embedding_dim` buckets, cut to `outputDimensionality` when asked; the
+  body is checked with `gemini_embed_problems`; a scripted failing turn answers instead.
 - `GET /models`: `{models: [{name, version, displayName, ..., supportedGenerationMethods}]}`.
 
 The key must come in `x-goog-api-key` (or `?key=`): none is a 403 PERMISSION_DENIED, a wrong
@@ -30,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
-from tests.fakes._wire_checks import gemini_problems
+from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send, hashed_embedding
+from tests.fakes._wire_checks import gemini_embed_problems, gemini_problems
 
 __all__ = ["GeminiFake", "GeminiTurn", "google_error"]
 
@@ -101,6 +105,12 @@ class GeminiFake(LoopbackServer):
         self.base_url = f"{self.url}{prefix}"
         self.models = ["gemini-2.0-flash", "gemini-2.5-pro"]
         self.models_status = 200
+        self.embed_models = {"gemini-embedding-001", "text-embedding-004"}
+        self.embedding_dim = 768
+
+    @property
+    def embed_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path.endswith(":batchEmbedContents")]
 
     @property
     def generate_requests(self) -> list[RecordedRequest]:
@@ -136,6 +146,9 @@ class GeminiFake(LoopbackServer):
             if method in ("generateContent", "streamGenerateContent"):
                 await self._generate(request, send, model, method, query.get("alt") == ["sse"])
                 return
+            if method == "batchEmbedContents":
+                await self._embed(request, send, model)
+                return
         await self.send_json(
             send, 404, google_error(404, f"Method not found: {request.method} {request.path}")
         )
@@ -160,6 +173,38 @@ class GeminiFake(LoopbackServer):
             for m in self.models
         ]
         await self.send_json(send, 200, {"models": models})
+
+    async def _embed(self, request: RecordedRequest, send: Send, model: str) -> None:
+        try:
+            body = request.json
+        except ValueError:
+            await self.send_json(send, 400, google_error(400, "Invalid JSON payload received."))
+            return
+        problems = gemini_embed_problems(body, model)
+        if problems:
+            self.violations.extend(problems)
+            await self.send_json(send, 400, google_error(400, "; ".join(problems)))
+            return
+        turn = self.next_reply()  # a scripted failure (GeminiTurn.failing) answers instead
+        if turn is not None and turn.status >= 400:
+            await self.send_json(send, turn.status, turn.error or google_error(turn.status, ""))
+            return
+        if model not in self.embed_models:
+            msg = (
+                f"models/{model} is not found for API version v1beta, or is not supported for "
+                "batchEmbedContents. Call ListModels to see the list of available models and "
+                "their supported methods."
+            )
+            await self.send_json(send, 404, google_error(404, msg))
+            return
+        embeddings = []
+        for r in body["requests"]:
+            text = " ".join(str(p.get("text", "")) for p in r["content"]["parts"])
+            values = hashed_embedding(text, self.embedding_dim)
+            if r.get("outputDimensionality"):
+                values = values[: r["outputDimensionality"]]
+            embeddings.append({"values": values})
+        await self.send_json(send, 200, {"embeddings": embeddings})
 
     async def _generate(
         self, request: RecordedRequest, send: Send, model: str, method: str, sse: bool

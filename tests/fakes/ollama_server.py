@@ -14,6 +14,11 @@ Routes:
   them), then `{done: true, done_reason, total_duration, load_duration, prompt_eval_count,
   prompt_eval_duration, eval_count, eval_duration}` with an empty message. With
   `"stream": false`: one object holding the whole message and the statistics.
+- `POST /api/embed`: `{model, embeddings: [[...]], total_duration, load_duration,
+  prompt_eval_count}` for the models in `embed_models` (`name` or `name:latest`; another is
+  Ollama's 404 `model "x" not found, try pulling it first`); vectors are the words hashed into
+  `embedding_dim` buckets, cut to `dimensions` when asked; the body is checked with
+  `ollama_embed_problems`.
 - `GET /api/tags`: `{models: [{name, model, modified_at, size, digest, details}]}`.
 
 Errors are Ollama's `{"error": "<message>"}` with the turn's status. Mid-stream:
@@ -30,8 +35,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send, pieces
-from tests.fakes._wire_checks import ollama_problems
+from tests.fakes._loopback import (
+    LoopbackServer,
+    RecordedRequest,
+    Send,
+    hashed_embedding,
+    pieces,
+)
+from tests.fakes._wire_checks import ollama_embed_problems, ollama_problems
 
 __all__ = ["OllamaFake", "OllamaTurn"]
 
@@ -75,6 +86,8 @@ class OllamaFake(LoopbackServer):
         self.api_key = api_key
         self.models = [OllamaModel("llama3.2:latest"), OllamaModel("llava:7b", 4_733_363_377)]
         self.tags_status = 200
+        self.embed_models = {"nomic-embed-text", "all-minilm"}
+        self.embedding_dim = 768
 
     @property
     def chat_requests(self) -> list[RecordedRequest]:
@@ -89,6 +102,8 @@ class OllamaFake(LoopbackServer):
             await self._tags(send)
         elif request.method == "POST" and request.path == "/api/chat":
             await self._chat(request, send)
+        elif request.method == "POST" and request.path == "/api/embed":
+            await self._embed(request, send)
         else:
             await self.send_body(send, 404, b"404 page not found", [("content-type", "text/plain")])
 
@@ -115,6 +130,38 @@ class OllamaFake(LoopbackServer):
             for m in self.models
         ]
         await self.send_json(send, 200, {"models": models})
+
+    @property
+    def embed_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path == "/api/embed"]
+
+    async def _embed(self, request: RecordedRequest, send: Send) -> None:
+        try:
+            body = request.json
+        except ValueError:
+            await self.send_json(send, 400, {"error": "invalid character 'x' looking for value"})
+            return
+        problems = ollama_embed_problems(body)
+        if problems:
+            self.violations.extend(problems)
+            await self.send_json(send, 400, {"error": "; ".join(problems)})
+            return
+        model = str(body["model"])
+        if model.removesuffix(":latest") not in self.embed_models:
+            await self.send_json(
+                send, 404, {"error": f'model "{model}" not found, try pulling it first'}
+            )
+            return
+        texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        dim = body.get("dimensions") or self.embedding_dim
+        answer = {
+            "model": model,
+            "embeddings": [hashed_embedding(t, self.embedding_dim)[:dim] for t in texts],
+            "total_duration": 14143917,
+            "load_duration": 1019500,
+            "prompt_eval_count": sum(len(t.split()) for t in texts),
+        }
+        await self.send_json(send, 200, answer)
 
     async def _chat(self, request: RecordedRequest, send: Send) -> None:
         try:

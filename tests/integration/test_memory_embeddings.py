@@ -1,6 +1,7 @@
 """Memory embeddings over HTTP (the app, real Postgres + pgvector): made after the write by the
-local ONNX model or a provider's OpenAI-compatible `/embeddings` (a loopback server speaking
-OpenAI's wire format), used by vector search with `text`; failures never fail a store."""
+local ONNX model or a provider's embeddings through the gateway (here OpenAI's `/embeddings`, a
+loopback server speaking its wire format; Gemini's in test_embeddings_providers.py), used by
+vector search with `text`; failures never fail a store."""
 
 from __future__ import annotations
 
@@ -146,7 +147,10 @@ async def test_embedder_failures_never_fail_a_store(
 ) -> None:
     fake = embedding_api
     fake.embeddings_status = 500
-    async with ServedApp(_provider_settings(make_settings, fake)) as served:
+    # Embedding calls go through the gateway: the failures open the provider's breaker (as
+    # chat failures do), so its cooldown is short here for the recovery to be seen.
+    settings = _provider_settings(make_settings, fake, breaker_cooldown_s=0.5)
+    async with ServedApp(settings) as served:
         async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
             ann = await _user(c, "ann")
             r = await c.post("/memory/f/store", headers=ann, json={"key": "k", "value": "v"})
@@ -154,8 +158,15 @@ async def test_embedder_failures_never_fail_a_store(
             assert (await c.get("/memory/f/k", headers=ann)).json()["value"] == "v"
             r = await c.post("/memory/f/vector-search", headers=ann, json={"text": "v"})
             assert r.status_code == 503 and r.json()["code"] == "service_unavailable", r.text
-            # The provider comes back: the pending entry is embedded on a later attempt.
+            # The provider comes back: once its breaker lets a trial through (a search may
+            # meet it still open: 503), the pending entry is embedded on a later attempt.
             fake.embeddings_status = 200
+            deadline = time.monotonic() + 20
+            while (
+                await c.post("/memory/f/vector-search", headers=ann, json={"text": "v"})
+            ).status_code == 503:
+                assert time.monotonic() < deadline, "the breaker never closed"
+                await asyncio.sleep(0.1)
             await _until_embedded(c, ann, "f", {"k": "v"})
             # A provider answering with the wrong dimension: a clear 503, the store still ok.
             fake.embedding_dim = 1536
