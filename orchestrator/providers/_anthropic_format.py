@@ -296,13 +296,14 @@ def decode_request(body: Any) -> ChatRequest:
         stop=tuple(stop),
         stream=stream,
         user=user,
-        params=_params_of(data),
+        params=_params_of(data) | ({"user": user} if user is not None else {}),
     )
 
 
 def _params_of(data: dict[str, Any]) -> dict[str, Any]:
     """Optional fields kept for the provider's declared table (`_params.py`): `thinking`, and
-    `tool_choice.disable_parallel_tool_use` as OpenAI's `parallel_tool_calls: false`."""
+    `tool_choice.disable_parallel_tool_use` as OpenAI's `parallel_tool_calls: false`
+    (`metadata.user_id` joins them as `user` in `decode_request`)."""
     out: dict[str, Any] = {}
     thinking = data.get("thinking")
     if thinking is not None:

@@ -334,6 +334,8 @@ class Gateway:
             return routed
         drop = self._settings.drop_unsupported_params
         kept = _params.fit(request.params, route.adapter, route.provider, drop=drop)
+        if "user" in request.params and "user" not in kept:
+            routed = dataclasses.replace(routed, user=None)  # the caller's, dropped
         return dataclasses.replace(routed, params=kept)
 
     async def complete(self, request: ChatRequest) -> tuple[ChatResponse, Route]:

@@ -175,7 +175,7 @@ class ZhipuAdapter(OpenAIAdapter):
     Images go as `image_url` parts (GLM-4V); `reasoning_content` (GLM-4.5+) is thinking."""
 
     stream_usage = False
-    params: Mapping[str, Translate] = {}  # not checked against Zhipu's docs yet: 400
+    params: Mapping[str, Translate] = _params.ZHIPU
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
         body = super().build_body(request, stream=stream)
@@ -208,7 +208,7 @@ class DeepSeekAdapter(OpenAIAdapter):
     so it is sent back only for tool-calling turns."""
 
     reasoning: ReasoningPolicy = "tool_turns"
-    params: Mapping[str, Translate] = {}  # not checked against DeepSeek's docs yet: 400
+    params: Mapping[str, Translate] = _params.DEEPSEEK
 
     async def embed(self, request: EmbedRequest) -> Embeddings:
         # DeepSeek's API has chat and FIM completions only.
@@ -221,7 +221,7 @@ class QwenAdapter(OpenAIAdapter):
     `stream_options.include_usage` (a final usage-only chunk) and `image_url` parts for the
     VL models; Qwen3's thinking streams as `reasoning_content`."""
 
-    params: Mapping[str, Translate] = {}  # not checked against DashScope's docs yet: 400
+    params: Mapping[str, Translate] = _params.QWEN
 
 
 class LocalAdapter(OpenAIAdapter):

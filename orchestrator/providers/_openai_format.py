@@ -156,8 +156,6 @@ def decode_request(body: Any) -> ChatRequest:
         _invalid("messages", "is required")
     if not isinstance(raw, list) or not raw:
         _invalid("messages", "must be a non-empty array")
-    if body.get("n") not in (None, 1):
-        _invalid("n", "only 1 is supported")
     system, messages = _decode_messages(raw)
     if not messages:
         _invalid("messages", "must hold at least one user or assistant message")
@@ -193,6 +191,8 @@ _PARAM_TYPES: dict[str, tuple[type, ...]] = {
     "reasoning_effort": (str,),
     "parallel_tool_calls": (bool,),
     "metadata": (dict,),
+    "n": (int,),
+    "user": (str,),
 }
 
 
@@ -208,6 +208,10 @@ def _params_of(body: JSON) -> dict[str, Any]:
         if not isinstance(value, types):
             _invalid(name, "has the wrong type")
         out[name] = value
+    if out.get("n") == 1:
+        del out["n"]  # one choice: what every answer carries
+    elif "n" in out and out["n"] < 1:
+        _invalid("n", "must be at least 1")
     response_format = out.get("response_format")
     if response_format is not None:
         kind = response_format.get("type")

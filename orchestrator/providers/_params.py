@@ -6,17 +6,46 @@ form into the body the adapter built. A field absent from the table cannot be ho
 gateway answers 400 naming field and provider, or, with `drop_unsupported_params`, drops it
 and the endpoint lists it in `X-Orchestrator-Dropped-Params` (never silently).
 
-Wire references: OpenAI CreateChatCompletionRequest; Anthropic Messages (`thinking`,
-`tool_choice.disable_parallel_tool_use`); Gemini GenerationConfig (`seed`, `presencePenalty`,
-`frequencyPenalty`, `responseMimeType`, `responseJsonSchema`, `thinkingConfig.thinkingBudget`);
-Bedrock Converse `inferenceConfig` (maxTokens, temperature, topP, stopSequences only: nothing
-else is portable across its models); Ollama /api/chat (`format`, `think`, `options.seed`,
-`options.presence_penalty`, `options.frequency_penalty`).
+An entry may accept only some values of its field (`Limited`: DeepSeek and Zhipu document
+`response_format` json_object but not json_schema); a value outside them is refused like an
+absent field. A caller's `user` (end-user id) is in `params` too, so it is checked like the
+others; the encoders write `ChatRequest.user` where the provider documents one (the agent
+runner's own attribution, set without `params`, goes only where a provider takes it).
+
+Fields every kind honours without a table entry: `stop` (each adapter's stop sequences;
+Zhipu: one at most), `max_tokens`/`max_completion_tokens` (the one output limit), and
+`stream_options.include_usage` (the usage chunk is built by our encoder from the upstream's
+usage, whatever the provider). `n` > 1 is in no table: one choice is all an answer carries.
+
+Wire references (the providers' API references, as of 2026-11):
+- OpenAI CreateChatCompletionRequest (tests/reference/openai-openapi-subset.json).
+- Anthropic Messages: `thinking` {type: enabled, budget_tokens >= 1024, < max_tokens},
+  `tool_choice.disable_parallel_tool_use`, `metadata.user_id`, and structured outputs
+  (platform.claude.com/docs/en/build-with-claude/structured-outputs): the generally
+  available form `output_config: {format: {type: "json_schema", schema}}`, no beta header
+  (the beta `output_format` + `anthropic-beta: structured-outputs-2025-11-13` preceded it).
+- Gemini GenerationConfig (`seed`, `presencePenalty`, `frequencyPenalty`, `responseMimeType`,
+  `responseJsonSchema`, `thinkingConfig.thinkingBudget`); `reasoning_effort` uses the budgets
+  of Gemini's own OpenAI compatibility (ai.google.dev/gemini-api/docs/openai): low 1024,
+  medium 8192, high 24576, none 0 (no thinking).
+- Bedrock Converse `inferenceConfig` (maxTokens, temperature, topP, stopSequences only:
+  nothing else is portable across its models).
+- Ollama /api/chat (`format`, `think`, `options.seed`, `options.presence_penalty`,
+  `options.frequency_penalty`).
+- Zhipu GLM chat completions (docs.bigmodel.cn / docs.z.ai): `response_format` {type: text |
+  json_object}, `thinking` {type: enabled | disabled} (GLM-4.5 and later), `user_id`.
+- DeepSeek create-chat-completion (api-docs.deepseek.com): `frequency_penalty`,
+  `presence_penalty`, `response_format` {type: text | json_object}, `thinking` {type:
+  enabled | disabled}; no seed, logit_bias or user.
+- Qwen, DashScope compatible mode (help.aliyun.com/zh/model-studio, "OpenAI compatible"):
+  `seed`, `presence_penalty`, `response_format` (json_object; json_schema on the models that
+  support it), `parallel_tool_calls`, `enable_thinking` + `thinking_budget`; no user.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import ValidationFailed
@@ -29,6 +58,8 @@ __all__ = [
     "OLLAMA",
     "OPENAI",
     "PARAM_FIELDS",
+    "REASONING_BUDGETS",
+    "Limited",
     "apply",
     "fit",
     "unsupported",
@@ -48,7 +79,44 @@ PARAM_FIELDS = (
     "thinking",
     "parallel_tool_calls",
     "metadata",
+    "n",
+    "user",
 )
+
+# OpenAI `reasoning_effort` -> a thinking budget in tokens, for providers that take budgets
+# (Anthropic, Gemini). Gemini's OpenAI compatibility documents low/medium/high as 1K/8K/24K;
+# Anthropic documents no mapping, so the same one serves it (its minimum budget is 1024).
+# `minimal` (OpenAI's gpt-5 level) takes the smallest budget; `none` turns thinking off.
+REASONING_BUDGETS: Mapping[str, int] = {
+    "none": 0,
+    "minimal": 1024,
+    "low": 1024,
+    "medium": 8192,
+    "high": 24576,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limited:
+    """A table entry honouring only the values `accepts` approves (others: unsupported)."""
+
+    put: Translate
+    accepts: Callable[[Any], bool]
+
+    def __call__(self, body: JSON, value: Any) -> None:
+        self.put(body, value)
+
+
+def _encoded(body: JSON, value: Any) -> None:
+    """The adapter's encoder already wrote this field (`user`): declared, nothing to add."""
+
+
+def _json_object_only(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") == "json_object"
+
+
+def _known_effort(value: Any) -> bool:
+    return value in REASONING_BUDGETS
 
 
 def _same(name: str) -> Translate:
@@ -78,7 +146,7 @@ OPENAI: Mapping[str, Translate] = {
         "parallel_tool_calls",
         "metadata",
     )
-}
+} | {"user": _encoded}
 
 # --- the local llama.cpp server (OpenAI-compatible): sampling and grammar-backed formats ---
 LOCAL: Mapping[str, Translate] = {
@@ -94,9 +162,31 @@ def _anthropic_parallel(body: JSON, value: Any) -> None:
         choice["disable_parallel_tool_use"] = True
 
 
+def _anthropic_format(body: JSON, value: Any) -> None:
+    # json_object has no schema: a permissive one (any object) asks for JSON all the same.
+    schema = value["json_schema"].get("schema", {}) if value.get("type") == "json_schema" else {}
+    schema = schema or {"type": "object"}
+    body.setdefault("output_config", {})["format"] = {"type": "json_schema", "schema": schema}
+
+
+def _anthropic_effort(body: JSON, value: Any) -> None:
+    budget = REASONING_BUDGETS[value]
+    if budget == 0:
+        body["thinking"] = {"type": "disabled"}
+        return
+    body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    # Anthropic wants budget_tokens < max_tokens; OpenAI counts reasoning inside the limit,
+    # so the caller's limit is what the answer may use on top of the budget.
+    if body.get("max_tokens", 0) <= budget:
+        body["max_tokens"] = budget + body.get("max_tokens", 0)
+
+
 ANTHROPIC: Mapping[str, Translate] = {
     "thinking": _same("thinking"),
     "parallel_tool_calls": _anthropic_parallel,
+    "response_format": _anthropic_format,
+    "reasoning_effort": Limited(_anthropic_effort, _known_effort),
+    "user": _encoded,  # metadata.user_id
 }
 
 
@@ -115,12 +205,18 @@ def _gemini_thinking(body: JSON, value: Any) -> None:
     body.setdefault("generationConfig", {})["thinkingConfig"] = {"thinkingBudget": budget}
 
 
+def _gemini_effort(body: JSON, value: Any) -> None:
+    budget = REASONING_BUDGETS[value]
+    body.setdefault("generationConfig", {})["thinkingConfig"] = {"thinkingBudget": budget}
+
+
 GEMINI: Mapping[str, Translate] = {
     "seed": _under("generationConfig", "seed"),
     "frequency_penalty": _under("generationConfig", "frequencyPenalty"),
     "presence_penalty": _under("generationConfig", "presencePenalty"),
     "response_format": _gemini_format,
     "thinking": _gemini_thinking,
+    "reasoning_effort": Limited(_gemini_effort, _known_effort),
 }
 
 # --- Bedrock Converse: inferenceConfig carries only what ChatRequest already has -----------
@@ -136,14 +232,54 @@ def _ollama_format(body: JSON, value: Any) -> None:
         body["format"] = value["json_schema"].get("schema", {})
 
 
+def _ollama_effort(body: JSON, value: Any) -> None:
+    body["think"] = {"none": False, "minimal": "low"}.get(value, value)
+
+
 OLLAMA: Mapping[str, Translate] = {
     "seed": _under("options", "seed"),
     "frequency_penalty": _under("options", "frequency_penalty"),
     "presence_penalty": _under("options", "presence_penalty"),
     "response_format": _ollama_format,
     # `think` takes true/false, or "low"/"medium"/"high" for models that grade it.
-    "reasoning_effort": _same("think"),
+    "reasoning_effort": Limited(_ollama_effort, _known_effort),
     "thinking": lambda body, value: body.__setitem__("think", value.get("type") == "enabled"),
+}
+
+
+# --- OpenAI-compatible providers: each documents a subset --------------------------------
+def _switch(body: JSON, value: Any) -> None:
+    """Anthropic's `thinking` as the on/off switch Zhipu and DeepSeek document (no budget)."""
+    body["thinking"] = {"type": "enabled" if value.get("type") == "enabled" else "disabled"}
+
+
+ZHIPU: Mapping[str, Translate] = {
+    "response_format": Limited(_same("response_format"), _json_object_only),
+    "thinking": _switch,
+    "user": _encoded,  # user_id (6-128 characters), written by the adapter
+}
+
+DEEPSEEK: Mapping[str, Translate] = {
+    "frequency_penalty": _same("frequency_penalty"),
+    "presence_penalty": _same("presence_penalty"),
+    "response_format": Limited(_same("response_format"), _json_object_only),
+    "thinking": _switch,
+}
+
+
+def _qwen_thinking(body: JSON, value: Any) -> None:
+    enabled = value.get("type") == "enabled"
+    body["enable_thinking"] = enabled
+    if enabled and value.get("budget_tokens"):
+        body["thinking_budget"] = value["budget_tokens"]
+
+
+QWEN: Mapping[str, Translate] = {
+    "seed": _same("seed"),
+    "presence_penalty": _same("presence_penalty"),
+    "response_format": _same("response_format"),
+    "parallel_tool_calls": _same("parallel_tool_calls"),
+    "thinking": _qwen_thinking,
 }
 
 
@@ -153,9 +289,16 @@ def table_of(adapter: object) -> Mapping[str, Translate]:
     return table
 
 
+def _honoured(table: Mapping[str, Translate], name: str, value: Any) -> bool:
+    entry = table.get(name)
+    if entry is None:
+        return False
+    return not isinstance(entry, Limited) or entry.accepts(value)
+
+
 def unsupported(adapter: object, params: Mapping[str, Any]) -> list[str]:
     table = table_of(adapter)
-    return [name for name in params if name not in table]
+    return [name for name, value in params.items() if not _honoured(table, name, value)]
 
 
 def fit(params: Mapping[str, Any], adapter: object, provider: str, *, drop: bool) -> dict[str, Any]:

@@ -21,14 +21,19 @@ Endpoints:
   an empty fragment, all cut every `Reply.chunk` characters, so JSON splits mid-token),
   `content_block_stop`, `message_delta` (stop reason, cumulative `output_tokens`),
   `message_stop`. Otherwise a Message JSON object.
-- `GET /v1/models`: the `models` list in Anthropic's page format, or `fake.models_error`.
+- `GET /v1/models`: the `models` list in Anthropic's page format (ModelInfo: id, type,
+  display_name, created_at, `max_input_tokens` from `fake.context` (default 200000),
+  `max_tokens`), paged by `limit` / `after_id` (`has_more`, `last_id`), or
+  `fake.models_error`.
 
 Checks, each answered as Anthropic does (`{"type":"error","error":{type,message},
 "request_id"}` with a `request-id` header): a wrong or missing `x-api-key` (when `api_key`
 is set) -> 401 authentication_error; no `anthropic-version` header, a body without `model`,
 `max_tokens` or `messages`, and (with `strict`, the default) roles that do not alternate,
 a first message that is not `user`, empty text blocks or empty content, a thinking block
-without signature -> 400 invalid_request_error.
+without signature, `thinking` enabled without `budget_tokens` >= 1024 and < `max_tokens`,
+`output_config.format` that is not `{type: json_schema, schema: {...}}` -> 400
+invalid_request_error.
 
 Failure modes: `ErrorReply(status, type, message, headers)` (helpers `rate_limited(retry_after)`
 429 with `retry-after`, `overloaded()` 529, `unauthorized()` 401); `Reply.error_after=n`:
@@ -37,8 +42,9 @@ ends cleanly; `Reply.drop_after=n`: the connection is closed after n frames with
 the chunked body (the client sees a broken stream); `Reply.delay_s`: a pause before every
 frame. `message_events(reply, model, id)` returns the (event, data) list a stream sends.
 
-Every request is recorded in `fake.requests` (`Received`: method, path, lowercase headers,
-raw body, parsed JSON).
+The problem of each body refused by these checks is recorded in `fake.violations`. Every
+request is recorded in `fake.requests` (`Received`: method, path, lowercase headers, raw
+body, parsed JSON).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import contextlib
 import json
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -300,6 +307,30 @@ def _check(body: Any, strict: bool) -> str | None:
                 return f"messages.{i}.content.{j}.thinking.signature: Field required"
     if "tool_choice" in body and not body.get("tools"):
         return "tool_choice: tool_choice may only be specified while providing tools"
+    return _check_options(body)
+
+
+def _check_options(body: dict[str, Any]) -> str | None:
+    """`thinking` and `output_config` as the Messages reference documents them."""
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or budget < 1024:
+            return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+        if budget >= body["max_tokens"]:
+            return "`max_tokens` must be greater than `thinking.budget_tokens`"
+    elif thinking is not None and thinking != {"type": "disabled"}:
+        return "thinking: Input tag does not match 'enabled', 'disabled'"
+    config = body.get("output_config")
+    if config is not None:
+        fmt = config.get("format") if isinstance(config, dict) else None
+        if (
+            not isinstance(fmt, dict)
+            or fmt.get("type") != "json_schema"
+            or not isinstance(fmt.get("schema"), dict)
+            or set(fmt) - {"type", "schema"}
+        ):
+            return "output_config.format: expected {type: 'json_schema', schema: {...}}"
     return None
 
 
@@ -319,6 +350,10 @@ class FakeAnthropic:
         self.strict = strict
         self.default = default
         self.models_error: ErrorReply | None = None
+        # model id -> max_input_tokens in GET /v1/models (others: 200000)
+        self.context: dict[str, int] = {}
+        # Problems `_check` found in /v1/messages bodies (each answered with a 400).
+        self.violations: list[str] = []
         self.requests: list[Received] = []
         self._script: collections.deque[Script] = collections.deque()
         self._lock = threading.Lock()
@@ -420,7 +455,8 @@ class FakeAnthropic:
             )
             return await self._error(send, error, request_id)
         if method == "GET" and path == "/v1/models":
-            return await self._models(send, request_id)
+            query = scope.get("query_string", b"").decode()
+            return await self._models(send, request_id, query)
         if method != "POST" or path != "/v1/messages":
             error = ErrorReply(404, "not_found_error", "Not found")
             return await self._error(send, error, request_id)
@@ -429,6 +465,7 @@ class FakeAnthropic:
             return await self._error(send, error, request_id)
         problem = _check(parsed, self.strict)
         if problem is not None:
+            self.violations.append(problem)
             return await self._error(
                 send, ErrorReply(400, "invalid_request_error", problem), request_id
             )
@@ -476,16 +513,27 @@ class FakeAnthropic:
         data = json.dumps(body).encode()
         await self._respond(send, error.status, data, "application/json", request_id, headers)
 
-    async def _models(self, send: Any, request_id: str) -> None:
+    async def _models(self, send: Any, request_id: str, query: str = "") -> None:
         if self.models_error is not None:
             return await self._error(send, self.models_error, request_id)
+        args = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
+        limit = int(args.get("limit", "20"))
+        ids = list(self.models)
+        start = ids.index(args["after_id"]) + 1 if args.get("after_id") in ids else 0
         data = [
-            {"type": "model", "id": m, "display_name": m, "created_at": "2025-05-14T00:00:00Z"}
-            for m in self.models
+            {
+                "type": "model",
+                "id": m,
+                "display_name": m,
+                "created_at": "2025-05-14T00:00:00Z",
+                "max_input_tokens": self.context.get(m, 200_000),
+                "max_tokens": 64_000,
+            }
+            for m in ids[start : start + limit]
         ]
         page = {
             "data": data,
-            "has_more": False,
+            "has_more": start + limit < len(ids),
             "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None,
         }

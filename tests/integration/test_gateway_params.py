@@ -42,6 +42,11 @@ async def test_unsupported_field_is_a_400_naming_field_and_provider(
         body = r.json()
         assert body["ok"] is False and body["request_id"]
         assert "seed" in body["error"] and "anthropic" in body["error"]
+        # n > 1: one choice is all an answer carries, whichever the provider.
+        for model, provider in (("claude-sonnet-4-5", "anthropic"), ("gpt-4o-mini", "openai")):
+            r = await client.post("/chat/completions", json=chat(model, n=2))
+            assert r.status_code == 400, r.text
+            assert "n:" in r.json()["error"] and provider in r.json()["error"]
         assert ant.requests == []
         # The Anthropic-shaped route: `thinking` to an OpenAI model.
         r = await client.post(
@@ -73,6 +78,16 @@ async def test_dropped_fields_are_listed_in_a_header(
         )
         assert r.status_code == 200, r.text
         assert r.headers[DROPPED] == "seed,logit_bias"
+        # Structured output is no longer dropped for Anthropic: it is translated.
+        ant.enqueue(text_reply('{"city": "Paris"}'))
+        r = await client.post(
+            "/chat/completions",
+            json=chat("claude-sonnet-4-5", response_format={"type": "json_object"}, n=2),
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers[DROPPED] == "n"
+        assert ant.requests[-1].json["output_config"]["format"]["type"] == "json_schema"
+        assert r.json()["choices"][0]["message"]["content"] == '{"city": "Paris"}'
         assert "seed" not in ant.requests[-1].json and "logit_bias" not in ant.requests[-1].json
         # Streamed, the header is there too; nothing dropped: no header.
         ant.enqueue(text_reply("ok"))

@@ -6,6 +6,7 @@ is dropped and the request succeeds."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,7 +40,11 @@ MODELS = {
     "gemini": "gemini-2.0-flash",
     "bedrock": "anthropic.claude-3-haiku",
     "ollama": "llama3.2:latest",
+    "zhipu": "glm-4.6",
+    "deepseek": "deepseek-chat",
+    "qwen": "qwen-plus",
 }
+COMPATIBLE = ("zhipu", "deepseek", "qwen")  # OpenAI's wire, each with its own table
 
 
 class Upstreams:
@@ -49,6 +54,7 @@ class Upstreams:
         self.gemini = GeminiFake(api_key="g-key")
         self.bedrock = BedrockFake()
         self.ollama = OllamaFake()
+        self.compatible = {kind: OpenAIFake(api_key=f"sk-{kind}") for kind in COMPATIBLE}
 
     def providers(self) -> dict[str, Any]:
         return {
@@ -75,6 +81,9 @@ class Upstreams:
                 "models": [MODELS["bedrock"]],
             },
             "ollama": {"base_url": self.ollama.url, "models": [MODELS["ollama"]]},
+        } | {
+            kind: {"base_url": fake.base_url, "api_key": f"sk-{kind}", "models": [MODELS[kind]]}
+            for kind, fake in self.compatible.items()
         }
 
     def script_ok(self, kind: str) -> None:
@@ -86,6 +95,8 @@ class Upstreams:
             self.gemini.script(GeminiTurn(parts=[{"text": "ok"}]))
         elif kind == "bedrock":
             self.bedrock.script(BedrockTurn(text="ok"))
+        elif kind in self.compatible:
+            self.compatible[kind].script([FakeReply(text="ok")])
         else:
             self.ollama.script(OllamaTurn(content="ok"))
 
@@ -98,18 +109,22 @@ class Upstreams:
             return [r.json for r in self.gemini.generate_requests]
         if kind == "bedrock":
             return [r.json for r in self.bedrock.requests if "/model/" in r.path]
+        if kind in self.compatible:
+            return [r.json for r in self.compatible[kind].chat_requests]
         return [r.json for r in self.ollama.chat_requests]
 
     def violations(self) -> list[str]:
-        fakes = (self.openai, self.gemini, self.bedrock, self.ollama)
-        return [v for fake in fakes for v in fake.violations]
+        fakes = (self.openai, self.anthropic, self.gemini, self.bedrock, self.ollama)
+        return [v for fake in (*fakes, *self.compatible.values()) for v in fake.violations]
 
 
 @pytest.fixture
 async def upstreams() -> AsyncIterator[Upstreams]:
     ups = Upstreams()
+    zhipu, deepseek, qwen = ups.compatible.values()
     async with ups.openai, ups.anthropic, ups.gemini, ups.bedrock, ups.ollama:
-        yield ups
+        async with zhipu, deepseek, qwen:
+            yield ups
 
 
 def gateway(ups: Upstreams, **kw: Any) -> Gateway:
@@ -238,13 +253,149 @@ async def test_ollama_translates_into_options_format_and_think(upstreams: Upstre
     assert json_mode["format"] == "json"
 
 
+def chat(kind: str, **fields: Any) -> ChatRequest:
+    """A caller's /chat/completions body for `kind`'s model, decoded as the endpoint does."""
+    body = {"model": MODELS[kind], "messages": [{"role": "user", "content": "hi"}], **fields}
+    return openai_format.decode_request({"max_tokens": 64, **body})
+
+
+async def test_anthropic_structured_outputs_from_response_format(upstreams: Upstreams) -> None:
+    sent = await sent_body(
+        upstreams, "anthropic", chat("anthropic", response_format=JSON_SCHEMA_FORMAT)
+    )
+    assert sent["output_config"] == {"format": {"type": "json_schema", "schema": SCHEMA}}
+    headers = upstreams.anthropic.requests[-1].headers
+    assert "anthropic-beta" not in headers  # the generally available form needs none
+    json_object = {"type": "json_object"}
+    sent = await sent_body(upstreams, "anthropic", chat("anthropic", response_format=json_object))
+    assert sent["output_config"] == {
+        "format": {"type": "json_schema", "schema": {"type": "object"}}
+    }
+
+
+@pytest.mark.parametrize(
+    ("effort", "max_tokens", "thinking", "sent_max"),
+    [
+        ("low", 64, {"type": "enabled", "budget_tokens": 1024}, 1088),
+        ("medium", 64, {"type": "enabled", "budget_tokens": 8192}, 8256),
+        ("high", 30000, {"type": "enabled", "budget_tokens": 24576}, 30000),
+        ("minimal", 4096, {"type": "enabled", "budget_tokens": 1024}, 4096),
+        ("none", 64, {"type": "disabled"}, 64),
+    ],
+)
+async def test_anthropic_thinking_budget_from_reasoning_effort(
+    upstreams: Upstreams, effort: str, max_tokens: int, thinking: Any, sent_max: int
+) -> None:
+    request = chat("anthropic", reasoning_effort=effort, max_tokens=max_tokens)
+    sent = await sent_body(upstreams, "anthropic", request)
+    assert sent["thinking"] == thinking
+    assert sent["max_tokens"] == sent_max
+
+
+async def test_anthropic_user_goes_in_metadata(upstreams: Upstreams) -> None:
+    sent = await sent_body(upstreams, "anthropic", chat("anthropic", user="end-user-7"))
+    assert sent["metadata"] == {"user_id": "end-user-7"}
+
+
+@pytest.mark.parametrize(
+    ("effort", "budget"), [("low", 1024), ("medium", 8192), ("high", 24576), ("none", 0)]
+)
+async def test_gemini_thinking_budget_from_reasoning_effort(
+    upstreams: Upstreams, effort: str, budget: int
+) -> None:
+    sent = await sent_body(upstreams, "gemini", chat("gemini", reasoning_effort=effort))
+    assert sent["generationConfig"]["thinkingConfig"] == {"thinkingBudget": budget}
+
+
+async def test_zhipu_table(upstreams: Upstreams) -> None:
+    request = openai_format.decode_request(
+        {
+            "model": MODELS["zhipu"],
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"},
+            "user": "end-user-7",
+            "stop": ["END"],
+            "max_completion_tokens": 50,
+        }
+    )
+    params = {**request.params, "thinking": {"type": "enabled", "budget_tokens": 2048}}
+    request = dataclasses.replace(request, params=params)
+    sent = await sent_body(upstreams, "zhipu", request)
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["thinking"] == {"type": "enabled"}  # GLM's switch: no budget
+    assert sent["user_id"] == "end-user-7" and "user" not in sent
+    assert sent["stop"] == ["END"]
+    assert sent["max_tokens"] == 50
+    assert "stream_options" not in sent
+
+
+async def test_deepseek_table(upstreams: Upstreams) -> None:
+    request = chat(
+        "deepseek",
+        frequency_penalty=0.5,
+        presence_penalty=0.25,
+        response_format={"type": "json_object"},
+        stop=["END"],
+    )
+    request = dataclasses.replace(
+        request, params={**request.params, "thinking": {"type": "disabled"}}
+    )
+    sent = await sent_body(upstreams, "deepseek", request)
+    assert sent["frequency_penalty"] == 0.5
+    assert sent["presence_penalty"] == 0.25
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["thinking"] == {"type": "disabled"}
+    assert sent["stop"] == ["END"]
+
+
+async def test_qwen_table(upstreams: Upstreams) -> None:
+    request = chat(
+        "qwen",
+        seed=7,
+        presence_penalty=0.25,
+        response_format=JSON_SCHEMA_FORMAT,
+        parallel_tool_calls=False,
+    )
+    thinking = {"type": "enabled", "budget_tokens": 2048}
+    request = dataclasses.replace(request, params={**request.params, "thinking": thinking})
+    sent = await sent_body(upstreams, "qwen", request)
+    assert sent["seed"] == 7
+    assert sent["presence_penalty"] == 0.25
+    assert sent["response_format"] == JSON_SCHEMA_FORMAT
+    assert sent["parallel_tool_calls"] is False
+    assert sent["enable_thinking"] is True and sent["thinking_budget"] == 2048
+
+
+async def test_the_runners_own_user_goes_only_where_a_provider_takes_one(
+    upstreams: Upstreams,
+) -> None:
+    """`ChatRequest.user` set without `params` (the agent runner's attribution) is never a
+    400: providers that document an end-user id get it, the others do not."""
+    sent = await sent_body(upstreams, "deepseek", ask("deepseek", {}, user="u-1"))
+    assert "user" not in sent
+    sent = await sent_body(upstreams, "openai", ask("openai", {}, user="u-1"))
+    assert sent["user"] == "u-1"
+
+
+async def test_a_dropped_user_is_not_sent(upstreams: Upstreams) -> None:
+    request = chat("deepseek", user="u-1")
+    sent = await sent_body(upstreams, "deepseek", request, drop_unsupported_params=True)
+    assert "u-1" not in str(sent)
+    sent = await sent_body(upstreams, "zhipu", chat("zhipu", user="u-1x42"))
+    assert sent["user_id"] == "u-1x42"  # kept where the table has it
+
+
 @pytest.mark.parametrize(
     ("kind", "field", "value"),
     [
         ("openai", "thinking", {"type": "enabled", "budget_tokens": 1024}),
+        ("openai", "n", 2),
         ("anthropic", "seed", 7),
-        ("anthropic", "response_format", {"type": "json_object"}),
         ("anthropic", "logit_bias", {"1": 5}),
+        ("anthropic", "n", 2),
+        ("anthropic", "reasoning_effort", "extreme"),
+        ("gemini", "user", "u-1"),
+        ("gemini", "reasoning_effort", "extreme"),
         ("gemini", "logit_bias", {"1": 5}),
         ("gemini", "parallel_tool_calls", False),
         ("bedrock", "seed", 7),
@@ -252,6 +403,18 @@ async def test_ollama_translates_into_options_format_and_think(upstreams: Upstre
         ("bedrock", "frequency_penalty", 0.5),
         ("ollama", "logit_bias", {"1": 5}),
         ("ollama", "metadata", {"a": "b"}),
+        ("ollama", "user", "u-1"),
+        ("bedrock", "user", "u-1"),
+        ("zhipu", "seed", 7),
+        ("zhipu", "response_format", JSON_SCHEMA_FORMAT),
+        ("zhipu", "frequency_penalty", 0.5),
+        ("deepseek", "seed", 7),
+        ("deepseek", "logit_bias", {"1": 5}),
+        ("deepseek", "response_format", JSON_SCHEMA_FORMAT),
+        ("deepseek", "user", "u-1"),
+        ("qwen", "logit_bias", {"1": 5}),
+        ("qwen", "frequency_penalty", 0.5),
+        ("qwen", "user", "u-1"),
     ],
 )
 async def test_a_field_the_provider_cannot_honour_is_a_400_naming_both(
@@ -296,6 +459,14 @@ def test_decoders_keep_only_declared_optional_fields() -> None:
         }
     )
     assert chat.params == {"logit_bias": {"1": 2}}
+    one = openai_format.decode_request(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 1, "user": "u"}
+    )
+    assert one.params == {"user": "u"} and one.user == "u"  # n=1: every answer's one choice
+    with pytest.raises(ValidationFailed, match="n"):
+        openai_format.decode_request(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 0}
+        )
     with pytest.raises(ValidationFailed, match="seed"):
         openai_format.decode_request(
             {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": "7"}

@@ -378,7 +378,7 @@ def test_decode_request_from_an_openai_body() -> None:
             "max_tokens",
         ),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
     ],
 )
