@@ -9,7 +9,7 @@ import logging
 import re
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -19,6 +19,7 @@ import httpx
 
 from orchestrator.events import EventStore, NewEvent
 from orchestrator.providers import ProviderConfig
+from orchestrator.providers._anthropic_format import ANTHROPIC_VERSION
 
 __all__ = [
     "BUNDLED_MODEL_PACKAGES",
@@ -27,9 +28,11 @@ __all__ = [
     "ModelEntry",
     "ModelRecord",
     "ModelRegistry",
+    "RemoteContexts",
     "bundled_model_files",
     "known_context",
     "model_name_of",
+    "ollama_context",
     "ollama_models",
     "read_gguf_info",
     "scan_models",
@@ -216,37 +219,48 @@ def scan_models(models_dir: Path, *, bundled: bool = True) -> list[FoundModel]:
     return list(found.values())
 
 
-async def ollama_models(config: ProviderConfig, http: httpx.AsyncClient) -> list[FoundModel]:
-    """Ollama's pulled models (`GET /api/tags`), with each one's context length from
-    `POST /api/show` (best effort: 0 when it does not say). Raises httpx errors."""
+def _ollama_headers(config: ProviderConfig) -> dict[str, str]:
     headers = {"Accept": "application/json"}
     if config.api_key:
         headers["Authorization"] = f"Bearer {config.api_key}"
-    timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
-    response = await http.get(f"{config.base_url}/api/tags", headers=headers, timeout=timeout)
+    return headers
+
+
+def _timeout(config: ProviderConfig) -> httpx.Timeout:
+    return httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
+
+
+async def ollama_context(config: ProviderConfig, http: httpx.AsyncClient, name: str) -> int:
+    """A pulled model's context window from `POST /api/show` (`model_info` holds
+    `<general.architecture>.context_length`); 0 when Ollama does not say or fails."""
+    try:
+        shown = await http.post(
+            f"{config.base_url}/api/show",
+            json={"model": name},
+            headers=_ollama_headers(config),
+            timeout=_timeout(config),
+        )
+        shown.raise_for_status()
+        info = shown.json().get("model_info") or {}
+        arch = info.get("general.architecture")
+        ctx = info.get(f"{arch}.context_length")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return 0
+    return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) else 0
+
+
+async def ollama_models(config: ProviderConfig, http: httpx.AsyncClient) -> list[FoundModel]:
+    """Ollama's pulled models (`GET /api/tags`), with each one's context length from
+    `POST /api/show` (best effort: 0 when it does not say). Raises httpx errors."""
+    response = await http.get(
+        f"{config.base_url}/api/tags", headers=_ollama_headers(config), timeout=_timeout(config)
+    )
     response.raise_for_status()
     data = response.json()
     tags = data.get("models") if isinstance(data, dict) else None
     models = [m for m in tags or [] if isinstance(m, dict) and (m.get("name") or m.get("model"))]
-
-    async def context_of(name: str) -> int:
-        try:
-            shown = await http.post(
-                f"{config.base_url}/api/show",
-                json={"model": name},
-                headers=headers,
-                timeout=timeout,
-            )
-            shown.raise_for_status()
-            info = shown.json().get("model_info") or {}
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return 0
-        arch = info.get("general.architecture")
-        ctx = info.get(f"{arch}.context_length")
-        return ctx if isinstance(ctx, int) else 0
-
     names = [str(m.get("name") or m.get("model")) for m in models]
-    contexts = await asyncio.gather(*(context_of(n) for n in names))
+    contexts = await asyncio.gather(*(ollama_context(config, http, n) for n in names))
     return [
         FoundModel(
             name=name,
@@ -261,8 +275,12 @@ async def ollama_models(config: ProviderConfig, http: httpx.AsyncClient) -> list
 
 # --- remote models' context windows ---------------------------------------------------------
 
-# Published context windows of common hosted models, by name prefix (longest match wins);
-# GET /models shows 0 for a model not listed here.
+# Published context windows of common hosted models, by name prefix (longest match wins),
+# from the providers' model pages (platform.openai.com/docs/models, platform.claude.com
+# models overview, ai.google.dev/gemini-api/docs/models, api-docs.deepseek.com "Models &
+# Pricing", docs.bigmodel.cn model list), as of 2026-11. Used where the provider's API gives
+# no window (OpenAI, DeepSeek, Zhipu, Qwen, Bedrock) or its metadata call failed; a model not
+# listed has none (GET /models shows null).
 _KNOWN_CONTEXT: tuple[tuple[str, int], ...] = (
     ("gpt-5", 400_000),
     ("gpt-4.1", 1_047_576),
@@ -278,6 +296,10 @@ _KNOWN_CONTEXT: tuple[tuple[str, int], ...] = (
     ("gemini-", 1_048_576),
     ("deepseek-", 128_000),
     ("glm-4", 128_000),
+    ("glm-4.6", 200_000),
+    ("qwen-max", 32_768),
+    ("qwen-plus", 131_072),
+    ("qwen-turbo", 1_000_000),
 )
 
 
@@ -296,6 +318,112 @@ def known_context(model: str) -> int:
         if best is not None:
             return best[1]
     return 0
+
+
+# --- context windows from the providers' model metadata ------------------------------------
+
+_PAGES = 10  # model list pages read at most per provider (1000 models each)
+
+
+async def _gemini_contexts(config: ProviderConfig, http: httpx.AsyncClient) -> dict[str, int]:
+    """Gemini `GET /models` (pageSize, nextPageToken): `inputTokenLimit` per `models/<id>`."""
+    out: dict[str, int] = {}
+    params: dict[str, str] = {"pageSize": "1000"}
+    headers = {"x-goog-api-key": config.api_key or "", "Accept": "application/json"}
+    for _ in range(_PAGES):
+        r = await http.get(
+            f"{config.base_url}/models", params=params, headers=headers, timeout=_timeout(config)
+        )
+        r.raise_for_status()
+        page = r.json()
+        for m in page.get("models") or []:
+            limit = m.get("inputTokenLimit")
+            if isinstance(limit, int) and isinstance(m.get("name"), str):
+                out[m["name"].removeprefix("models/")] = limit
+        token = page.get("nextPageToken")
+        if not token:
+            break
+        params["pageToken"] = token
+    return out
+
+
+async def _anthropic_contexts(config: ProviderConfig, http: httpx.AsyncClient) -> dict[str, int]:
+    """Anthropic `GET /v1/models` (limit, after_id, has_more): ModelInfo `max_input_tokens`."""
+    base = config.base_url.rstrip("/").removesuffix("/v1")
+    headers = {"anthropic-version": ANTHROPIC_VERSION, "Accept": "application/json"}
+    if config.api_key:
+        headers["x-api-key"] = config.api_key
+    out: dict[str, int] = {}
+    params: dict[str, str] = {"limit": "1000"}
+    for _ in range(_PAGES):
+        r = await http.get(
+            f"{base}/v1/models", params=params, headers=headers, timeout=_timeout(config)
+        )
+        r.raise_for_status()
+        page = r.json()
+        for m in page.get("data") or []:
+            limit = m.get("max_input_tokens")
+            if isinstance(limit, int) and isinstance(m.get("id"), str):
+                out[m["id"]] = limit
+        if not page.get("has_more") or not page.get("last_id"):
+            break
+        params["after_id"] = page["last_id"]
+    return out
+
+
+async def _ollama_contexts(config: ProviderConfig, http: httpx.AsyncClient) -> dict[str, int]:
+    contexts = await asyncio.gather(*(ollama_context(config, http, m) for m in config.models))
+    return {m: ctx for m, ctx in zip(config.models, contexts, strict=True) if ctx}
+
+
+_Reader = Callable[[ProviderConfig, httpx.AsyncClient], Awaitable[dict[str, int]]]
+_METADATA: dict[str, _Reader] = {
+    "gemini": _gemini_contexts,
+    "anthropic": _anthropic_contexts,
+    "ollama": _ollama_contexts,
+}
+
+
+class RemoteContexts:
+    """Context windows of configured remote models from their provider's model metadata,
+    for GET /models only (never the chat path): read once per provider and kept for
+    `ttl_s`; a failed read is kept (as nothing) for `retry_s`, so a provider that is down
+    costs one timeout per `retry_s`, not one per listing. Concurrent listings share a read."""
+
+    def __init__(self, *, ttl_s: float = 3600.0, retry_s: float = 60.0) -> None:
+        self._ttl_s = ttl_s
+        self._retry_s = retry_s
+        self._known: dict[str, tuple[float, dict[str, int]]] = {}
+        self._reading: dict[str, asyncio.Future[dict[str, int]]] = {}
+
+    async def of(self, config: ProviderConfig) -> dict[str, int]:
+        """model -> window for `config`'s kind when its API tells; {} otherwise."""
+        read = _METADATA.get(config.kind)
+        if read is None:
+            return {}
+        key = f"{config.name}\0{config.base_url}"
+        cached = self._known.get(key)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        pending = self._reading.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._read(key, read, config))
+            self._reading[key] = pending
+        return await asyncio.shield(pending)
+
+    async def _read(self, key: str, read: _Reader, config: ProviderConfig) -> dict[str, int]:
+        found: dict[str, int] = {}
+        expires = time.monotonic() + self._retry_s
+        try:
+            async with httpx.AsyncClient() as http:
+                found = await read(config, http)
+            expires = time.monotonic() + self._ttl_s
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
+            log.warning("model metadata of %s did not answer: %r", config.name, exc)
+        finally:
+            self._known[key] = (expires, found)
+            self._reading.pop(key, None)
+        return found
 
 
 # --- the registry -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from orchestrator.inference._models import (
     ModelEntry,
     ModelRecord,
     ModelRegistry,
+    RemoteContexts,
     bundled_model_files,
     known_context,
     model_name_of,
@@ -90,6 +91,7 @@ class InferenceService:
         self._local = local
         self.instances = InstanceStore(events)
         self.models = ModelRegistry(events)
+        self.contexts = RemoteContexts()
 
     @property
     def local(self) -> LocalInference | None:
@@ -145,9 +147,14 @@ class InferenceService:
                 add(ModelEntry(r.name, "remote", r.provider, r.ctx_size, r.discovered_at))
         for name, (status, ctx) in states.items():
             add(ModelEntry(name, status, "local", ctx))  # its registration was removed since
-        for provider in configured_providers(self._settings):
+        # A configured model's window: its provider's metadata where the API gives one
+        # (Gemini, Anthropic, Ollama), else the maintained table, else unknown (null).
+        providers = configured_providers(self._settings)
+        contexts = await asyncio.gather(*(self.contexts.of(p) for p in providers))
+        for provider, known in zip(providers, contexts, strict=True):
             for model in provider.models:
-                add(ModelEntry(model, "remote", provider.name, known_context(model)))
+                ctx = known.get(model) or known_context(model)
+                add(ModelEntry(model, "remote", provider.name, ctx))
         return entries
 
     async def discover(self) -> DiscoveryResult:

@@ -20,6 +20,9 @@ Routes:
   `embedding_dim` buckets, cut to `dimensions` when asked; the body is checked with
   `ollama_embed_problems`.
 - `GET /api/tags`: `{models: [{name, model, modified_at, size, digest, details}]}`.
+- `POST /api/show` `{model}`: `{modelfile, parameters, template, details, model_info,
+  capabilities}` for a model of `models` (`name`, or without `:latest`), `model_info` holding
+  `general.architecture` and `<arch>.context_length`; another is a 404 `model 'x' not found`.
 
 Errors are Ollama's `{"error": "<message>"}` with the turn's status. Mid-stream:
 `fail_after=N` sends N lines then drops the connection; `error_after=N` sends N lines then an
@@ -76,6 +79,7 @@ class OllamaModel:
     size: int = 1_321_098_329
     family: str = "llama"
     parameter_size: str = "1.2B"
+    context_length: int = 131_072
 
 
 class OllamaFake(LoopbackServer):
@@ -104,6 +108,8 @@ class OllamaFake(LoopbackServer):
             await self._chat(request, send)
         elif request.method == "POST" and request.path == "/api/embed":
             await self._embed(request, send)
+        elif request.method == "POST" and request.path == "/api/show":
+            await self._show(request, send)
         else:
             await self.send_body(send, 404, b"404 page not found", [("content-type", "text/plain")])
 
@@ -130,6 +136,45 @@ class OllamaFake(LoopbackServer):
             for m in self.models
         ]
         await self.send_json(send, 200, {"models": models})
+
+    async def _show(self, request: RecordedRequest, send: Send) -> None:
+        body = request.json
+        name = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            await self.send_json(send, 400, {"error": "model is required"})
+            return
+        found = [m for m in self.models if name in (m.name, m.name.removesuffix(":latest"))]
+        if not found:
+            await self.send_json(send, 404, {"error": f"model '{name}' not found"})
+            return
+        m = found[0]
+        details = {
+            "parent_model": "",
+            "format": "gguf",
+            "family": m.family,
+            "families": [m.family],
+            "parameter_size": m.parameter_size,
+            "quantization_level": "Q4_K_M",
+        }
+        info = {
+            "general.architecture": m.family,
+            "general.parameter_count": 1_235_814_432,
+            f"{m.family}.context_length": m.context_length,
+            f"{m.family}.embedding_length": 2048,
+        }
+        await self.send_json(
+            send,
+            200,
+            {
+                "modelfile": f"FROM {m.name}\n",
+                "parameters": 'stop "<|eot_id|>"',
+                "template": "{{ .Prompt }}",
+                "details": details,
+                "model_info": info,
+                "capabilities": ["completion", "tools"],
+                "modified_at": "2025-05-01T10:12:13.123456789Z",
+            },
+        )
 
     @property
     def embed_requests(self) -> list[RecordedRequest]:

@@ -141,8 +141,10 @@ async def test_models_merge_remote_providers_and_ollama(make_settings, tmp_path:
             }
             assert models[("gpt-4.1", "openai")]["ctx_size"] == 1047576
             assert models[("claude-sonnet-4-5", "anthropic")]["ctx_size"] == 200000
-            # Not known yet: null, not 0.
-            assert models[("llama3.2:latest", "ollama")]["ctx_size"] is None
+            # Configured, not yet discovered: Ollama's /api/show tells its window already.
+            assert models[("llama3.2:latest", "ollama")]["ctx_size"] == 131072
+            listing_shows = [q.path for q in ollama.requests].count("/api/show")
+            assert listing_shows == 1
             assert models[("llama-3.1-70b", "vllm")] == {
                 "name": "llama-3.1-70b",
                 "status": "remote",
@@ -152,7 +154,7 @@ async def test_models_merge_remote_providers_and_ollama(make_settings, tmp_path:
 
             r = await c.post("/api/v1/discover", headers=ADMIN)
             assert r.json() == {"ok": True, "discovered": 3, "warnings": []}  # SmolLM2 + 2
-            assert [q.path for q in ollama.requests].count("/api/show") == 2
+            assert [q.path for q in ollama.requests].count("/api/show") == listing_shows + 2
             models = (await c.get("/api/v1/models", headers=ADMIN)).json()["models"]
             by_name = _by_name(models)
             assert by_name[(SMOL, "local")]["status"] == "available"
