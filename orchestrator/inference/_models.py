@@ -297,9 +297,8 @@ _KNOWN_CONTEXT: tuple[tuple[str, int], ...] = (
     ("deepseek-", 128_000),
     ("glm-4", 128_000),
     ("glm-4.6", 200_000),
-    ("qwen-max", 32_768),
-    ("qwen-plus", 131_072),
-    ("qwen-turbo", 1_000_000),
+    # No Qwen entries: DashScope's qwen-max/plus/turbo aliases move between snapshots whose
+    # windows differ (8K to 1M over time), so no one figure is right for the name.
 )
 
 
