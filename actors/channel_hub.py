@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors import Generation, Shards, until_started
-from actors.agent_worker import RayDispatcher
+from actors.dispatch import RayDispatcher
 from actors.metrics import ActorMetricsHub
 from orchestrator.channels import (
     ChannelRelay,

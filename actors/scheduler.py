@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from actors import Generation
-from actors.agent_worker import RayDispatcher
+from actors.dispatch import RayDispatcher
 from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import connect

@@ -19,7 +19,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors import Generation, Shards, until_started
-from actors.agent_worker import RayDispatcher
+from actors.dispatch import RayDispatcher
 from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect

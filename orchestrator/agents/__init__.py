@@ -1,22 +1,58 @@
-"""The agent runtime: tasks, the agent loop (LLM turns + tools), tools, dispatchers."""
+"""The agent runtime: tasks, the agent loop (LLM turns + tools), tools, dispatchers.
 
-from orchestrator.agents._runner import (
-    AgentRunner,
-    Emitter,
-    LocalDispatcher,
-    TaskFailed,
+What a task is (`_task`) loads with the package; the loop and the tools (which load the
+provider clients) load on first use, so the actors that only dispatch tasks (workflow
+shards, the scheduler, channel hubs) start without them."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.agents._task import (
+    MODES,
+    AgentTask,
+    TaskDispatcher,
+    TaskResult,
+    TaskStatus,
     created_event,
 )
-from orchestrator.agents._task import MODES, AgentTask, TaskDispatcher, TaskResult, TaskStatus
-from orchestrator.agents._tools import (
-    BUILTIN_TOOLS,
-    Tool,
-    ToolContext,
-    ToolFailed,
-    ToolRegistry,
-    default_registry,
-    evaluate_arithmetic,
-)
+
+if TYPE_CHECKING:
+    from orchestrator.agents._runner import AgentRunner, Emitter, LocalDispatcher, TaskFailed
+    from orchestrator.agents._tools import (
+        BUILTIN_TOOLS,
+        Tool,
+        ToolContext,
+        ToolFailed,
+        ToolRegistry,
+        default_registry,
+        evaluate_arithmetic,
+    )
+
+_LAZY = {
+    "AgentRunner": "_runner",
+    "Emitter": "_runner",
+    "LocalDispatcher": "_runner",
+    "TaskFailed": "_runner",
+    "BUILTIN_TOOLS": "_tools",
+    "Tool": "_tools",
+    "ToolContext": "_tools",
+    "ToolFailed": "_tools",
+    "ToolRegistry": "_tools",
+    "default_registry": "_tools",
+    "evaluate_arithmetic": "_tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BUILTIN_TOOLS",

@@ -26,7 +26,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.agents._task import MODES, AgentTask, TaskResult, TaskStatus
+from orchestrator.agents._task import (
+    MODES,
+    AgentTask,
+    TaskResult,
+    TaskStatus,
+    created_event,
+    task_payload,
+)
 from orchestrator.agents._tools import ToolContext, ToolFailed, ToolRegistry
 from orchestrator.config import Settings
 from orchestrator.errors import OrchestratorError
@@ -113,32 +120,6 @@ class AgentRunner:
         return outcome
 
 
-def created_event(task: AgentTask, settings: Settings) -> NewEvent:
-    return NewEvent(
-        "task.created",
-        _payload(
-            task,
-            "task.created",
-            {
-                "prompt": task.prompt[:2000],
-                "mode": task.mode,
-                "model": task.model or settings.default_model,
-                "user_uuid": task.user_uuid,
-            },
-        ),
-        task.user_uuid,
-    )
-
-
-def _payload(task: AgentTask, type_: str, data: dict[str, Any]) -> dict[str, Any]:
-    payload = {"task_id": task.task_id, **{k: v for k, v in data.items() if v is not None}}
-    if task.workflow_id and type_.startswith(("task.", "worker.task_")):
-        payload.setdefault("workflow_id", task.workflow_id)
-        if task.step:
-            payload.setdefault("step", task.step)
-    return payload
-
-
 class Emitter:
     """A task's events, in order, batched: `add` queues one, `flush_soon` starts appending
     what is queued (after the previous batch, so order holds) without waiting, `flush` waits
@@ -154,7 +135,7 @@ class Emitter:
 
     def add(self, type_: str, **data: Any) -> None:
         self._pending.append(
-            NewEvent(type_, _payload(self._task, type_, data), self._task.user_uuid)
+            NewEvent(type_, task_payload(self._task, type_, data), self._task.user_uuid)
         )
 
     def flush_soon(self) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from orchestrator.config import Settings
+from orchestrator.events import NewEvent
 
 MODES: dict[str, str] = {
     "general": (
@@ -75,3 +78,29 @@ class TaskDispatcher(Protocol):
     ended. Never raises for the task's own failure: that is a failed/timeout result."""
 
     async def run(self, task: AgentTask) -> TaskResult: ...
+
+
+def created_event(task: AgentTask, settings: Settings) -> NewEvent:
+    return NewEvent(
+        "task.created",
+        task_payload(
+            task,
+            "task.created",
+            {
+                "prompt": task.prompt[:2000],
+                "mode": task.mode,
+                "model": task.model or settings.default_model,
+                "user_uuid": task.user_uuid,
+            },
+        ),
+        task.user_uuid,
+    )
+
+
+def task_payload(task: AgentTask, type_: str, data: dict[str, Any]) -> dict[str, Any]:
+    payload = {"task_id": task.task_id, **{k: v for k, v in data.items() if v is not None}}
+    if task.workflow_id and type_.startswith(("task.", "worker.task_")):
+        payload.setdefault("workflow_id", task.workflow_id)
+        if task.step:
+            payload.setdefault("step", task.step)
+    return payload
