@@ -25,6 +25,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -202,8 +203,7 @@ def chat_messages(body: ChatBody) -> list[dict[str, str]]:
     if body.tools:
         # llama-server answers the same without --jinja.
         raise _bad_request("tools are not supported by this server")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise _bad_request("response_format other than text is not supported by this server")
+    json_schema(body)  # a bad response_format is a 400 before the turn is taken
     out: list[dict[str, str]] = []
     for i, m in enumerate(body.messages):
         role = "system" if m.role == "developer" else m.role
@@ -223,6 +223,45 @@ def chat_messages(body: ChatBody) -> list[dict[str, str]]:
             text = "".join(parts)
         out.append({"role": role, "content": text})
     return out
+
+
+def json_schema(body: ChatBody) -> dict[str, Any] | None:
+    """The JSON schema `response_format` asks the answer to follow (None: free text), as
+    llama-server: `json_object` any JSON object, `json_schema` its `schema`."""
+    fmt = body.response_format or {}
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        given = fmt.get("schema")  # llama-server's extension
+        return given if isinstance(given, dict) else {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise _bad_request("response_format.json_schema.schema must be an object")
+        schema: dict[str, Any] = spec.get("schema") or {}
+        return schema
+    raise _bad_request(
+        f"response_format: type {kind!r} is not supported (text, json_object, json_schema)"
+    )
+
+
+SPACE_RULE = re.compile(r"^space ::= .*$", re.MULTILINE)
+
+
+def json_grammar(schema: dict[str, Any]) -> str:
+    """GBNF for `schema` (llama.cpp's converter, as cyllama ships it); 400 if it cannot."""
+    from cyllama.utils.json_schema_to_grammar import json_schema_to_grammar
+
+    try:
+        grammar = str(json_schema_to_grammar(schema))
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise _bad_request(f"response_format: the schema cannot be enforced: {exc}") from None
+    # The converter lets whitespace be up to two newlines and 20 tabs, after the closing
+    # brace too: a small model then pads with whitespace until max_tokens instead of ending
+    # (seen with SmolLM2). One optional space keeps the JSON compact and, once the object is
+    # closed, leaves the end of generation as the only choice.
+    return SPACE_RULE.sub('space ::= | " "', grammar)
 
 
 # --- generation ---------------------------------------------------------------------------
@@ -265,6 +304,7 @@ class Prepared:
     tokens: list[int]
     limit: int
     biases: list[tuple[int, float]] = field(default_factory=list)
+    grammar: str | None = None  # GBNF the answer must follow (response_format)
 
 
 @dataclass
@@ -337,6 +377,8 @@ class Engine:
         """The prompt's tokens and the sampling inputs; raises ApiError (400) before any
         answer is sent."""
         biases = self._biases(body)
+        schema = json_schema(body)
+        grammar = None if schema is None else json_grammar(schema)
         limit = body.limit
         tokens = list(self._vocab.tokenize(self.prompt(messages), True, True))
         room = self.n_ctx - len(tokens)
@@ -348,7 +390,7 @@ class Engine:
                 n_prompt_tokens=len(tokens),
                 n_ctx=self.n_ctx,
             )
-        return Prepared(tokens, room if limit is None else min(limit, room), biases)
+        return Prepared(tokens, room if limit is None else min(limit, room), biases, grammar)
 
     def _biases(self, body: ChatBody) -> list[tuple[int, float]]:
         biases: dict[int, float] = {}
@@ -364,11 +406,14 @@ class Engine:
             biases.update((t, float("-inf")) for t in self._eog)
         return list(biases.items())
 
-    def _sampler(self, body: ChatBody, biases: list[tuple[int, float]]) -> Any:
-        lib = self._lib
+    def _sampler(self, body: ChatBody, prepared: Prepared) -> Any:
+        lib, biases = self._lib, prepared.biases
         params = lib.LlamaSamplerChainParams()
         params.no_perf = True
         sampler = lib.LlamaSampler(params)
+        if prepared.grammar is not None:
+            # First in the chain: the others then choose among the tokens it allows.
+            sampler.add_grammar(self._vocab, prepared.grammar, "root")
         if biases:
             sampler.add_logit_bias(self._vocab.n_vocab, biases)
         if body.repeat_last_n != 0 and (
@@ -418,7 +463,7 @@ class Engine:
         batch = min(self.options.batch_size, self.n_ctx)
         for start in range(0, len(prepared.tokens), batch):
             self._decode(prepared.tokens[start : start + batch], start)
-        sampler = self._sampler(body, prepared.biases)
+        sampler = self._sampler(body, prepared)
         position = len(prepared.tokens)
         pending: list[int] = []
         anchor: int | None = None  # the last token whose text was emitted whole

@@ -279,3 +279,41 @@ async def test_gateway_models(local: Local) -> None:
     assert {"name": SMOL, "status": "loaded", "provider": "local", "ctx_size": CTX} in listed[
         "models"
     ]
+
+
+CITY = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "city",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 24},
+                "population": {"type": "integer"},
+            },
+            "required": ["name", "population"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+async def test_response_format_is_grammar_constrained(chat: httpx.AsyncClient) -> None:
+    # The 135M model would not answer JSON unprompted: the grammar makes it (as llama-server's
+    # json_schema_to_grammar does); the gateway passes response_format to the local server.
+    ask = _body("Tell me about Paris.", temperature=0, max_tokens=60)
+    answer = await _complete(chat, {**ask, "response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(answer["choices"][0]["message"]["content"]), dict)
+    # Closed, the object ends the answer (no whitespace padding up to max_tokens).
+    assert answer["choices"][0]["finish_reason"] == "stop"
+
+    answer = await _complete(chat, {**ask, "response_format": CITY})
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    city = json.loads(answer["choices"][0]["message"]["content"])
+    assert set(city) == {"name", "population"} and isinstance(city["population"], int)
+    chunks = await _stream(chat, {**ask, "response_format": CITY})
+    assert json.loads(_text(chunks)) == city
+
+    r = await chat.post("/chat/completions", json={**ask, "response_format": {"type": "yaml"}})
+    assert r.status_code == 400 and _names(r.json(), "response_format"), r.text

@@ -14,6 +14,8 @@ from orchestrator.inference._llama_server import (
     Outcome,
     StopMatcher,
     chat_messages,
+    json_grammar,
+    json_schema,
     parse_args,
     sse,
     usage,
@@ -133,7 +135,8 @@ def test_messages_for_the_template() -> None:
     [
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"n": 2}, "n=1"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": []}}, "response_format"),
         (
             {
                 "messages": [
@@ -151,6 +154,25 @@ def test_unsupported_requests_are_400(extra: dict, needle: str) -> None:
         chat_messages(body)
     assert caught.value.status == 400 and needle in caught.value.message
     assert caught.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_response_format_becomes_a_compact_json_grammar() -> None:
+    def schema_of(fmt: dict) -> dict | None:
+        return json_schema(
+            ChatBody.model_validate({"messages": [{"role": "user", "content": "x"}], **fmt})
+        )
+
+    assert schema_of({}) is None and schema_of({"response_format": {"type": "text"}}) is None
+    assert schema_of({"response_format": {"type": "json_object"}}) == {"type": "object"}
+    city = {"type": "object", "properties": {"name": {"type": "string"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": city}}
+    assert schema_of({"response_format": fmt}) == city
+    grammar = json_grammar(city)
+    assert "root ::=" in grammar
+    # Whitespace is one optional space: no newline/tab padding after the closing brace.
+    assert [line for line in grammar.splitlines() if line.startswith("space ::=")] == [
+        'space ::= | " "'
+    ]
 
 
 def test_chunk_shapes_follow_openai() -> None:
