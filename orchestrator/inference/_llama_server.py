@@ -157,6 +157,8 @@ class ChatBody(BaseModel):
     ignore_eos: bool = False  # llama-server's: generate until the limit
     logit_bias: dict[str, float] | None = None
     tools: list[dict[str, Any]] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
 
     @property
@@ -203,6 +205,10 @@ def chat_messages(body: ChatBody) -> list[dict[str, str]]:
     if body.tools:
         # llama-server answers the same without --jinja.
         raise _bad_request("tools are not supported by this server")
+    if body.logprobs or body.top_logprobs:
+        # Not computed here: answering `logprobs: null` to a caller who asked would look
+        # like an answer.
+        raise _bad_request("logprobs are not supported by this server")
     json_schema(body)  # a bad response_format is a 400 before the turn is taken
     out: list[dict[str, str]] = []
     for i, m in enumerate(body.messages):

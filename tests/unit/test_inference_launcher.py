@@ -136,6 +136,8 @@ def test_messages_for_the_template() -> None:
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"n": 2}, "n=1"),
         ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": False, "top_logprobs": 2}, "logprobs"),
         ({"response_format": {"type": "json_schema", "json_schema": []}}, "response_format"),
         (
             {
