@@ -8,7 +8,9 @@ others are ignored with a warning). With a key, every route but /health answers 
 the orchestrator and
 OpenAI clients use: `GET /health` (503 while the model loads, as llama-server), `GET
 /v1/models`, `GET /slots` (`is_processing`), and `POST /v1/chat/completions`, plain or
-streamed as `chat.completion.chunk` SSE frames ending with `data: [DONE]`. One request is
+streamed as `chat.completion.chunk` SSE frames ending with `data: [DONE]` (bodies and chunks
+follow OpenAI's schemas; `response_format` json_object/json_schema is enforced by a grammar;
+`n` > 1, tools and logprobs are a 400, as llama-server without --jinja). One request is
 generated at a time (llama-server with one slot); others wait their turn. Generation runs
 in a thread, so the event loop keeps answering /health and /slots meanwhile.
 
