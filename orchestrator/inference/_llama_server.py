@@ -10,7 +10,8 @@ OpenAI clients use: `GET /health` (503 while the model loads, as llama-server), 
 /v1/models`, `GET /slots` (`is_processing`), and `POST /v1/chat/completions`, plain or
 streamed as `chat.completion.chunk` SSE frames ending with `data: [DONE]` (bodies and chunks
 follow OpenAI's schemas; `response_format` json_object/json_schema is enforced by a grammar;
-`n` > 1, tools and logprobs are a 400, as llama-server without --jinja). One request is
+`n` > 1 (as llama-server), tools (as llama-server without --jinja) and logprobs are a 400).
+One request is
 generated at a time (llama-server with one slot); others wait their turn. Generation runs
 in a thread, so the event loop keeps answering /health and /slots meanwhile.
 
