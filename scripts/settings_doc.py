@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Print the README's configuration table from `Settings` (or, with --write, replace it)."""
+"""Print the settings table of docs/configuration.md from `Settings` (or, with --write,
+replace it there). tests/unit/test_readme.py fails when the page and this script differ."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from orchestrator.config import Settings
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 HEADER = "| Key | Default | Meaning |\n|---|---|---|\n"
 
 
@@ -28,14 +29,23 @@ def table() -> str:
     return "".join(rows)
 
 
+def table_span(text: str) -> tuple[int, int]:
+    """Where the table's rows are in the page: after its header, up to the first line that
+    is not a row (the page may end there)."""
+    start = text.index(HEADER) + len(HEADER)
+    end = start
+    while text.startswith("| `", end):
+        end = text.index("\n", end) + 1
+    return start, end
+
+
 def main() -> int:
     if "--write" not in sys.argv:
         print(table(), end="")
         return 0
-    text = README.read_text()
-    start = text.index(HEADER) + len(HEADER)
-    end = text.index("\n## ", start)
-    README.write_text(text[:start] + table() + text[end:])
+    text = PAGE.read_text()
+    start, end = table_span(text)
+    PAGE.write_text(text[:start] + table() + text[end:])
     return 0
 
 
