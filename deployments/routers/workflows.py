@@ -27,7 +27,7 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9._:\- ]{0,127}$"
 
 
 class StepIn(BaseModel):
-    """A step as SPEC part 2 gives it; `type: spawn` and `compensate` are ours (README)."""
+    """A step as SPEC part 2 gives it; `type: spawn` and `compensate` are ours (docs/api)."""
 
     model_config = ConfigDict(extra="allow")
 

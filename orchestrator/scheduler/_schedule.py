@@ -7,7 +7,7 @@ too. When both day fields are restricted, a day matching either runs (classic cr
 Times are UTC unless the job has a `tz` (an IANA name such as `Europe/Paris`): cron
 expressions and wall-clock phrases are read in that zone.
 
-Natural language (case-insensitive; the README lists these):
+Natural language (case-insensitive; docs/api/scheduler.md lists these):
 - `every N seconds|minutes|hours|days|weeks` (also `every minute`, `every hour`, `every day`)
   -> every
 - `every day at 9:00`, `daily at 9am`, `every weekday at 8:30`, `every weekend at 10am`,
