@@ -296,6 +296,15 @@ def create_app(
         supervisor.spawn(
             "token-listener", lambda: ctx.authenticator.watch(settings.database_url or "")
         )
+        # Tokens' last use, written once a minute in a batch (never on the request path).
+        supervisor.spawn("token-last-used", ctx.authenticator.record_use)
+
+        async def last_uses() -> None:  # what the loop has not written yet, at shutdown
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await ctx.authenticator.flush_last_used()
+
+        stack.push_async_callback(last_uses)
         if ctx.rate_limiter.enabled:
             supervisor.spawn("rate-limit-sync", ctx.rate_limiter.run)
         if ctx.memory.embedder:

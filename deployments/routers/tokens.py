@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
 from orchestrator.errors import NotFound
@@ -14,6 +15,7 @@ from orchestrator.events import NewEvent
 router = APIRouter(tags=["tokens"])
 
 USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:\-]{0,127}$"
+MAX_LIFETIME_S = 10 * 366 * 86_400  # ten years: anything longer is "never" (omit both)
 
 
 class TokenCreate(BaseModel):
@@ -22,6 +24,18 @@ class TokenCreate(BaseModel):
     user_uuid: str = Field(pattern=USER_PATTERN, description="The user the token acts as")
     admin: bool = False
     description: str = Field("", max_length=200)
+    expires_in: int | None = Field(
+        None, ge=1, le=MAX_LIFETIME_S, description="Seconds from now until the token expires"
+    )
+    expires_at: int | None = Field(
+        None, ge=1, description="When the token expires, Unix milliseconds (in the future)"
+    )
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> TokenCreate:
+        if self.expires_in is not None and self.expires_at is not None:
+            raise ValueError("give expires_in or expires_at, not both")
+        return self
 
 
 class TokenCreated(BaseModel):
@@ -30,6 +44,7 @@ class TokenCreated(BaseModel):
     prefix: str
     user_uuid: str
     admin: bool
+    expires_at: int | None = Field(None, description="Unix ms; null: the token never expires")
 
 
 class TokenRevoked(BaseModel):
@@ -45,8 +60,13 @@ class WhoAmI(BaseModel):
 
 @router.post("/tokens", response_model=TokenCreated)
 async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> TokenCreated:
+    expires_at = body.expires_at
+    if body.expires_in is not None:
+        expires_at = int(time.time() * 1000) + body.expires_in * 1000
     async with ctx.events.transaction() as tx:
-        issued = await ctx.tokens.create(body.user_uuid, body.admin, body.description, tx.conn)
+        issued = await ctx.tokens.create(
+            body.user_uuid, body.admin, body.description, tx.conn, expires_at=expires_at
+        )
         # The grant is an event of the new token's user: it shows on their stream.
         await tx.append(
             [
@@ -57,13 +77,18 @@ async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> TokenC
                         "admin": body.admin,
                         "granted_by": caller.user_uuid,
                         "token_prefix": issued.prefix,
+                        "expires_at": issued.expires_at,
                     },
                     user_uuid=body.user_uuid,
                 )
             ]
         )
     return TokenCreated(
-        token=issued.token, prefix=issued.prefix, user_uuid=issued.user_uuid, admin=issued.admin
+        token=issued.token,
+        prefix=issued.prefix,
+        user_uuid=issued.user_uuid,
+        admin=issued.admin,
+        expires_at=issued.expires_at,
     )
 
 

@@ -8,6 +8,7 @@ from orchestrator.auth._throttle import FailedAuthThrottle
 from orchestrator.auth._tokens import (
     ADMIN_USER,
     IssuedToken,
+    TokenInfo,
     TokenStore,
     generate_token,
     hash_token,
@@ -22,6 +23,7 @@ __all__ = [
     "JwtVerifier",
     "Principal",
     "RateLimiter",
+    "TokenInfo",
     "TokenStore",
     "generate_token",
     "hash_token",

@@ -21,6 +21,9 @@ CACHE_MAX = 10_000
 # (a Postgres outage does not lock out every client at once; nobody can revoke meanwhile
 # unless only this replica lost Postgres), and nothing new is cached.
 UNWATCHED_GRACE_S = 5.0
+# Last use is kept in memory per token and written in one batch this often (per replica), so
+# a request never writes to the database and a token's row changes at most once a minute.
+LAST_USED_FLUSH_S = 60.0
 
 
 def _bounded_put(cache: dict[str, Any], key: str, value: Any, limit: int) -> None:
@@ -42,7 +45,8 @@ class Authenticator:
     most UNWATCHED_GRACE_S more, and the whole cache is dropped when it reconnects, since
     notifications may have been missed meanwhile. `cache_ttl_s` (the longest an entry is
     kept) and `cache_max` bound it as a safety net. Without `watch` (tools, tests), the TTL
-    alone bounds how long a revoked token keeps working.
+    alone bounds how long a revoked token keeps working. An entry never outlives its
+    token's expiry. `record_use` (a supervised loop) writes when tokens were last used.
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class Authenticator:
         self._listening = False
         # Bumped by every invalidation: a lookup that raced one does not cache its answer.
         self._epoch = 0
+        self._last_used: dict[str, int] = {}  # token hash -> Unix ms, not yet written
 
     @property
     def listening(self) -> bool:
@@ -120,29 +125,55 @@ class Authenticator:
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
+            self._last_used[digest] = int(time.time() * 1000)
             return cached[1]
         if before_lookup is not None:
             before_lookup()
         if self._unknown.get(digest, 0.0) > now:
-            raise Unauthorized("invalid or revoked token")
+            raise Unauthorized("invalid, revoked or expired token")
         epoch = self._epoch
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT_S):
-                principal = await self._store.lookup(digest)
+                found = await self._store.verify(digest)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise ServiceUnavailable(
                 "cannot verify the token: the token store is unavailable",
                 headers={"Retry-After": "5"},
             ) from exc
-        if principal is None:
+        if found is None:
             self._cache.pop(digest, None)
             # Remember misses briefly, so garbage tokens cannot each cost a database query.
             _bounded_put(self._unknown, digest, now + NEGATIVE_TTL_S, self._max)
-            raise Unauthorized("invalid or revoked token")
+            raise Unauthorized("invalid, revoked or expired token")
+        principal, expires_at_ms = found
+        wall_ms = int(time.time() * 1000)
+        self._last_used[digest] = wall_ms
         # A change notified while we looked may have come after our read: not cached then.
         if self.caching and self._epoch == epoch:
-            _bounded_put(self._cache, digest, (now + self._ttl, principal), self._max)
+            until = now + self._ttl
+            if expires_at_ms is not None:
+                # Expiry is a wall-clock time: the entry goes when the token expires.
+                until = min(until, now + (expires_at_ms - wall_ms) / 1000)
+            _bounded_put(self._cache, digest, (until, principal), self._max)
         return principal
+
+    async def record_use(self, interval_s: float = LAST_USED_FLUSH_S) -> None:
+        """Write when tokens were last used every `interval_s`, until cancelled (run it under
+        the replica's Supervisor); `flush_last_used` writes what is left at shutdown."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.flush_last_used()
+
+    async def flush_last_used(self) -> None:
+        pending, self._last_used = self._last_used, {}
+        try:
+            await self._store.record_use(pending)
+        except BaseException:
+            # Not lost: merged back (a newer use recorded meanwhile wins) for the next try.
+            for digest, at in pending.items():
+                if self._last_used.get(digest, 0) < at:
+                    self._last_used[digest] = at
+            raise
 
     def forget(self, token_hashes: list[str]) -> None:
         self._epoch += 1

@@ -68,6 +68,22 @@ class IssuedToken:
     prefix: str
     user_uuid: str
     admin: bool
+    expires_at: int | None = None  # Unix ms; None = never
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What may be shown about a token: never the token or its hash."""
+
+    prefix: str
+    user_uuid: str
+    admin: bool
+    kind: str
+    description: str
+    created_at: int  # Unix ms, like the other times here
+    last_used_at: int | None
+    expires_at: int | None
+    revoked_at: int | None
 
 
 class TokenStore:
@@ -82,22 +98,32 @@ class TokenStore:
         admin: bool,
         description: str = "",
         conn: asyncpg.Connection | None = None,
+        *,
+        expires_at: int | None = None,
     ) -> IssuedToken:
-        """Issue a token; on `conn` when given (the caller's transaction)."""
+        """Issue a token (valid until `expires_at`, Unix ms, when given); on `conn` when
+        given (the caller's transaction)."""
         check_token_user(user_uuid, admin)
+        now = _now_ms()
+        if expires_at is not None and expires_at <= now:
+            raise ValidationFailed(
+                "expires_at: must be in the future",
+                extra={"fields": [{"field": "expires_at", "message": "must be in the future"}]},
+            )
         token = generate_token()
         await (conn or self._pool).execute(
             """INSERT INTO api_tokens (token_hash, prefix, user_uuid, is_admin, description,
-                                       created_at)
-               VALUES ($1, $2, $3, $4, $5, $6)""",
+                                       created_at, expires_at)
+               VALUES ($1, $2, $3, $4, $5, $6, $7)""",
             hash_token(token),
             token_prefix(token),
             user_uuid,
             admin,
             description,
-            _now_ms(),
+            now,
+            expires_at,
         )
-        return IssuedToken(token, token_prefix(token), user_uuid, admin)
+        return IssuedToken(token, token_prefix(token), user_uuid, admin, expires_at)
 
     async def register_configured_admin(self, token: str) -> None:
         """Make the configured admin token (`admin_token`) the one configured admin token.
@@ -124,15 +150,62 @@ class TokenStore:
                 _now_ms(),
             )
 
-    async def lookup(self, token_hash: str) -> Principal | None:
+    async def verify(self, token_hash: str) -> tuple[Principal, int | None] | None:
+        """The live token's principal and its expiry (Unix ms, None = never); None when it
+        is unknown, revoked or expired."""
         row = await self._pool.fetchrow(
-            "SELECT user_uuid, is_admin FROM api_tokens"
-            " WHERE token_hash = $1 AND revoked_at IS NULL",
+            "SELECT user_uuid, is_admin, expires_at FROM api_tokens"
+            " WHERE token_hash = $1 AND revoked_at IS NULL"
+            " AND (expires_at IS NULL OR expires_at > $2)",
             token_hash,
+            _now_ms(),
         )
         if row is None:
             return None
-        return Principal(row["user_uuid"], row["is_admin"], subject=token_hash)
+        return Principal(row["user_uuid"], row["is_admin"], subject=token_hash), row["expires_at"]
+
+    async def lookup(self, token_hash: str) -> Principal | None:
+        found = await self.verify(token_hash)
+        return None if found is None else found[0]
+
+    async def list_tokens(self, *, include_revoked: bool = False) -> list[TokenInfo]:
+        """Every token, oldest first (live ones only unless `include_revoked`)."""
+        rows = await self._pool.fetch(
+            """SELECT prefix, user_uuid, is_admin, kind, description, created_at, last_used_at,
+                      expires_at, revoked_at
+               FROM api_tokens WHERE $1 OR revoked_at IS NULL
+               ORDER BY created_at, prefix""",
+            include_revoked,
+        )
+        return [
+            TokenInfo(
+                prefix=r["prefix"],
+                user_uuid=r["user_uuid"],
+                admin=r["is_admin"],
+                kind=r["kind"],
+                description=r["description"],
+                created_at=r["created_at"],
+                last_used_at=r["last_used_at"],
+                expires_at=r["expires_at"],
+                revoked_at=r["revoked_at"],
+            )
+            for r in rows
+        ]
+
+    async def record_use(self, last_used: dict[str, int]) -> None:
+        """Record when tokens (by hash) were last used, in one statement; a time never moves
+        back (another replica may have written a later one). Migration 0018 keeps this from
+        notifying the replicas' caches."""
+        if not last_used:
+            return
+        await self._pool.execute(
+            """UPDATE api_tokens t SET last_used_at = u.at
+               FROM unnest($1::text[], $2::bigint[]) AS u(token_hash, at)
+               WHERE t.token_hash = u.token_hash
+                 AND (t.last_used_at IS NULL OR t.last_used_at < u.at)""",
+            list(last_used),
+            list(last_used.values()),
+        )
 
     async def revoke(self, prefix: str, *, owner: str | None = None) -> list[str]:
         """Revoke live tokens with this prefix (only `owner`'s when given); return their hashes."""

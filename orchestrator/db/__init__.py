@@ -1,6 +1,6 @@
 """Postgres: the connection pool and the numbered migrations."""
 
 from orchestrator.db._database import Database, connect
-from orchestrator.db._migrations import MIGRATIONS_DIR, apply_migrations
+from orchestrator.db._migrations import MIGRATIONS_DIR, MigrationChanged, apply_migrations
 
-__all__ = ["MIGRATIONS_DIR", "Database", "apply_migrations", "connect"]
+__all__ = ["MIGRATIONS_DIR", "Database", "MigrationChanged", "apply_migrations", "connect"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
@@ -15,10 +15,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Database:
-    """A pool plus facts learnt at connect time (pgvector availability)."""
+    """A pool plus facts learnt at connect time (pgvector availability, the migrations this
+    connect applied)."""
 
     pool: asyncpg.Pool
     pgvector: bool
+    migrations_applied: list[str] = field(default_factory=list)
 
     async def ping(self, timeout_s: float = 2.0) -> int:
         """Probe the server; return the number of tables in the public schema."""
@@ -71,8 +73,7 @@ async def connect(
         # EXTENSION (a unique violation would read as "pgvector off").
         async with migration_lock(conn):
             pgvector = await _enable_pgvector(conn)
-            if migrate:
-                await apply_migrations(conn)
+            applied = await apply_migrations(conn) if migrate else []
             await conn.execute(
                 """INSERT INTO service_facts (key, value) VALUES ('pgvector', $1)
                    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value""",
@@ -90,4 +91,4 @@ async def connect(
         reset=_reset_on_release,
     )
     assert pool is not None
-    return Database(pool=pool, pgvector=pgvector)
+    return Database(pool=pool, pgvector=pgvector, migrations_applied=applied)

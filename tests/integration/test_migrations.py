@@ -1,6 +1,9 @@
-import asyncpg
+import hashlib
 
-from orchestrator.db import MIGRATIONS_DIR, apply_migrations, connect
+import asyncpg
+import pytest
+
+from orchestrator.db import MIGRATIONS_DIR, MigrationChanged, apply_migrations, connect
 
 
 async def test_migrations_apply_once_and_are_recorded(database_url: str) -> None:
@@ -53,5 +56,47 @@ async def test_a_failing_migration_leaves_nothing_behind(database_url: str, tmp_
         names = [r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")]
         assert names == ["0001_ok.sql"]
         assert await conn.fetchval("SELECT to_regclass('half')") is None
+    finally:
+        await conn.close()
+
+
+async def test_an_edited_migration_is_refused_before_anything_is_applied(
+    database_url: str, tmp_path
+) -> None:
+    (tmp_path / "0001_one.sql").write_text("CREATE TABLE one (id int);")
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await apply_migrations(conn, tmp_path) == ["0001_one.sql"]
+        (tmp_path / "0001_one.sql").write_text("CREATE TABLE one (id bigint);")
+        (tmp_path / "0002_two.sql").write_text("CREATE TABLE two (id int);")
+        with pytest.raises(MigrationChanged) as caught:
+            await apply_migrations(conn, tmp_path)
+        assert caught.value.names == ["0001_one.sql"]
+        assert str(tmp_path / "0001_one.sql") in str(caught.value)
+        assert await conn.fetchval("SELECT to_regclass('two')") is None  # nothing applied
+        # Put back as applied: accepted again, and the new one applied.
+        (tmp_path / "0001_one.sql").write_text("CREATE TABLE one (id int);")
+        assert await apply_migrations(conn, tmp_path) == ["0002_two.sql"]
+    finally:
+        await conn.close()
+
+
+async def test_checksums_are_recorded_once_for_databases_migrated_before_them(
+    database_url: str,
+) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await apply_migrations(conn)
+        # A database from before checksums: no such column.
+        await conn.execute("ALTER TABLE schema_migrations DROP COLUMN checksum")
+        assert await apply_migrations(conn) == []
+        rows = await conn.fetch("SELECT name, checksum FROM schema_migrations")
+        assert {r["name"]: r["checksum"] for r in rows} == {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in MIGRATIONS_DIR.glob("*.sql")
+        }
+        # Recorded once: a later mismatch is a change, not a new recording.
+        await conn.execute("UPDATE schema_migrations SET checksum = 'x' WHERE version = 1")
+        with pytest.raises(MigrationChanged):
+            await apply_migrations(conn)
     finally:
         await conn.close()
