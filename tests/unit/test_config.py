@@ -118,11 +118,13 @@ def test_secrets_are_not_shown_and_survive_pickling() -> None:
     assert pickle.loads(pickle.dumps(s)).admin_token.get_secret_value() == token
 
 
-def test_yaml_style_values_in_the_environment() -> None:
+def test_json_values_in_the_environment() -> None:
+    # Lists and maps in ORCH_ variables are JSON (what pydantic-settings parses); YAML-style
+    # text is refused (test_bad_json_in_the_environment_names_the_variable).
     s = Settings.load(
         environ={
-            "ORCH_EXEMPT_PATHS": "[/api/v1/health, /api/v1/ready]",
-            "ORCH_PROVIDERS": "openai: {base_url: 'http://127.0.0.1:9/v1'}",
+            "ORCH_EXEMPT_PATHS": '["/api/v1/health", "/api/v1/ready"]',
+            "ORCH_PROVIDERS": '{"openai": {"base_url": "http://127.0.0.1:9/v1"}}',
         }
     )
     assert s.exempt_paths == ["/api/v1/health", "/api/v1/ready"]
@@ -146,3 +148,114 @@ def test_connection_urls_stay_out_of_the_repr() -> None:
         environ={}, database_url="postgresql://u:hunter2@db/x", redis_url="redis://:hunter3@cache/0"
     )
     assert "hunter2" not in repr(s) and "hunter3" not in repr(s)
+
+
+# --- pydantic-settings' own sources: init > ORCH_ env > YAML > <PROVIDER>_API_KEY > defaults ---
+
+
+def test_nested_environment_variables() -> None:
+    s = Settings.load(
+        environ={
+            "ORCH_PROVIDERS__OPENAI__API_KEY": "sk-nested",
+            "ORCH_PROVIDERS__OPENAI__MODELS": '["a", "b"]',
+            "ORCH_FALLBACK_MODELS": '{"a": ["b"]}',
+        }
+    )
+    assert s.providers["openai"].api_key is not None
+    assert s.providers["openai"].api_key.get_secret_value() == "sk-nested"
+    assert s.providers["openai"].models == ["a", "b"]
+    assert s.fallback_models == {"a": ["b"]}
+
+
+def test_priority_across_all_five_sources(tmp_path: Path) -> None:
+    cfg = tmp_path / "orch.yaml"
+    cfg.write_text(
+        "port: 7000\nhost: 10.0.0.2\ninference_threads: 8\n"
+        "providers:\n"
+        "  openai: {base_url: 'http://127.0.0.1:9/v1'}\n"
+        "  anthropic: {api_key: ak-file}\n"
+    )
+    s = Settings.load(
+        environ={
+            "ORCH_CONFIG": str(cfg),
+            "ORCH_PORT": "7001",
+            "ORCH_HOST": "10.0.0.1",
+            "ORCH_PROVIDERS__OPENAI__MODELS": '["gpt-x"]',
+            "ORCH_PROVIDERS__ZHIPU__API_KEY": "zk-orch",
+            "OPENAI_API_KEY": "sk-env",
+            "ANTHROPIC_API_KEY": "ak-env",
+            "ZHIPU_API_KEY": "zk-env",
+        },
+        port=7002,
+    )
+    assert s.port == 7002  # init (CLI) > env > file
+    assert s.host == "10.0.0.1"  # env > file
+    assert s.inference_threads == 8  # file > default
+    assert s.agent_workers == 2  # default
+    openai = s.providers["openai"]  # file, env and provider key merged, not replaced
+    assert openai.base_url == "http://127.0.0.1:9/v1" and openai.models == ["gpt-x"]
+    assert openai.api_key is not None and openai.api_key.get_secret_value() == "sk-env"
+    anthropic, zhipu = s.providers["anthropic"].api_key, s.providers["zhipu"].api_key
+    assert anthropic is not None and anthropic.get_secret_value() == "ak-file"  # file > KEY
+    assert zhipu is not None and zhipu.get_secret_value() == "zk-orch"  # ORCH_ > KEY
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ORCH_EXEMPT_PATHS", "[/api/v1/health, /api/v1/ready]"),  # YAML, not JSON
+        ("ORCH_EXEMPT_PATHS", '["/api/v1/health"'),
+        ("ORCH_PROVIDERS__OPENAI__MODELS", "a,b"),
+    ],
+)
+def test_bad_json_in_the_environment_names_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name}\\b.*JSON"):
+        Settings.load(environ={name: value})
+
+
+def test_errors_name_the_field_and_its_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"ORCH_PORT \(environment\).*integer"):
+        Settings.load(environ={"ORCH_PORT": "abc"})
+    cfg = tmp_path / "orch.yaml"
+    cfg.write_text("port: abc\n")
+    with pytest.raises(ConfigError, match=rf"port \(config file {cfg}\).*integer"):
+        Settings.load(cfg, environ={})
+    with pytest.raises(ConfigError, match=r"port \(overrides\)"):
+        Settings.load(environ={}, port=0)
+
+
+def test_yaml_syntax_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("port: [1\n")
+    with pytest.raises(ConfigError, match=f"config file {bad} is not valid YAML"):
+        Settings.load(bad, environ={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        Settings.load(tmp_path, environ={})  # a directory
+
+
+def test_unknown_keys_are_refused_in_yaml_and_environment(tmp_path: Path) -> None:
+    cfg = tmp_path / "orch.yaml"
+    cfg.write_text("prot: 7000\n")
+    with pytest.raises(ConfigError, match=rf"prot \(config file {cfg}\).*not permitted"):
+        Settings.load(cfg, environ={})
+    with pytest.raises(ConfigError, match=r"ORCH_PROT \(environment\).*not a setting.*ORCH_PORT"):
+        Settings.load(environ={"ORCH_PROT": "7000"})
+    with pytest.raises(ConfigError, match=r"ORCH_PROVIDERS__OPENAI__APIKEY \(environment\)"):
+        Settings.load(environ={"ORCH_PROVIDERS__OPENAI__APIKEY": "sk"})
+    # The variables of the CLI and the SDK share the prefix: not settings, not refused.
+    s = Settings.load(
+        environ={"ORCH_API_KEY": "orch_x", "ORCH_BASE_URL": "http://x", "ORCH_APP_NAME": "a"}
+    )
+    assert s.port == 8000
+
+
+def test_empty_environment_values_are_unset() -> None:
+    assert Settings.load(environ={"ORCH_PORT": "", "ORCH_EXEMPT_PATHS": ""}).port == 8000
+
+
+def test_direct_construction_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_PORT", "9999")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    s = Settings(port=9000)
+    assert s.port == 9000 and s.providers == {}
+    assert Settings().port == 8000
