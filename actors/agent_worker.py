@@ -23,7 +23,7 @@ from orchestrator.db import Database, connect
 from orchestrator.events import EventStore, NewEvent
 from orchestrator.inference import ready_endpoints
 from orchestrator.memory import MemoryStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
 from orchestrator.providers import Gateway
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.toolset import service_tools
@@ -46,6 +46,7 @@ METRICS_FLUSH_S = 1.0
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class AgentWorker:
     def __init__(self, settings: Settings, index: int, generation: Generation) -> None:
+        configure_actor_logs(settings.log_format, settings.log_level)
         self._settings = settings
         self._generation = generation
         self._draining = False

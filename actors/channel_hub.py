@@ -30,7 +30,7 @@ from orchestrator.channels import (
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
 from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def hub_name(index: int) -> str:
 )
 class ChannelHub:
     def __init__(self, settings: Settings, index: int, shards: int, generation: Generation) -> None:
+        configure_actor_logs(settings.log_format, settings.log_level)
         self._generation = generation
         # httpx logs request URLs at INFO, and a Telegram URL holds the bot token.
         logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -19,7 +19,7 @@ from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import Event, EventServices, EventStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
 from orchestrator.runtime.supervisor import Supervisor
 
 KIND = "EventBus"
@@ -31,6 +31,7 @@ METRICS_FLUSH_S = 1.0
 )
 class EventBus:
     def __init__(self, settings: Settings, generation: Generation) -> None:
+        configure_actor_logs(settings.log_format, settings.log_level)
         self._settings = settings
         self._generation = generation
         self._services: EventServices | None = None

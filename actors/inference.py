@@ -26,6 +26,7 @@ from orchestrator.inference import (
     InstanceSupervisor,
     LaunchFailed,
 )
+from orchestrator.observability import configure_actor_logs
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class InferenceInstance:
     record and respawns the server, unless the record says stopped or failed."""
 
     def __init__(self, settings: Settings, instance_id: str) -> None:
+        configure_actor_logs(settings.log_format, settings.log_level)
         self._settings = settings
         self._id = instance_id
         self._host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]

@@ -19,7 +19,7 @@ from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import JobStore, SchedulerService
 
@@ -34,6 +34,7 @@ KIND = "Scheduler"
 )
 class Scheduler:
     def __init__(self, settings: Settings, generation: Generation, name: str = "") -> None:
+        configure_actor_logs(settings.log_format, settings.log_level)
         self._settings = settings
         self._generation = generation
         self._name = name or generation.name(KIND)

@@ -24,7 +24,7 @@ from actors.metrics import ActorMetricsHub
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
 
@@ -47,6 +47,7 @@ class WorkflowShard:
     (nobody needs to call it: a step that was running is dispatched again)."""
 
     def __init__(self, settings: Settings, index: int, shards: int, generation: Generation) -> None:
+        configure_actor_logs(settings.log_format, settings.log_level)
         self._settings = settings
         self._generation = generation
         self._index = index

@@ -121,7 +121,9 @@ async def build_context(
         ctx.started_at = started_at
     ctx.gateway = Gateway(settings, ctx.recorder, local=lambda: ready_endpoints(db.pool))
     stack.push_async_callback(ctx.gateway.aclose)
-    ctx.inference_log = InferenceLog(events, flush_s=settings.inference_log_flush_s)
+    ctx.inference_log = InferenceLog(
+        events, flush_s=settings.inference_log_flush_s, recorder=ctx.recorder
+    )
     return ctx
 
 

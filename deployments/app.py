@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,7 +9,6 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
-from ray.serve.schema import LoggingConfig
 
 from actors import Generation
 from actors.channel_hub import RayChannels
@@ -20,25 +18,12 @@ from actors.metrics import ActorMetricsHub
 from actors.workflow_shard import RayWorkflows
 from deployments.api import create_app
 from deployments.in_cluster import serve_request
+from deployments.logs import log_like_serve, serve_logging_config
 from deployments.runtime import runtime_deployment
 from orchestrator.config import Settings
 from orchestrator.sdk._in_cluster import HandleRequest, HandleResponse
 
 APP_NAME = "orchestrator"
-
-
-def _log_like_serve(level: str) -> None:
-    """Our loggers write where Serve writes this replica's log (logs/serve/replica_*.log,
-    with the request id), and at our level: without this their records reached no handler
-    and a 500's traceback was logged nowhere."""
-    handlers = logging.getLogger("ray.serve").handlers
-    for name in ("orchestrator", "deployments", "actors"):
-        ours = logging.getLogger(name)
-        ours.setLevel(level)
-        for handler in handlers:
-            if handler not in ours.handlers:
-                ours.addHandler(handler)
-        ours.propagate = False
 
 
 @serve.deployment(name="Api", max_ongoing_requests=256)
@@ -55,7 +40,7 @@ class Api:
         self._started_at = started_at
         self._generation = generation
         self._runtime = runtime  # bound so the Runtime deployment is part of the application
-        _log_like_serve(settings.log_level)
+        log_like_serve(settings)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         generation = self._generation
@@ -109,9 +94,7 @@ def build_app(args: dict[str, Any]) -> Application:
         num_replicas=settings.api_replicas,
         max_ongoing_requests=settings.api_max_ongoing_requests,
         ray_actor_options={"num_cpus": settings.api_replica_cpus},
-        logging_config=LoggingConfig(
-            enable_access_log=settings.access_log, log_level=settings.log_level
-        ),
+        logging_config=serve_logging_config(settings),
     )
     # One version of the application: its code and settings. Every actor it runs carries it
     # in its name, so a redeploy with other code or settings gets new actors.

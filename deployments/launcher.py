@@ -304,7 +304,11 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         t0 = time.monotonic()
         if settings.ray_address:
             progress(f"joining Ray cluster at {settings.ray_address}")
-            ray.init(address=settings.ray_address, namespace=NAMESPACE)
+            ray.init(
+                address=settings.ray_address,
+                namespace=NAMESPACE,
+                log_to_driver=settings.log_format == "text",
+            )
         else:
             progress(
                 "starting a local Ray cluster"
@@ -316,6 +320,9 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
                 namespace=NAMESPACE,
                 include_dashboard=settings.dashboard,
                 logging_level=logging.WARNING,
+                # JSON lines come from the workers' own files (logs/serve, logs/worker-*):
+                # echoed here they would be prefixed with the worker's name, not JSON.
+                log_to_driver=settings.log_format == "text",
             )
             dashboard_url = ray_context.dashboard_url
             ray_started = True
@@ -327,7 +334,9 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         from ray import serve
 
         from deployments.app import APP_NAME, build_app
+        from deployments.logs import driver_logs_like_ours, serve_logging_config
 
+        driver_logs_like_ours(settings)
         ingress_key = settings.ingress_key
         settings = state_up.result().model_copy(update={"ingress_key": ingress_key})
         if time.monotonic() - t0 >= 0.1:
@@ -338,12 +347,16 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         t0 = time.monotonic()
         url = f"http://{settings.host}:{settings.port}"
         try:
-            serve.start(http_options={"host": settings.host, "port": settings.port})
+            serve.start(
+                http_options={"host": settings.host, "port": settings.port},
+                logging_config=serve_logging_config(settings),
+            )
             serve.run(
                 build_app({"settings": settings, "started_at": time.time()}),
                 name=APP_NAME,
                 route_prefix="/",
                 blocking=False,
+                logging_config=serve_logging_config(settings),
             )
             _wait_ready(url, timeout_s=120)
         except Exception as exc:

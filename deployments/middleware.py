@@ -22,7 +22,7 @@ from orchestrator.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from orchestrator.observability import RouteTemplates
+from orchestrator.observability import RouteTemplates, log_access
 
 CLIENT_CLOSED = 499
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -136,12 +136,20 @@ class RequestContextMiddleware:
             target = f"{scope['method']} {scope['path']}"
             await internal_error_response(exc, request_id, target)(scope, receive, send_with_id)
         finally:
-            ctx.recorder.http_request(
-                scope["method"],
-                self._templates.match(scope["path"]),
-                CLIENT_CLOSED if status is None else status,
-                time.perf_counter() - started,
-            )
+            route = self._templates.match(scope["path"])
+            final = CLIENT_CLOSED if status is None else status
+            elapsed = time.perf_counter() - started
+            ctx.recorder.http_request(scope["method"], route, final, elapsed)
+            if ctx.settings.access_log:
+                principal = state.get("principal")
+                log_access(
+                    request_id=request_id,
+                    user=principal.user_uuid if principal is not None else None,
+                    method=scope["method"],
+                    route=route,
+                    status=final,
+                    duration_ms=elapsed * 1000,
+                )
 
 
 def _capped(receive: Receive, limit: int) -> Receive:

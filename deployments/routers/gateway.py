@@ -249,6 +249,7 @@ class _Call:
         interval = self.ctx.settings.stream_heartbeat_s
         end: MessageEnd | None = None
         tokens_out = 0
+        ttft_s: float | None = None
         finished = False
         try:
             if self.routed is None:
@@ -268,6 +269,8 @@ class _Call:
                             end = event
                         elif isinstance(event, BlockDelta):
                             tokens_out += 1  # deltas seen; the exact count comes with the end
+                            if ttft_s is None:
+                                ttft_s = time.perf_counter() - self.started
                         out.extend(frames(event))
                     if out:
                         yield b"".join(out)  # one write (through every middleware) per batch
@@ -299,6 +302,7 @@ class _Call:
                     duration_ms=self._elapsed_ms(),
                     finish_reason=end.stop_reason,
                     stream=True,
+                    ttft_s=ttft_s,
                 )
             elif not finished:
                 self._error(

@@ -1,5 +1,17 @@
 """Metrics recording per process and cluster-wide aggregation for /metrics and /slo."""
 
+from ._logs import (
+    ACCESS_LOGGER,
+    OUR_LOGGERS,
+    JsonFormatter,
+    LogFormat,
+    access_at_info,
+    configure_actor_logs,
+    configure_process_logs,
+    formatter,
+    log_access,
+    redact,
+)
 from ._paths import UNMATCHED, RouteTemplates
 from ._pusher import MetricsPusher
 from ._recorder import LATENCY_BUCKETS, MetricsRecorder, MetricsSnapshot, process_rss_bytes
@@ -7,8 +19,12 @@ from ._state import MetricsState, SloQuery, SloTargets
 from ._uptime import heartbeat, prune_heartbeats, uptime_ratio
 
 __all__ = [
+    "ACCESS_LOGGER",
     "LATENCY_BUCKETS",
+    "OUR_LOGGERS",
     "UNMATCHED",
+    "JsonFormatter",
+    "LogFormat",
     "MetricsPusher",
     "MetricsRecorder",
     "MetricsSnapshot",
@@ -16,8 +32,14 @@ __all__ = [
     "RouteTemplates",
     "SloQuery",
     "SloTargets",
+    "access_at_info",
+    "configure_actor_logs",
+    "configure_process_logs",
+    "formatter",
     "heartbeat",
+    "log_access",
     "process_rss_bytes",
     "prune_heartbeats",
+    "redact",
     "uptime_ratio",
 ]

@@ -43,6 +43,31 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 # Non-cumulative counts, one per LATENCY_BUCKETS bound plus a final +Inf slot.
 BucketCounts = tuple[int, ...]
 
+# The exported per-route request-duration histogram: coarser than LATENCY_BUCKETS (which
+# serve the SLO, summed over routes) because it is kept per route, method and status class,
+# and every bucket is a series. Bounds at 0.25/0.5/1 s bracket the latency target.
+HTTP_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+# Time to the first token of a gateway stream.
+TTFT_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+# Methods kept as label values; anything else a client sends is one label, OTHER.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+# (bucket counts, sum of seconds, count) over the bounds of one of the tuples above.
+Histogram = tuple[BucketCounts, float, int]
+
 
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
@@ -63,6 +88,12 @@ class MetricsSnapshot:
     http_seconds: dict[int, tuple[BucketCounts, int]] = field(default_factory=dict)
     # provider -> (bucket counts, sum of seconds, count).
     provider_latency: dict[str, tuple[BucketCounts, float, int]] = field(default_factory=dict)
+    # (method, route template, status class "2xx") -> request durations over HTTP_BUCKETS.
+    http_durations: dict[tuple[str, str, str], Histogram] = field(default_factory=dict)
+    # (model, provider, "in" | "out") -> gateway tokens since the last drain.
+    gateway_tokens: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # (model, provider) -> times to the first token of streams, over TTFT_BUCKETS.
+    gateway_ttft: dict[tuple[str, str], Histogram] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     # supervised task name -> restarts since the last drain.
     background_restarts: dict[str, int] = field(default_factory=dict)
@@ -89,9 +120,31 @@ def process_rss_bytes() -> int:
 _SLOTS = len(LATENCY_BUCKETS) + 1  # one extra for +Inf
 
 
-def bucket_index(seconds: float) -> int:
+def bucket_index(seconds: float, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> int:
     # bisect_left keeps Prometheus `le` semantics: a value equal to a bound lands in it.
-    return bisect_left(LATENCY_BUCKETS, seconds)
+    return bisect_left(bounds, seconds)
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx"
+
+
+class _Hist:
+    """A histogram being filled between drains."""
+
+    __slots__ = ("bounds", "buckets", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bucket_index(seconds, self.bounds)] += 1
+        self.total += seconds
+
+    def frozen(self) -> Histogram:
+        return tuple(self.buckets), self.total, sum(self.buckets)
 
 
 class MetricsRecorder:
@@ -108,6 +161,9 @@ class MetricsRecorder:
         self._requests: dict[tuple[str, str, int], int] = {}
         self._seconds: dict[int, tuple[list[int], list[int]]] = {}
         self._provider: dict[str, tuple[list[int], list[float]]] = {}
+        self._durations: dict[tuple[str, str, str], _Hist] = {}
+        self._tokens: dict[tuple[str, str, str], int] = {}
+        self._ttft: dict[tuple[str, str], _Hist] = {}
         self._events: dict[str, int] = {}
         self._restarts: dict[str, int] = {}
         self._breakers: dict[str, tuple[int, float]] = {}
@@ -120,8 +176,15 @@ class MetricsRecorder:
         return self._source
 
     def http_request(self, method: str, path: str, status: int, duration_s: float) -> None:
+        """One answered request; `path` is its route template (bounded label values)."""
+        method = method if method in HTTP_METHODS else "OTHER"
         key = (method, path, status)
         self._requests[key] = self._requests.get(key, 0) + 1
+        by_route = (method, path, status_class(status))
+        hist = self._durations.get(by_route)
+        if hist is None:
+            hist = self._durations[by_route] = _Hist(HTTP_BUCKETS)
+        hist.observe(duration_s)
         second = int(self._clock())
         slot = self._seconds.get(second)
         if slot is None:
@@ -136,6 +199,20 @@ class MetricsRecorder:
             hist = self._provider[provider] = ([0] * _SLOTS, [0.0])
         hist[0][bucket_index(seconds)] += 1
         hist[1][0] += seconds
+
+    def gateway_call(
+        self, model: str, provider: str, tokens_in: int, tokens_out: int, ttft_s: float | None
+    ) -> None:
+        """A completed gateway call (from the inference log's flusher, off the request
+        path); `ttft_s` for a stream that produced a token."""
+        for direction, n in (("in", tokens_in), ("out", tokens_out)):
+            key = (model, provider, direction)
+            self._tokens[key] = self._tokens.get(key, 0) + n
+        if ttft_s is not None:
+            hist = self._ttft.get((model, provider))
+            if hist is None:
+                hist = self._ttft[(model, provider)] = _Hist(TTFT_BUCKETS)
+            hist.observe(ttft_s)
 
     def circuit_breaker(self, provider: str, state: int) -> None:
         self._breakers[provider] = (state, self._clock())
@@ -161,6 +238,9 @@ class MetricsRecorder:
         requests, self._requests = self._requests, {}
         seconds, self._seconds = self._seconds, {}
         provider, self._provider = self._provider, {}
+        durations, self._durations = self._durations, {}
+        tokens, self._tokens = self._tokens, {}
+        ttft, self._ttft = self._ttft, {}
         events, self._events = self._events, {}
         restarts, self._restarts = self._restarts, {}
         return MetricsSnapshot(
@@ -172,6 +252,9 @@ class MetricsRecorder:
             provider_latency={
                 p: (tuple(b), total[0], sum(b)) for p, (b, total) in provider.items()
             },
+            http_durations={k: h.frozen() for k, h in durations.items()},
+            gateway_tokens=tokens,
+            gateway_ttft={k: h.frozen() for k, h in ttft.items()},
             events=events,
             background_restarts=restarts,
             circuit_breakers=dict(self._breakers),

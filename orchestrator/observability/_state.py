@@ -17,9 +17,19 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from ._recorder import LATENCY_BUCKETS, MetricsSnapshot
+from ._recorder import (
+    HTTP_BUCKETS,
+    LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    Histogram,
+    MetricsSnapshot,
+)
 
 _SLOTS = len(LATENCY_BUCKETS) + 1
+# Distinct (model, provider) pairs kept as label values; later ones are summed as model
+# "<other>", so clients naming models cannot grow the exposition without bound.
+MAX_MODEL_LABELS = 200
+OTHER_MODEL = "<other>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +79,10 @@ class MetricsState:
         self._window_s = window_s
         self._requests: dict[tuple[str, str, int], int] = {}
         self._provider: dict[str, _Histogram] = {}
+        self._durations: dict[tuple[str, str, str], _Histogram] = {}
+        self._tokens: dict[tuple[str, str, str], int] = {}
+        self._ttft: dict[tuple[str, str], _Histogram] = {}
+        self._models: set[tuple[str, str]] = set()
         self._events: dict[str, int] = {}
         self._restarts: dict[str, int] = {}
         self._gauges: dict[str, _SourceGauges] = {}
@@ -89,6 +103,13 @@ class MetricsState:
                 hist.buckets[i] += n
             hist.total += total
             hist.count += count
+        for route_key, frozen in snapshot.http_durations.items():
+            _add(self._durations, route_key, frozen, len(HTTP_BUCKETS))
+        for (model, provider, direction), n in snapshot.gateway_tokens.items():
+            tokens_key = (self._model(model, provider), provider, direction)
+            self._tokens[tokens_key] = self._tokens.get(tokens_key, 0) + n
+        for (model, provider), frozen in snapshot.gateway_ttft.items():
+            _add(self._ttft, (self._model(model, provider), provider), frozen, len(TTFT_BUCKETS))
         for second, (buckets, errors) in snapshot.http_seconds.items():
             slot = self._seconds.setdefault(second, ([0] * _SLOTS, [0]))
             for i, n in enumerate(buckets):
@@ -103,6 +124,14 @@ class MetricsState:
         # checkpoint is not emptied just because it is read later.
         self._latest = max(self._latest, snapshot.timestamp)
         self._prune(self._latest - self._window_s)
+
+    def _model(self, model: str, provider: str) -> str:
+        if (model, provider) in self._models:
+            return model
+        if len(self._models) < MAX_MODEL_LABELS:
+            self._models.add((model, provider))
+            return model
+        return OTHER_MODEL
 
     def _set_gauges(self, snapshot: MetricsSnapshot) -> None:
         self._gauges[snapshot.source] = _SourceGauges(
@@ -178,6 +207,26 @@ class MetricsState:
             del self._seconds[second]
 
 
+def _add(into: dict[Any, _Histogram], key: Any, hist: Histogram, bounds: int) -> None:
+    buckets, total, count = hist
+    into_hist = into.get(key)
+    if into_hist is None:
+        into_hist = into[key] = _Histogram(buckets=[0] * (bounds + 1))
+    for i, n in enumerate(buckets):
+        into_hist.buckets[i] += n
+    into_hist.total += total
+    into_hist.count += count
+
+
+def _cumulative(hist: _Histogram, bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    running = 0
+    for bound, n in zip((*bounds, float("inf")), hist.buckets, strict=True):
+        running += n
+        out.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+    return out
+
+
 def _objective(target: float, current: float, compliant: bool) -> dict[str, Any]:
     return {"target": float(target), "current": float(current), "compliant": compliant}
 
@@ -220,17 +269,39 @@ class _Collector(Collector):
             requests.add_metric((method, path, str(status)), n)
         yield requests
 
+        durations = HistogramMetricFamily(
+            "svc_http_request_duration_seconds",
+            "HTTP request duration by route template, method and status class",
+            labels=("method", "route", "status_class"),
+        )
+        for route_key, route_hist in sorted(state._durations.items()):
+            durations.add_metric(route_key, _cumulative(route_hist, HTTP_BUCKETS), route_hist.total)
+        yield durations
+
         latency = HistogramMetricFamily(
             "svc_provider_latency_seconds", "Provider call latency", labels=("provider",)
         )
         for provider, hist in sorted(state._provider.items()):
-            cumulative: list[tuple[str, float]] = []
-            running = 0
-            for bound, n in zip((*LATENCY_BUCKETS, float("inf")), hist.buckets, strict=True):
-                running += n
-                cumulative.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
-            latency.add_metric((provider,), cumulative, hist.total)
+            latency.add_metric((provider,), _cumulative(hist, LATENCY_BUCKETS), hist.total)
         yield latency
+
+        tokens = CounterMetricFamily(
+            "svc_gateway_tokens",
+            "Gateway tokens by model, provider and direction (in: prompt, out: completion)",
+            labels=("model", "provider", "direction"),
+        )
+        for tokens_key, count in sorted(state._tokens.items()):
+            tokens.add_metric(tokens_key, count)
+        yield tokens
+
+        ttft = HistogramMetricFamily(
+            "svc_gateway_ttft_seconds",
+            "Time from a gateway stream's request to its first token",
+            labels=("model", "provider"),
+        )
+        for model_key, ttft_hist in sorted(state._ttft.items()):
+            ttft.add_metric(model_key, _cumulative(ttft_hist, TTFT_BUCKETS), ttft_hist.total)
+        yield ttft
 
         breakers = GaugeMetricFamily(
             "svc_circuit_breaker_state",

@@ -25,6 +25,7 @@ import asyncpg
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.events import EventRejected, EventStore, NewEvent
+from orchestrator.observability import MetricsRecorder
 
 __all__ = ["InferenceLog"]
 
@@ -38,9 +39,18 @@ _STORE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, Orchest
 
 class InferenceLog:
     def __init__(
-        self, store: EventStore | None, *, flush_s: float = 0.05, max_pending: int = MAX_PENDING
+        self,
+        store: EventStore | None,
+        *,
+        flush_s: float = 0.05,
+        max_pending: int = MAX_PENDING,
+        recorder: MetricsRecorder | None = None,
     ) -> None:
         self._store = store
+        # Token and time-to-first-token metrics ride the same batches: the request path
+        # only appends a tuple; the flusher adds them to the recorder.
+        self._recorder = recorder
+        self._calls: list[tuple[str, str, int, int, float | None]] = []
         self._flush_s = flush_s
         self._max_pending = max_pending
         self._pending: list[NewEvent] = []
@@ -67,7 +77,11 @@ class InferenceLog:
         duration_ms: int,
         finish_reason: str,
         stream: bool,
+        ttft_s: float | None = None,
     ) -> None:
+        if self._recorder is not None:
+            self._calls.append((model, provider, tokens_in, tokens_out, ttft_s))
+            self._queued.set()
         self._emit(
             "inference.complete",
             user_uuid,
@@ -129,13 +143,22 @@ class InferenceLog:
         while True:
             await self._queued.wait()
             await asyncio.sleep(self._flush_s)  # let this window's records join the batch
+            self._record_calls()
             while self._pending:
+                self._record_calls()  # a store that is down must not hold metrics back
                 if await self._write_next():
                     failures = 0
                     continue
                 failures += 1
                 await asyncio.sleep(min(RETRY_MAX_S, self._flush_s * 2.0**failures))
+            self._record_calls()  # those that came while the batch was written
             self._queued.clear()
+
+    def _record_calls(self) -> None:
+        calls, self._calls = self._calls, []
+        if self._recorder is not None:
+            for model, provider, tokens_in, tokens_out, ttft_s in calls:
+                self._recorder.gateway_call(model, provider, tokens_in, tokens_out, ttft_s)
 
     async def _write_next(self) -> bool:
         """Write the next batch; False when it went back to the queue (store unavailable)."""
@@ -177,6 +200,7 @@ class InferenceLog:
     async def drain(self) -> None:
         """Write everything queued or in flight (shutdown, tests); a store that stays
         unavailable is given up on after a few attempts (logged)."""
+        self._record_calls()
         if self._writing is not None:
             await self._writing  # never raises: a failed batch is back in the queue
         for attempt in range(3):

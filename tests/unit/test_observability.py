@@ -152,7 +152,10 @@ def test_all_families_present_when_empty() -> None:
     # The parser drops the `_total` suffix from counter family names.
     assert types == {
         "svc_http_requests": "counter",
+        "svc_http_request_duration_seconds": "histogram",
         "svc_provider_latency_seconds": "histogram",
+        "svc_gateway_tokens": "counter",
+        "svc_gateway_ttft_seconds": "histogram",
         "svc_circuit_breaker_state": "gauge",
         "svc_active_workers": "gauge",
         "svc_memory_bytes": "gauge",

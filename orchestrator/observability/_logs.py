@@ -1,0 +1,136 @@
+"""Log lines an operator can ship as they are.
+
+`log_format: json` makes every line one JSON object: `time` (ISO 8601, UTC), `level`,
+`logger`, `message`, then whatever context the record carries (Serve adds the request id,
+route, deployment and replica in a replica; the access line adds its request fields). The
+access line is one per request, written by the HTTP middleware when `access_log` is on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from datetime import UTC, datetime
+from typing import Any, Literal, TextIO
+
+LogFormat = Literal["text", "json"]
+
+ACCESS_LOGGER = "orchestrator.access"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Our packages' loggers: what the service configures (and nothing of its libraries').
+OUR_LOGGERS = ("orchestrator", "deployments", "actors")
+
+# The access line's fields travel in one attribute and win over same-named context that a
+# filter (Serve's request context) sets on the record later.
+_ACCESS_ATTR = "orch_access"
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# A credential that reached a message by accident (an exception quoting a header, a URL
+# with a token) is masked: no log line may carry one.
+_SECRETS = re.compile(
+    r"(?i)(?P<lead>bearer\s+|authorization[\"':=\s]+(?:bearer\s+|basic\s+)?|x-api-key[\"':=\s]+"
+    r"|[?&](?:key|api_key|access_token|token)=)[^\s\"',;&]+"
+    r"|orch_[A-Za-z0-9_\-]{8,}"
+)
+
+
+def redact(text: str) -> str:
+    """`text` with bearer tokens, Authorization/x-api-key values and our tokens masked."""
+    return _SECRETS.sub(lambda m: (m.group("lead") or "") + "[redacted]", text)
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact(str(value))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (newlines inside are escaped)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": redact(record.getMessage()),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key != _ACCESS_ATTR and not key.startswith("_"):
+                entry[key] = _plain(value)
+        access = getattr(record, _ACCESS_ATTR, None)
+        if isinstance(access, dict):
+            entry.update(access)
+        if record.exc_info:
+            entry["exc"] = redact(self.formatException(record.exc_info))
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, default=str)
+
+
+def formatter(log_format: LogFormat) -> logging.Formatter:
+    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+
+
+def configure_process_logs(
+    log_format: LogFormat, level: str, stream: TextIO | None = None
+) -> logging.Handler:
+    """The root logger of this process writes `stream` (stderr) in `log_format`; our
+    loggers at `level`, libraries' at WARNING (httpx logs request URLs at INFO, and some
+    carry a key). What was configured before is replaced. Returns the handler."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(formatter(log_format))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    access_at_info()
+    return handler
+
+
+def access_at_info() -> None:
+    """Access lines are switched by `access_log`, not by `log_level`."""
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+
+
+def configure_actor_logs(log_format: LogFormat, level: str) -> None:
+    """In an actor's process, with json: its records go to the worker's stderr
+    (logs/worker-*.err) as JSON lines. With text, Ray's defaults stay as they were."""
+    if log_format == "json":
+        configure_process_logs(log_format, level)
+
+
+def log_access(
+    *,
+    request_id: str,
+    user: str | None,
+    method: str,
+    route: str,
+    status: int,
+    duration_ms: float,
+    logger: logging.Logger | None = None,
+) -> None:
+    """The request's access line: method, route template (never the raw path, which can
+    carry ids), status and duration; never a header."""
+    fields = {
+        "request_id": request_id,
+        "user": user,
+        "method": method,
+        "route": route,
+        "status": status,
+        "duration_ms": round(duration_ms, 3),
+    }
+    (logger or logging.getLogger(ACCESS_LOGGER)).info(
+        "%s %s %d %.1fms request_id=%s user=%s",
+        method,
+        route,
+        status,
+        duration_ms,
+        request_id,
+        user,
+        extra={_ACCESS_ATTR: fields},
+    )
