@@ -263,16 +263,6 @@ def _masked(value: Any) -> Any:
     return value
 
 
-def _unknown_env(environ: dict[str, str]) -> list[str]:
-    """ORCH_* variables that name no setting (a typo is otherwise silently ignored)."""
-    known = {name.upper() for name in Settings.model_fields} | {"CONFIG"}
-    return sorted(
-        var
-        for var in environ
-        if var.startswith("ORCH_") and var[5:].split("__")[0].upper() not in known
-    )
-
-
 def _cmd_config_check(args: argparse.Namespace) -> int:
     settings = _settings(args)  # exactly as `serve` reads them; invalid: ConfigError, exit 2
     effective = _masked(settings.model_dump(mode="json"))
@@ -282,8 +272,6 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
         import yaml
 
         print(yaml.safe_dump(effective, sort_keys=False), end="")
-    for var in _unknown_env(dict(os.environ)):
-        print(f"orchestrator: warning: {var} is not a setting (ignored)", file=sys.stderr)
     return 0
 
 
