@@ -352,7 +352,13 @@ class Settings(BaseSettings):
     )
     embedder_threads: int = Field(1, ge=1, description="CPU threads of the local embedder")
     memory_embedding_dim: int = Field(384, ge=1, description="Dimension of memory embeddings")
-    memory_agent_id_max: int = Field(128, ge=1, description="Longest agent_id")
+    memory_agent_id_max: int = Field(
+        128,
+        ge=1,
+        le=128,  # SPEC part 8's limit, which stored memory.* events are validated against
+        description="Longest agent_id of memory paths, tools and share (400 naming the field "
+        "above it); at most 128",
+    )
     memory_list_limit: int = Field(50, ge=1, description="Default list page")
     memory_search_limit: int = Field(20, ge=1, description="Default (vector) search results")
     memory_vector_threshold: float = Field(0.75, ge=0, le=1, description="Default similarity")

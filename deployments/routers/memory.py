@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from deployments.deps import AdminUser, Ctx, CurrentUser, Offset
@@ -23,15 +23,34 @@ Finite = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32
 MAX_TTL_MS = 10 * 366 * 86_400_000  # expiry times stay far inside bigint
 NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL: refused (400) at the door
 
-AgentId = Annotated[
-    str,
-    Path(
-        min_length=1,
-        max_length=128,
-        pattern=NO_NUL,
-        description="Namespace (`default` by convention)",
-    ),
-]
+
+def _check_agent_id(value: str, field: str, longest: int) -> str:
+    """400 naming the field for an agent id longer than `memory_agent_id_max`."""
+    if len(value) > longest:
+        message = f"at most {longest} characters (memory_agent_id_max)"
+        raise ValidationFailed(
+            f"{field}: {message}", extra={"fields": [{"field": field, "message": message}]}
+        )
+    return value
+
+
+async def _agent_id(
+    ctx: Ctx,
+    agent_id: Annotated[
+        str,
+        Path(
+            min_length=1,
+            pattern=NO_NUL,
+            description="Namespace (`default` by convention); at most memory_agent_id_max "
+            "(128) characters",
+        ),
+    ],
+) -> str:
+    # The bound is a setting, so it cannot be a static max_length on the path parameter.
+    return _check_agent_id(agent_id, "agent_id", ctx.settings.memory_agent_id_max)
+
+
+AgentId = Annotated[str, Depends(_agent_id)]
 Key = Annotated[str, Path(min_length=1, max_length=512, pattern=NO_NUL)]
 
 
@@ -120,8 +139,9 @@ class SimilarResults(BaseModel):
 class ShareBody(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
-    source: str = Field(alias="from", min_length=1, max_length=128, pattern=NO_NUL)
-    target: str = Field(alias="to", min_length=1, max_length=128, pattern=NO_NUL)
+    # At most memory_agent_id_max characters each (checked by the handler: a setting).
+    source: str = Field(alias="from", min_length=1, pattern=NO_NUL)
+    target: str = Field(alias="to", min_length=1, pattern=NO_NUL)
     pattern: str = Field(
         "*", min_length=1, max_length=512, pattern=NO_NUL, description="Glob over keys"
     )
@@ -162,6 +182,8 @@ async def decay(ctx: Ctx, _: AdminUser) -> Forgotten:
 @router.post("/memory/share", response_model=Copied)
 async def share(body: ShareBody, ctx: Ctx, _: AdminUser) -> Copied:
     """Admin: copy `from`'s entries whose key matches the glob `pattern` into `to`."""
+    _check_agent_id(body.source, "from", ctx.settings.memory_agent_id_max)
+    _check_agent_id(body.target, "to", ctx.settings.memory_agent_id_max)
     return Copied(copied=await _memory(ctx).share(body.source, body.target, body.pattern))
 
 

@@ -12,7 +12,6 @@ from orchestrator.auth import Principal
 from orchestrator.errors import OrchestratorError
 from orchestrator.memory._store import MemoryStore
 
-MAX_AGENT_ID = 128
 _AGENT = {"type": "string", "description": "Namespace (default: `default`)"}
 
 
@@ -23,10 +22,11 @@ def _store(ctx: ToolContext) -> tuple[MemoryStore, Principal]:
     return store, Principal(ctx.task.user_uuid)
 
 
-def _agent(args: dict[str, Any]) -> str:
+def _agent(ctx: ToolContext, args: dict[str, Any]) -> str:
     agent = str(args.get("agent_id") or "default")
-    if len(agent) > MAX_AGENT_ID:
-        raise ToolFailed(f"agent_id: at most {MAX_AGENT_ID} characters")
+    longest = ctx.settings.memory_agent_id_max
+    if len(agent) > longest:
+        raise ToolFailed(f"agent_id: at most {longest} characters (memory_agent_id_max)")
     return agent
 
 
@@ -47,7 +47,7 @@ async def _memory_store(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolFailed("'ttl' is milliseconds (a non-negative integer, at most ten years)")
     try:
         await store.store(
-            _agent(args), _text(args, "key"), _text(args, "value"), who, ttl_ms=ttl or None
+            _agent(ctx, args), _text(args, "key"), _text(args, "value"), who, ttl_ms=ttl or None
         )
     except OrchestratorError as exc:
         raise ToolFailed(exc.message) from exc
@@ -57,7 +57,7 @@ async def _memory_store(ctx: ToolContext, args: dict[str, Any]) -> str:
 async def _memory_get(ctx: ToolContext, args: dict[str, Any]) -> str:
     store, who = _store(ctx)
     try:
-        entry = await store.get(_agent(args), _text(args, "key"), who)
+        entry = await store.get(_agent(ctx, args), _text(args, "key"), who)
     except OrchestratorError as exc:
         raise ToolFailed(exc.message) from exc
     return entry.value
@@ -67,7 +67,7 @@ async def _memory_search(ctx: ToolContext, args: dict[str, Any]) -> str:
     store, who = _store(ctx)
     given = args.get("limit")
     limit = given if isinstance(given, int) else 5
-    found = await store.search(_agent(args), _text(args, "query"), who, max(1, min(limit, 50)))
+    found = await store.search(_agent(ctx, args), _text(args, "query"), who, max(1, min(limit, 50)))
     return json.dumps([{"key": e.key, "value": e.value} for e in found])
 
 

@@ -25,6 +25,7 @@ async def api(make_settings: Any) -> AsyncIterator[httpx.AsyncClient]:
 
 async def _user(c: httpx.AsyncClient, name: str) -> dict[str, str]:
     made = await c.post("/tokens", headers=ADMIN, json={"user_uuid": name})
+    assert made.status_code == 200, made.text
     return {"Authorization": f"Bearer {made.json()['token']}"}
 
 
@@ -362,3 +363,29 @@ async def test_share_replaces_a_same_named_entry_whole(api: httpx.AsyncClient) -
     # The admin's old vector went with its old value; Bob's same-named entry is his own.
     assert [(x["key"], x["value"]) for x in near_two] == [("a", "green")]
     assert (await api.get("/memory/dst/a", headers=bob)).json()["value"] == "green"
+
+
+async def test_agent_id_limit_is_the_setting(make_settings: Any) -> None:
+    """`memory_agent_id_max` (at most SPEC's 128) bounds agent ids on every memory path."""
+    async with ServedApp(make_settings(memory_agent_id_max=8, rate_limit_per_minute=0)) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
+            ann = await _user(c, "ann")
+            ok = await c.post(
+                "/memory/a2345678/store", headers=ann, json={"key": "k", "value": "v"}
+            )
+            assert ok.status_code == 200
+            for method, path in [
+                ("POST", "/memory/a23456789/store"),
+                ("GET", "/memory/a23456789/list"),
+                ("GET", "/memory/a23456789/k"),
+            ]:
+                r = await c.request(method, path, headers=ann, json={"key": "k", "value": "v"})
+                assert r.status_code == 400, (path, r.text)
+                body = r.json()
+                assert body["ok"] is False and body["code"] == "validation_error"
+                assert body["request_id"] and "memory_agent_id_max" in body["error"]
+                assert [f["field"] for f in body["fields"]] == ["agent_id"]
+            r = await c.post(
+                "/memory/share", headers=ADMIN, json={"from": "a2345678", "to": "b" * 9}
+            )
+            assert r.status_code == 400 and [f["field"] for f in r.json()["fields"]] == ["to"]

@@ -89,6 +89,7 @@ def test_configured_key_wins_over_environment() -> None:
     "bad",
     [
         {"port": 0},
+        {"memory_agent_id_max": 129},  # SPEC part 8: 128 at most
         {"no_such_key": 1},
         {"providers": {"nosuch": {}}},
         {"workspace_isolation": "everyone"},
