@@ -49,8 +49,10 @@ from orchestrator.inference import InferenceService, LocalInference, ready_endpo
 from orchestrator.marketplace import Marketplace
 from orchestrator.memory import MemoryStore, make_embedder
 from orchestrator.observability import (
+    LOG_FLUSH_S,
     MetricsRecorder,
     RouteTemplates,
+    flush_buffered_logs,
     heartbeat,
     prune_heartbeats,
 )
@@ -125,6 +127,10 @@ async def build_context(
         events, flush_s=settings.inference_log_flush_s, recorder=ctx.recorder
     )
     return ctx
+
+
+async def _flush_logs() -> None:
+    flush_buffered_logs()
 
 
 async def _every(seconds: float, what: str, fn: Callable[[], Awaitable[None]]) -> None:
@@ -291,6 +297,8 @@ def create_app(
         )
         # Gateway calls' inference.* records, written in batches after the responses.
         supervisor.spawn("inference-log", ctx.inference_log.run)
+        # Serve buffers a replica's log lines (1,000 at a time): written at least every second.
+        supervisor.spawn("log-flush", lambda: _every(LOG_FLUSH_S, "log flush", _flush_logs))
         if scheduler is not None:
             supervisor.spawn("scheduler", scheduler.run_forever)
         supervisor.spawn("heartbeat", lambda: _every(HEARTBEAT_S, "heartbeat", beat))

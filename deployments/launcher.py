@@ -301,6 +301,9 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         # Serve's environment is set: the app (ray.serve, FastAPI, ours) may be imported now,
         # in the state layer's thread once its servers are up, while this one starts Ray.
         state_up.may_import.set()
+        from deployments.logs import driver_logs_like_ours
+
+        driver_logs_like_ours(settings)  # Ray's logger prints from ray.init on
         if stop.is_set():
             return 0
         t0 = time.monotonic()

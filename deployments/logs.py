@@ -50,10 +50,13 @@ def log_like_serve(settings: Settings) -> None:
 
 
 def driver_logs_like_ours(settings: Settings) -> None:
-    """In `orchestrator serve`: Ray's and Serve's own loggers print in our format too (they
-    install handlers of their own on import and in ray.init)."""
+    """In `orchestrator serve`: Ray's and Serve's own loggers print through ours (the root
+    logger's JSON handler). Their handlers are removed, not reformatted: ray.init resets the
+    formatter of every handler the "ray" logger has to its text format."""
     if settings.log_format != "json":
         return
     for name in ("ray", SERVE_LOGGER):
-        for handler in logging.getLogger(name).handlers:
-            handler.setFormatter(JsonFormatter())
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True

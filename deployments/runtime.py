@@ -34,7 +34,7 @@ from actors.generation import (
 from actors.metrics import ActorMetricsHub
 from deployments.logs import log_like_serve, serve_logging_config
 from orchestrator.config import Settings
-from orchestrator.observability import MetricsPusher, MetricsRecorder
+from orchestrator.observability import MetricsPusher, MetricsRecorder, flush_buffered_logs
 from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ class Runtime:
         while True:
             await asyncio.sleep(KEEP_S)
             await replace_missing(self._generation, self._members, self._handles)
+            flush_buffered_logs()  # Serve buffers this replica's log lines
             with contextlib.suppress(Exception):  # the Metrics actor may be restarting
                 await self._pusher.flush()
 

@@ -2,12 +2,14 @@
 
 from ._logs import (
     ACCESS_LOGGER,
+    LOG_FLUSH_S,
     OUR_LOGGERS,
     JsonFormatter,
     LogFormat,
     access_at_info,
     configure_actor_logs,
     configure_process_logs,
+    flush_buffered_logs,
     formatter,
     log_access,
     redact,
@@ -21,6 +23,7 @@ from ._uptime import heartbeat, prune_heartbeats, uptime_ratio
 __all__ = [
     "ACCESS_LOGGER",
     "LATENCY_BUCKETS",
+    "LOG_FLUSH_S",
     "OUR_LOGGERS",
     "UNMATCHED",
     "JsonFormatter",
@@ -35,6 +38,7 @@ __all__ = [
     "access_at_info",
     "configure_actor_logs",
     "configure_process_logs",
+    "flush_buffered_logs",
     "formatter",
     "heartbeat",
     "log_access",

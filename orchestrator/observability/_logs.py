@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import re
 import sys
 from datetime import UTC, datetime
@@ -89,6 +90,8 @@ def configure_process_logs(
     for name in OUR_LOGGERS:
         logging.getLogger(name).setLevel(level)
     access_at_info()
+    # Python warnings print bare text on stderr: as records they are lines like the others.
+    logging.captureWarnings(log_format == "json")
     return handler
 
 
@@ -102,6 +105,21 @@ def configure_actor_logs(log_format: LogFormat, level: str) -> None:
     (logs/worker-*.err) as JSON lines. With text, Ray's defaults stay as they were."""
     if log_format == "json":
         configure_process_logs(log_format, level)
+
+
+# Serve's logger in a replica: its file handler sits behind a MemoryHandler that, in
+# throughput-optimized mode, writes only every 1,000 records (or on an ERROR).
+SERVE_LOGGER = "ray.serve"
+# How often a replica writes what Serve buffered: a quiet replica's lines are at most this
+# late in its log file, while a busy one still writes in batches.
+LOG_FLUSH_S = 1.0
+
+
+def flush_buffered_logs() -> None:
+    """Write what Serve's buffering handlers hold (called every LOG_FLUSH_S in a replica)."""
+    for handler in logging.getLogger(SERVE_LOGGER).handlers:
+        if isinstance(handler, logging.handlers.MemoryHandler):
+            handler.flush()
 
 
 def log_access(
