@@ -24,6 +24,11 @@ def test_grafana_dashboard_queries_only_exported_metrics() -> None:
     base = {re.sub(r"_(bucket|sum|count|total)$", "", m) for m in used}
     assert base <= exported, base - exported
     assert {"svc_http_requests", "svc_event", "svc_provider_latency_seconds"} <= base
+    assert {
+        "svc_http_request_duration_seconds",
+        "svc_gateway_tokens",
+        "svc_gateway_ttft_seconds",
+    } <= base
 
 
 def test_prometheus_config_scrapes_the_metrics_path() -> None:
