@@ -28,7 +28,6 @@ from pydantic_settings import (
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    SettingsError,
     YamlConfigSettingsSource,
 )
 
@@ -627,7 +626,9 @@ class _Environment(EnvSettingsSource):
         self._refuse_unknown()
         try:
             return super().__call__()
-        except SettingsError as exc:  # the library wraps what prepare_field_value raised
+        except ConfigError:
+            raise
+        except ValueError as exc:  # SettingsError, wrapping what prepare_field_value raised
             if isinstance(exc.__cause__, ConfigError):
                 raise exc.__cause__ from exc.__cause__.__cause__
             raise ConfigError(f"environment: {exc}") from exc

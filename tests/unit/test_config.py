@@ -210,8 +210,10 @@ def test_priority_across_all_five_sources(tmp_path: Path) -> None:
     ],
 )
 def test_bad_json_in_the_environment_names_the_variable(name: str, value: str) -> None:
-    with pytest.raises(ConfigError, match=f"{name}\\b.*JSON"):
+    with pytest.raises(ConfigError, match=f"{name}\\b") as caught:
         Settings.load(environ={name: value})
+    # pydantic-settings before 2.5 passes a nested list's bad JSON on to validation.
+    assert "not valid JSON" in str(caught.value) or "valid list" in str(caught.value)
 
 
 def test_errors_name_the_field_and_its_source(tmp_path: Path) -> None:
