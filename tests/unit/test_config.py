@@ -212,7 +212,8 @@ def test_priority_across_all_five_sources(tmp_path: Path) -> None:
 def test_bad_json_in_the_environment_names_the_variable(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"{name}\\b") as caught:
         Settings.load(environ={name: value})
-    # pydantic-settings before 2.5 passes a nested list's bad JSON on to validation.
+    # Older pydantic-settings (2.3.4 to 2.7.1 checked) pass a nested list's bad JSON on to
+    # validation, which names the variable too.
     assert "not valid JSON" in str(caught.value) or "valid list" in str(caught.value)
 
 
