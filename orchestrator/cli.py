@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from orchestrator.config import ConfigError, Settings
 from orchestrator.db import MigrationChanged
+from orchestrator.extras import check_configured
 from orchestrator.state import DataDirInUse, StateLayer
 
 EXIT_MIGRATION_CHANGED = 3
@@ -265,6 +266,7 @@ def _masked(value: Any) -> Any:
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
     settings = _settings(args)  # exactly as `serve` reads them; invalid: ConfigError, exit 2
+    check_configured(settings)  # and the extras they need, as `serve` checks them
     effective = _masked(settings.model_dump(mode="json"))
     if args.json:
         print(json.dumps(effective, indent=2))

