@@ -4,10 +4,14 @@ joined to the cluster call it through the application's deployment handle, not H
 
 - examples/in_cluster.py (what docs/sdk.md shows) runs a workflow as its token's user;
 - a bad token is a 401, another tenant's workflow a 404, and a token's rate limit is one
-  budget whether it is spent over HTTP or the handle.
+  budget whether it is spent over HTTP or the handle;
+- streams through the handle: `/sync-events` delivers each event while the stream is open,
+  resumes from Last-Event-ID, shows only the token's tenant, frees the replica's side when
+  the reader leaves (the open-stream gauge) and refuses a revoked token's reconnection; a
+  streamed chat completion arrives chunk by chunk.
 
-Streams over the handle are tested without Ray in tests/integration/test_in_cluster_wire.py
-(through a real Ray handle, a `/sync-events` read hung here: not yet understood)."""
+Every wait of the drivers is bounded (a reader thread and a queue: a handle read has no
+timeout of its own), so a stream that stalls fails the test instead of hanging it."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -22,6 +27,8 @@ import pytest
 
 from tests.e2e.test_generations import Cluster, Service, cluster
 from tests.e2e.test_serve import ROOT
+from tests.e2e.test_workflows import MODEL
+from tests.fakes.openai_server import FakeReply
 
 # A loaded machine: a driver joining the cluster and a fresh service's first workflow are slow.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -33,7 +40,10 @@ RATE = 30  # requests per token per minute
 @pytest.fixture(scope="module")
 def service(cluster: Cluster) -> Iterator[Service]:
     started = Service(
-        cluster, cluster.root / "in-cluster", settings={"rate_limit_per_minute": RATE}
+        cluster,
+        cluster.root / "in-cluster",
+        # Pings every second: a stream reader notices within a second that it may stop.
+        settings={"rate_limit_per_minute": RATE, "sse_ping_interval_s": 1},
     )
     started.work.mkdir(exist_ok=True)
     started.start()
@@ -44,11 +54,15 @@ def service(cluster: Cluster) -> Iterator[Service]:
         sys.stdout.write((started.work / "serve.log").read_text(errors="replace")[-3000:])
 
 
-def _token(service: Service, user: str) -> str:
+def _issued(service: Service, user: str) -> dict[str, Any]:
     with service.client() as admin:
         made = admin.post("/tokens", json={"user_uuid": user})
         assert made.status_code == 200, made.text
-        return str(made.json()["token"])
+        return dict(made.json())
+
+
+def _token(service: Service, user: str) -> str:
+    return str(_issued(service, user)["token"])
 
 
 def _driver(cluster: Cluster, args: list[str], **env: str) -> Any:
@@ -156,3 +170,231 @@ def test_auth_ownership_and_rate_limit_are_those_of_http(service: Service) -> No
     assert got["limited"] == [429, "rate_limited"]
     assert got["handle_ok"] == RATE - 5, got
     assert got["http_after"] == 429
+
+
+STREAMS = r"""
+import json, os, queue, re, sys, threading, time
+import httpx, ray
+from orchestrator.sdk import ApiError, Client
+from orchestrator.sdk._in_cluster import HANDLE_BASE_URL, ServeTransport, serve_handle
+
+url, admin, bob, cat, dan, dan_prefix = sys.argv[1:7]
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+BOUND = 90.0  # seconds for any one awaited thing: a stall fails here, it does not hang
+out = {}
+
+def step(what):  # where it is, if it fails
+    print(what, file=sys.stderr, flush=True)
+
+def fail(what):
+    print(f"timed out waiting for {what}; so far: {out}", file=sys.stderr, flush=True)
+    os._exit(3)  # a reader thread may be blocked in a handle read: do not wait for it
+
+def reading(body):
+    # `body(put)` reads a stream in a thread (a handle read blocks with no timeout) and
+    # puts what it reads; `take` waits for each item with a bound.
+    got = queue.Queue()
+    def run():
+        try:
+            body(got.put)
+        except BaseException as exc:
+            got.put(exc)
+        got.put(None)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return got, thread
+
+def take(got, what):
+    try:
+        item = got.get(timeout=BOUND)
+    except queue.Empty:
+        fail(what)
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+def until(check, what):
+    deadline = time.monotonic() + BOUND
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            fail(what)
+        time.sleep(0.2)
+    return found
+
+def auth(token):
+    return {"Authorization": f"Bearer {token}"}
+
+http = httpx.Client(base_url=url, headers=auth(admin), timeout=120)
+
+def sockets():  # the replicas' open SSE streams (GET /metrics flushes the replica's gauges)
+    text = http.get("/metrics").text
+    return int(float(re.search(r"^svc_stream_sockets (\S+)$", text, re.M).group(1)))
+
+def workflow(token, prompt):
+    made = http.post("/workflows", headers=auth(token),
+                     json={"name": "s", "steps": [{"name": "a", "prompt": prompt}]})
+    assert made.status_code == 200, made.text
+    return made.json()["id"]
+
+def raw(token):
+    return httpx.Client(transport=ServeTransport(serve_handle()), base_url=HANDLE_BASE_URL,
+                        headers=auth(token), timeout=30)
+
+out["sockets_before"] = sockets()
+
+step("live")
+# A raw stream through the handle: the head and the `connected` comment, then an event
+# committed while it is open arrives while it is open.
+enough = threading.Event()
+def live(put):
+    with raw(bob) as client, client.stream("GET", "/sync-events") as stream:
+        put(stream.headers["content-type"])
+        for text in stream.iter_text():
+            put(text)
+            if enough.is_set():
+                return
+got, reader = reading(live)
+out["type"] = take(got, "the head of the stream")
+seen = ""
+while ": connected" not in seen:
+    seen += take(got, "the connected comment")
+out["open"] = until(lambda: sockets() > out["sockets_before"], "the stream on the gauge") > 0
+bobs = workflow(bob, "[answer 3]")
+while not re.search(r"event: workflow:completed\ndata: [^\n]*" + bobs, seen):
+    seen += take(got, "bob's workflow events")
+positions = [int(p) for p in re.findall(r"^id: (\d+)$", seen, re.M)]
+out["live_events"] = len(positions)
+enough.set()
+reader.join(BOUND)
+out["reader_left"] = not reader.is_alive()
+out["freed"] = until(lambda: sockets() == out["sockets_before"], "the stream to be freed") or True
+
+step("resume")
+# Committed while nobody reads: bob's, and another tenant's. The SDK's iterator resumes
+# after the last event bob saw, then follows live ones; cat's never appear.
+last = max(positions)
+missed = workflow(bob, "[answer 4]")
+theirs = workflow(cat, "[answer 5]")
+with Client(url, token=admin) as admin_sdk:
+    for wid in (missed, theirs):
+        until(lambda: admin_sdk.workflow(wid).finished, "a workflow to finish")
+later = {}
+def follow(put):
+    with Client.in_cluster(bob, max_retries=0) as sdk:
+        for event in sdk.sync_events(last_event_id=last):
+            put(event)
+            if later and event.data.get("workflow_id") == later["id"] and "completed" in event.type:
+                return  # leaving the SDK's iterator early: it closes the handle stream
+got, reader = reading(follow)
+events = []
+while not any(e.data.get("workflow_id") == missed and "completed" in e.type for e in events):
+    events.append(take(got, "the missed workflow, replayed"))
+out["replayed_first"] = events[0].position > last and events[0].data.get("workflow_id") == missed
+later["id"] = workflow(bob, "[answer 6]")
+while not (events and events[-1].data.get("workflow_id") == later["id"]
+           and "completed" in events[-1].type):
+    item = take(got, "bob's next workflow, live")
+    if item is None:
+        fail("the SDK iterator ended")
+    events.append(item)
+out["resumed"] = [e.position for e in events] == sorted({e.position for e in events})
+out["users"] = sorted({e.user_uuid for e in events})
+out["theirs_seen"] = any(e.data.get("workflow_id") == theirs for e in events)
+reader.join(BOUND)
+out["sdk_left"] = not reader.is_alive()
+out["sdk_freed"] = until(lambda: sockets() == out["sockets_before"], "the SDK stream freed") or True
+
+step("revoked")
+# dan's stream is open when the token is revoked: reconnecting is refused, as over HTTP.
+stop_dan = threading.Event()
+def dans(put):
+    with raw(dan) as client, client.stream("GET", "/sync-events") as stream:
+        for text in stream.iter_text():
+            put(text)
+            if stop_dan.is_set():
+                return
+got, reader = reading(dans)
+seen = ""
+while ": connected" not in seen:
+    seen += take(got, "dan's stream")
+assert http.delete(f"/tokens/{dan_prefix}").status_code == 200
+def refused():
+    with Client.in_cluster(dan, max_retries=0) as sdk:
+        try:
+            next(sdk.sync_events(reconnect=False))
+        except ApiError as exc:
+            return [exc.status, exc.code]
+    return None
+out["reconnect"] = until(refused, "the revoked token refused")
+stop_dan.set()
+reader.join(BOUND)
+print(json.dumps(out))
+"""
+
+
+def test_sync_events_through_the_handle(service: Service) -> None:
+    bob, cat = (_token(service, user) for user in ("sbob", "scat"))
+    dan = _issued(service, "sdan")
+    admin = (service.work / "data" / "admin_token").read_text().strip()
+    args = [service.url, admin, bob, cat, dan["token"], dan["prefix"]]
+    got = _driver(service.cluster, ["-c", STREAMS, *args])
+    assert got["type"].startswith("text/event-stream")
+    assert got["open"] and got["live_events"] >= 2  # started ... completed, while open
+    assert got["reader_left"] and got["freed"]
+    assert got["replayed_first"] and got["resumed"]
+    assert got["users"] == ["sbob"] and not got["theirs_seen"]
+    assert got["sdk_left"] and got["sdk_freed"]
+    assert got["reconnect"] == [401, "unauthorized"]
+
+
+CHAT = r"""
+import json, os, queue, sys, threading, time
+import ray
+from orchestrator.sdk import Client
+
+token, model = sys.argv[1:3]
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+got = queue.Queue()
+
+def read():  # in a thread: each chunk is awaited with a bound below
+    try:
+        with Client.in_cluster(token, max_retries=0) as sdk:
+            messages = [{"role": "user", "content": "count"}]
+            for chunk in sdk.chat_completion_stream(messages, model=model):
+                got.put((time.monotonic(), chunk.model_dump(mode="json")))
+    except BaseException as exc:
+        got.put(repr(exc))
+    got.put(None)
+
+threading.Thread(target=read, daemon=True).start()
+chunks = []
+while True:
+    try:
+        item = got.get(timeout=90)
+    except queue.Empty:
+        print(f"timed out after {len(chunks)} chunks", file=sys.stderr, flush=True)
+        os._exit(3)
+    if item is None:
+        break
+    assert not isinstance(item, str), item
+    chunks.append(item)
+start = chunks[0][0]
+text = "".join(c["choices"][0]["delta"].get("content") or "" for _, c in chunks if c["choices"])
+print(json.dumps({"at": [t - start for t, _ in chunks], "text": text}))
+"""
+
+PIECES = 6  # chunks of the scripted answer
+DELAY_S = 1.0  # the fake's pause between them
+
+
+def test_a_streamed_completion_arrives_chunk_by_chunk(service: Service) -> None:
+    text = "one two three four five six "
+    service.cluster.llm.script(
+        [FakeReply(text=text, text_chunk=len(text) // PIECES, delay_s=DELAY_S)]
+    )
+    got = _driver(service.cluster, ["-c", CHAT, _token(service, "chatty"), MODEL])
+    assert got["text"] == text
+    # The fake pauses DELAY_S between chunks: passed on as they come, they are read with
+    # those pauses between them; held back, all after the first would come in one burst.
+    pauses = [b - a for a, b in pairwise(got["at"])]
+    assert sum(p >= DELAY_S / 2 for p in pauses) >= PIECES - 2, got["at"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -17,33 +18,60 @@ from fastapi import FastAPI
 from deployments import in_cluster
 from deployments.api import create_app
 from deployments.in_cluster import serve_request
-from orchestrator.sdk._in_cluster import HANDLE_BASE_URL, AsyncServeTransport, HandleRequest
+from orchestrator.sdk import ApiError
+from orchestrator.sdk._in_cluster import (
+    HANDLE_BASE_URL,
+    AsyncServeTransport,
+    HandleRequest,
+    in_cluster_async_client,
+)
 from tests.conftest import ADMIN_TOKEN, ServedApp
+from tests.fakes.openai_server import FakeReply, OpenAIFake
 
 INGRESS_KEY = "ingress-key-0123456789abcdef0123"
 
 
 class _Answer:
-    """What `handle.options(stream=True).remote()` gives: an async iterator with cancel()."""
+    """What `handle.options(stream=True).remote()` gives: an async iterator with cancel().
+    As on a Serve replica, the method's generator runs on its own (its items queue up for
+    the caller), and cancel() cancels it: a CancelledError at its await."""
+
+    _END = object()
 
     def __init__(self, items: AsyncIterator[Any]) -> None:
-        self._items = items
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(items))
         self.cancelled = False
-        self.closed = False
+
+    async def _run(self, items: AsyncIterator[Any]) -> None:
+        try:
+            async for item in items:
+                await self._queue.put(item)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, as Serve does
+            self._queue.put_nowait(exc)
+        finally:
+            self._queue.put_nowait(self._END)
+
+    @property
+    def closed(self) -> bool:
+        """The replica's side ended (its generator finished or was cancelled)."""
+        return self._task.done()
 
     def __aiter__(self) -> _Answer:
         return self
 
     async def __anext__(self) -> Any:
-        return await self._items.__anext__()
+        item = await self._queue.get()
+        if item is self._END:
+            self._queue.put_nowait(item)
+            raise StopAsyncIteration
+        if isinstance(item, Exception):
+            raise item
+        return item
 
     def cancel(self) -> None:
         self.cancelled = True
-        self._closing = asyncio.get_running_loop().create_task(self._close())
-
-    async def _close(self) -> None:
-        await self._items.aclose()  # type: ignore[attr-defined]
-        self.closed = True
+        self._task.cancel()
 
 
 class LoopHandle:
@@ -154,10 +182,11 @@ async def test_a_stream_arrives_in_chunks_and_leaving_it_ends_it(make_settings) 
                 assert stream.headers["content-type"].startswith("text/event-stream")
                 await admin.post("/tokens", json={"user_uuid": "carl"})
                 seen = ""
-                async for text in stream.aiter_text():
-                    seen += text
-                    if "data:" in seen:
-                        break
+                async with asyncio.timeout(30):  # a stalled stream fails, it does not hang
+                    async for text in stream.aiter_text():
+                        seen += text
+                        if "data:" in seen:
+                            break
             assert "data:" in seen
             answer = handle.answers[0]
             assert answer.cancelled
@@ -180,3 +209,102 @@ async def test_bodies_go_both_ways_whole(make_settings, size: int) -> None:
             assert put.status_code == 200, put.text
             got = await admin.post("/workspace/read", json={"path": "big.txt"})
             assert got.status_code == 200 and got.json()["content"] == text
+
+
+async def _grant(admin: httpx.AsyncClient, user: str) -> dict[str, Any]:
+    """A token for `user`: its grant is an event on `user`'s stream."""
+    response = await admin.post("/tokens", json={"user_uuid": user})
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+async def _events_until(events: Any, wanted: Any, bound: float = 30) -> list[Any]:
+    """Events from the SDK iterator up to the first `wanted(event)`, each awaited with a
+    bound (a stalled stream fails instead of hanging); the iterator is then closed."""
+    seen: list[Any] = []
+    try:
+        while not seen or not wanted(seen[-1]):
+            seen.append(await asyncio.wait_for(events.__anext__(), bound))
+    finally:
+        await events.aclose()
+    return seen
+
+
+async def _handle_side_ended(handle: LoopHandle) -> None:
+    """Every answer of the handle ended or was closed, and no request of it is running."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while in_cluster._finishing or not all(a.closed for a in handle.answers):
+        assert asyncio.get_running_loop().time() < deadline, in_cluster._finishing
+        await asyncio.sleep(0.02)
+
+
+async def test_sync_events_resume_tenancy_and_revocation_over_the_handle(make_settings) -> None:
+    settings = make_settings()
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        handle = LoopHandle(app, None)
+        async with _client(handle, ADMIN_TOKEN) as admin:
+            bob = await _grant(admin, "bob")
+            await _grant(admin, "ann")  # another tenant's event, between bob's
+            again = await _grant(admin, "bob")
+        sdk = in_cluster_async_client(bob["token"], handle=handle, max_retries=0)
+        async with sdk:
+            # From the start: bob's grants only, in order.
+            first = await _events_until(
+                sdk.sync_events(last_event_id=0), lambda e: e.data.get("user_uuid") == "bob"
+            )
+            assert {e.user_uuid for e in first} == {"bob"}
+            # Resumed after the first: the next grant of bob's, ann's skipped.
+            resumed = await _events_until(
+                sdk.sync_events(last_event_id=first[-1].position),
+                lambda e: e.type == "audit.permission_grant",
+            )
+            assert resumed[0].position > first[-1].position
+            assert {e.user_uuid for e in resumed} == {"bob"}
+            # Following from there (the stream may open before or after the next grants:
+            # from its Last-Event-ID nothing is missed): ann's never shows, bob's does.
+            events = sdk.sync_events(last_event_id=resumed[-1].position)
+            pending = asyncio.ensure_future(events.__anext__())
+            async with _client(handle, ADMIN_TOKEN) as admin:
+                await _grant(admin, "ann")
+                late = await _grant(admin, "bob")
+                got = await asyncio.wait_for(pending, 30)
+                assert got.user_uuid == "bob" and got.type == "audit.permission_grant"
+                await events.aclose()
+                await _handle_side_ended(handle)
+                # Revoked: reconnecting with the last event seen is refused, as over HTTP.
+                revoked = await admin.delete(f"/tokens/{bob['prefix']}")
+                assert revoked.status_code == 200, revoked.text
+            with pytest.raises(ApiError) as refused:
+                await sdk.sync_events(last_event_id=got.position).__anext__()
+            assert (refused.value.status, refused.value.code) == (401, "unauthorized")
+        assert again["user_uuid"] == late["user_uuid"] == "bob"
+
+
+async def test_a_streamed_completion_comes_chunk_by_chunk_over_the_handle(make_settings) -> None:
+    pieces, delay = 5, 0.2
+    async with OpenAIFake(api_key="sk-openai") as oai:
+        settings = make_settings(
+            providers={
+                "openai": {"base_url": oai.base_url, "api_key": "sk-openai", "models": ["gpt-4o"]}
+            },
+            rate_limit_per_minute=0,
+        )
+        app = create_app(settings)
+        text = "one two three four five "
+        oai.script([FakeReply(text=text, text_chunk=len(text) // pieces, delay_s=delay)])
+        async with app.router.lifespan_context(app):
+            handle = LoopHandle(app, None)
+            async with in_cluster_async_client(ADMIN_TOKEN, handle=handle) as sdk:
+                loop = asyncio.get_running_loop()
+                messages = [{"role": "user", "content": "hi"}]
+                stream = sdk.chat_completion_stream(messages, model="gpt-4o")
+                arrived: list[tuple[float, str]] = []
+                async for chunk in stream:
+                    content = chunk.choices[0].delta.get("content") if chunk.choices else None
+                    arrived.append((loop.time(), content or ""))
+        assert "".join(c for _, c in arrived) == text
+        # The fake pauses `delay` between chunks: passed on as they come, they are read with
+        # those pauses between them; held back, all after the first would come in one burst.
+        pauses = [b[0] - a[0] for a, b in pairwise(arrived)]
+        assert sum(p >= delay / 2 for p in pauses) >= pieces - 2, arrived
