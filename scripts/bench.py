@@ -84,6 +84,7 @@ for _module in (
     "scheduler",
     "memory",
     "coldstart",
+    "telemetry",
     "suite",
 ):
     importlib.import_module(f"benchmarks.{_module}")

@@ -36,8 +36,16 @@ _SECRETS = re.compile(
 )
 
 
+# Substrings every match contains (lowercased): a cheap test that spares most lines the
+# regular expression (8 us a message; a JSON access line costs ~15 us in all).
+_MARKERS = ("bearer", "authorization", "api-key", "key=", "token=", "orch_")
+
+
 def redact(text: str) -> str:
     """`text` with bearer tokens, Authorization/x-api-key values and our tokens masked."""
+    lowered = text.lower()
+    if not any(marker in lowered for marker in _MARKERS):
+        return text
     return _SECRETS.sub(lambda m: (m.group("lead") or "") + "[redacted]", text)
 
 
