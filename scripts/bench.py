@@ -9,6 +9,7 @@
     python scripts/bench.py scheduler [--json] [--jobs 1000] [--interval-ms 20000]
     python scripts/bench.py memory [--json] [--entries 100000] [--queries 300] [--store-only]
     python scripts/bench.py coldstart [--json] [--runs 1]
+    python scripts/bench.py telemetry [--json] [--requests 200000]
     python scripts/bench.py mixed [--json] [--duration 15] [--alone]
     python scripts/bench.py all [--report bench-report.json] [--skip a,b]
 
@@ -43,6 +44,10 @@ no embedder, an embedding given) against single-row INSERT commits interleaved w
 
 `coldstart` times `orchestrator serve` to the first 200 of `GET /api/v1/ready`, on a fresh
 data directory and on a restart, against importing the service's modules.
+
+`telemetry` measures in-process what request telemetry costs per request: the request metrics
+(counter, SLO buckets, per-route histogram) and the access line as JSON and as text into a
+buffered file, against the counter and SLO buckets alone.
 
 `mixed` runs workflows, chat completions, memory writes/reads and a live event stream at once
 on one service (with `--alone`, each alone first, for the ratio); `all` runs every benchmark
