@@ -209,10 +209,19 @@ class AsyncClient:
         return await self._send(_calls.whoami())
 
     async def create_token(
-        self, user_uuid: str, admin: bool = False, description: str = ""
+        self,
+        user_uuid: str,
+        admin: bool = False,
+        description: str = "",
+        *,
+        expires_in: int | None = None,
+        expires_at: int | None = None,
     ) -> TokenCreated:
-        """Issue a token for `user_uuid` (admin only)."""
-        return await self._send(_calls.create_token(user_uuid, admin, description))
+        """Issue a token for `user_uuid` (admin only); it expires `expires_in` seconds from
+        now or at `expires_at` (Unix ms), never when neither is given."""
+        return await self._send(
+            _calls.create_token(user_uuid, admin, description, expires_in, expires_at)
+        )
 
     async def revoke_token(self, prefix: str) -> TokenRevoked:
         return await self._send(_calls.revoke_token(prefix))

@@ -130,8 +130,18 @@ def whoami() -> Call[WhoAmI]:
     return Call("GET", "/whoami", model_of(WhoAmI))
 
 
-def create_token(user_uuid: str, admin: bool, description: str) -> Call[TokenCreated]:
-    body = {"user_uuid": user_uuid, "admin": admin, "description": description}
+def create_token(
+    user_uuid: str,
+    admin: bool,
+    description: str,
+    expires_in: int | None = None,
+    expires_at: int | None = None,
+) -> Call[TokenCreated]:
+    body: dict[str, Any] = {"user_uuid": user_uuid, "admin": admin, "description": description}
+    if expires_in is not None:
+        body["expires_in"] = expires_in
+    if expires_at is not None:
+        body["expires_at"] = expires_at
     return Call("POST", "/tokens", model_of(TokenCreated), body=body)
 
 

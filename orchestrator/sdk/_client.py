@@ -215,10 +215,19 @@ class Client:
         return self._send(_calls.whoami())
 
     def create_token(
-        self, user_uuid: str, admin: bool = False, description: str = ""
+        self,
+        user_uuid: str,
+        admin: bool = False,
+        description: str = "",
+        *,
+        expires_in: int | None = None,
+        expires_at: int | None = None,
     ) -> TokenCreated:
-        """Issue a token for `user_uuid` (admin only)."""
-        return self._send(_calls.create_token(user_uuid, admin, description))
+        """Issue a token for `user_uuid` (admin only); it expires `expires_in` seconds from
+        now or at `expires_at` (Unix ms), never when neither is given."""
+        return self._send(
+            _calls.create_token(user_uuid, admin, description, expires_in, expires_at)
+        )
 
     def revoke_token(self, prefix: str) -> TokenRevoked:
         return self._send(_calls.revoke_token(prefix))

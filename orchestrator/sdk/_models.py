@@ -182,6 +182,7 @@ class TokenCreated(ApiModel):
     prefix: str
     user_uuid: str
     admin: bool
+    expires_at: int | None = None  # Unix ms; None: never
 
 
 class TokenRevoked(ApiModel):

@@ -1,6 +1,7 @@
 """The SDK against the real app (uvicorn on loopback, real Postgres and Redis)."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -19,6 +20,10 @@ async def test_sync_and_async_clients_against_the_real_api(make_settings) -> Non
                 assert api.whoami().admin is True
                 created = api.create_token("dora", description="sdk test")
                 assert created.user_uuid == "dora" and not created.admin
+                assert created.expires_at is None
+                brief = api.create_token("dora", expires_in=3600)
+                assert brief.expires_at is not None
+                assert abs(brief.expires_at - (time.time() + 3600) * 1000) < 60_000
                 assert "svc_http_requests_total" in api.metrics()
                 assert set(api.slo().model_dump()) >= {"latency_p99", "uptime_7d", "error_rate"}
                 with pytest.raises(ApiError) as info:
