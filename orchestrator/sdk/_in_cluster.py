@@ -19,8 +19,12 @@ through `serve_handle`, which imports Ray only when called.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import threading
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +96,63 @@ def _streaming(handle: Any) -> Any:
     return handle.options(method_name=HANDLE_METHOD, stream=True)
 
 
+# A handle read has no timeout of its own. httpx's read timeout (`Client(timeout=...)`) is
+# kept as over HTTP: no head, or no chunk of a stream, within it is a `httpx.ReadTimeout`
+# and the request is cancelled, so a stalled replica never holds its caller forever (a live
+# `/sync-events` sends a ping every `sse_ping_interval_s`, 15 s by default). Blocking reads
+# wait in these threads; one per read in progress, idle ones exit.
+_readers: ThreadPoolExecutor | None = None
+_readers_lock = threading.Lock()
+_END = object()  # the answer has no more items (StopIteration cannot cross a future)
+
+
+def _read_timeout(request: httpx.Request) -> float | None:
+    timeout = request.extensions.get("timeout", {})
+    read = timeout.get("read") if isinstance(timeout, dict) else None
+    return float(read) if read is not None else None
+
+
+def _timed_out(request: httpx.Request, answer: Any, timeout: float) -> httpx.ReadTimeout:
+    answer.cancel()  # the replica's side stops, as when a connection is closed
+    return httpx.ReadTimeout(
+        f"the Api deployment sent nothing for {timeout:g} s ({request.method} {request.url.path})",
+        request=request,
+    )
+
+
+def _next_item(answer: Any) -> Any:
+    try:
+        return next(answer)
+    except StopIteration:
+        return _END
+
+
+def _read(request: httpx.Request, answer: Any) -> Any:
+    """The answer's next item (or `_END`) within the request's read timeout."""
+    timeout = _read_timeout(request)
+    if timeout is None:
+        return _next_item(answer)
+    global _readers
+    with _readers_lock:
+        if _readers is None:
+            _readers = ThreadPoolExecutor(64, thread_name_prefix="orch-handle-read")
+    pending = _readers.submit(_next_item, answer)
+    try:
+        return pending.result(timeout)
+    except FutureTimeout:
+        raise _timed_out(request, answer, timeout) from None
+
+
+async def _aread(request: httpx.Request, answer: Any) -> Any:
+    timeout = _read_timeout(request)
+    try:
+        return await asyncio.wait_for(answer.__anext__(), timeout)
+    except StopAsyncIteration:
+        return _END
+    except TimeoutError:
+        raise _timed_out(request, answer, timeout or 0.0) from None
+
+
 def _response(request: httpx.Request, head: Any, stream: Any) -> httpx.Response:
     if not isinstance(head, HandleResponse):
         raise httpx.RemoteProtocolError(
@@ -102,7 +163,8 @@ def _response(request: httpx.Request, head: Any, stream: Any) -> httpx.Response:
 
 
 class _Chunks(httpx.SyncByteStream):
-    def __init__(self, first: bytes, more: bool, rest: Any) -> None:
+    def __init__(self, request: httpx.Request, first: bytes, more: bool, rest: Any) -> None:
+        self._request = request
         self._first = first
         self._more = more
         self._rest = rest
@@ -111,9 +173,11 @@ class _Chunks(httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         if self._first:
             yield self._first
-        if self._more:
-            for chunk in self._rest:
-                yield bytes(chunk)
+        while self._more:
+            chunk = _read(self._request, self._rest)
+            if chunk is _END:
+                break
+            yield bytes(chunk)
         self._done = True
 
     def close(self) -> None:
@@ -125,7 +189,8 @@ class _Chunks(httpx.SyncByteStream):
 
 
 class _AsyncChunks(httpx.AsyncByteStream):
-    def __init__(self, first: bytes, more: bool, rest: Any) -> None:
+    def __init__(self, request: httpx.Request, first: bytes, more: bool, rest: Any) -> None:
+        self._request = request
         self._first = first
         self._more = more
         self._rest = rest
@@ -134,9 +199,11 @@ class _AsyncChunks(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._first:
             yield self._first
-        if self._more:
-            async for chunk in self._rest:
-                yield bytes(chunk)
+        while self._more:
+            chunk = await _aread(self._request, self._rest)
+            if chunk is _END:
+                break
+            yield bytes(chunk)
         self._done = True
 
     async def aclose(self) -> None:
@@ -154,10 +221,10 @@ class ServeTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         answer = self._handle.remote(_wire(request, request.read()))
-        head = next(answer)
+        head = _read(request, answer)
         more = isinstance(head, HandleResponse) and head.more
         first = head.body if isinstance(head, HandleResponse) else b""
-        return _response(request, head, _Chunks(first, more, answer))
+        return _response(request, head, _Chunks(request, first, more, answer))
 
 
 class AsyncServeTransport(httpx.AsyncBaseTransport):
@@ -168,10 +235,10 @@ class AsyncServeTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         answer = self._handle.remote(_wire(request, await request.aread()))
-        head = await answer.__anext__()
+        head = await _aread(request, answer)
         more = isinstance(head, HandleResponse) and head.more
         first = head.body if isinstance(head, HandleResponse) else b""
-        return _response(request, head, _AsyncChunks(first, more, answer))
+        return _response(request, head, _AsyncChunks(request, first, more, answer))
 
 
 def in_cluster_client(
