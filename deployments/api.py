@@ -24,6 +24,7 @@ from deployments.context import (
 from deployments.errors import install_error_handlers
 from deployments.middleware import RequestContextMiddleware
 from deployments.routers import ROUTERS
+from deployments.ui import mount as mount_ui
 from orchestrator.agents import AgentRunner, LocalDispatcher
 from orchestrator.auth import (
     Authenticator,
@@ -331,6 +332,8 @@ def create_app(
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router, prefix=API_PREFIX)
+    # The web console's static files (no token: its data calls are the API's own, above).
+    mount_ui(app)
     templates = RouteTemplates(
         [API_PREFIX + route.path for router in ROUTERS for route in router.routes]  # type: ignore[attr-defined]
         + [app.openapi_url or "", app.docs_url or ""]

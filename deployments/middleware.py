@@ -31,6 +31,19 @@ _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 WEBHOOK_PREFIX = "/api/v1/channels/webhook/"
 
 
+def _public(path: str, exempt: list[str]) -> bool:
+    """Served without a bearer token: the exempt paths, a channel's webhook (it carries its
+    own credential: the token in the path, then the platform's signature, checked by its
+    handler) and the web console's static files (its data calls are the API's, with the
+    token)."""
+    return (
+        path in exempt
+        or path.startswith(WEBHOOK_PREFIX)
+        or path == "/ui"
+        or path.startswith("/ui/")
+    )
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -90,9 +103,7 @@ class RequestContextMiddleware:
             ):
                 raise MisdirectedRequest("this request did not come through this service's proxy")
             path = scope["path"]
-            # A channel's webhook carries its own credential (the token in the path, then
-            # the platform's signature), checked by its handler.
-            if path not in ctx.settings.exempt_paths and not path.startswith(WEBHOOK_PREFIX):
+            if not _public(path, ctx.settings.exempt_paths):
                 credentials = _credentials(scope)
                 # Only a presented credential costs a lookup: those failures are throttled.
                 address = (
