@@ -74,8 +74,8 @@ def _with_headers(response: Response) -> Response:
 async def _serve(request: Request, prefix: str = UI_PREFIX) -> Response:
     rest = request.path_params.get("rest", "")
     if request.method not in ("GET", "HEAD"):
-        err = MethodNotAllowed(f"{request.method} not allowed on the console's files")
-        response = error_response(err, request_id_of(request))
+        refused = MethodNotAllowed(f"{request.method} not allowed on the console's files")
+        response = error_response(refused, request_id_of(request))
         response.headers["Allow"] = "GET, HEAD"
         return _with_headers(response)
     found = _find(rest)
