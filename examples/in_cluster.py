@@ -8,8 +8,8 @@ can join the cluster the service runs on, as a driver:
 
 or as a Ray job (`ray job submit --working-dir . -- python examples/in_cluster.py "Say hi"`,
 with ORCH_API_KEY in the job's runtime_env). ORCH_APP_NAME names the Serve application
-(default `orchestrator`). It runs a one-step workflow with the prompt, waits for it and
-prints the workflow as JSON.
+(default `orchestrator`). It runs a one-step workflow with the prompt, follows the
+workflow's events over the handle until it ends and prints the workflow as JSON.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
+from contextlib import closing
 
 import ray
 
 from orchestrator.sdk import Client
+
+ENDS = {"workflow.completed", "workflow.failed", "workflow.cancelled"}
 
 
 def main(prompt: str) -> None:
@@ -31,10 +33,14 @@ def main(prompt: str) -> None:
     with Client.in_cluster(app_name=app_name) as api:  # the token: $ORCH_API_KEY
         me = api.whoami()
         made = api.create_workflow("in-cluster", [{"name": "answer", "prompt": prompt}])
-        wait = 0.2
-        while not (workflow := api.workflow(made.id)).finished:
-            time.sleep(wait)
-            wait = min(wait * 1.5, 2.0)  # gently: polls count against the rate limit
+        # The workflow's events from its first: those already committed are replayed, then
+        # the stream follows, so none is missed and nothing is polled. Closing the stream
+        # (`closing`) ends it on the replica too.
+        with closing(api.sync_events(made.id, from_seq=1)) as events:
+            for event in events:
+                if event.type in ENDS:
+                    break
+        workflow = api.workflow(made.id)
         print(json.dumps({"user": me.user_uuid, "workflow": workflow.model_dump(mode="json")}))
 
 
