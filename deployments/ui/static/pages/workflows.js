@@ -1,0 +1,281 @@
+// Workflows: the list (status filter, live status) and one workflow's page (steps as a
+// timeline with the model and tool calls of each attempt, children as a tree, cancel and
+// delete, live from /sync-events).
+import { html, useCallback, useEffect, useRef, useState } from "../vendor/preact-htm.module.js";
+import { api, stream } from "../api.js";
+import { Button, Empty, ErrorBox, Field, Json, StatusBadge, Table, Time, duration } from "../components.js";
+
+const STATES = ["", "pending", "running", "completed", "failed", "cancelled"];
+const WORKFLOW_TYPES = [
+  "workflow.started", "workflow.completed", "workflow.failed", "workflow.cancelled",
+  "workflow.step_started", "workflow.step_completed", "workflow.step_failed", "workflow.compensating",
+];
+// What an attempt's agent did (aggregate `<workflow>:<step>:<attempt>`).
+const CALL_TYPES = ["agent.turn_started", "agent.turn_completed", "audit.tool_executed", "audit.tool_denied", "task.failed"];
+
+// Coalesce bursts of live events into one reload.
+function useDebounced(fn, ms) {
+  const timer = useRef(null);
+  useEffect(() => () => clearTimeout(timer.current), []);
+  return useCallback(() => {
+    clearTimeout(timer.current);
+    timer.current = setTimeout(fn, ms);
+  }, [fn, ms]);
+}
+
+function LiveState({ state }) {
+  return html`<span class=${`live live-${state}`} data-testid="live-state">${state === "open" ? "live" : state}</span>`;
+}
+
+function List({ params }) {
+  const [status, setStatus] = useState(params.query.status || "");
+  const [page, setPage] = useState(null);
+  const [offset, setOffset] = useState(0);
+  const [error, setError] = useState(null);
+  const [live, setLive] = useState("closed");
+  const limit = 50;
+
+  const load = useCallback(async () => {
+    try {
+      setPage(await api("GET", "/workflows", { query: { status, limit, offset } }));
+      setError(null);
+    } catch (e) {
+      setError(e);
+    }
+  }, [status, offset]);
+  const reload = useDebounced(load, 250);
+
+  useEffect(() => {
+    load();
+    const s = stream("/sync-events", { types: WORKFLOW_TYPES.slice(0, 4).join(",") }, {
+      onEvent: (ev) => ev.type !== "error" && reload(),
+      onState: (st) => {
+        setLive(st);
+        if (st === "open") reload(); // whatever changed while (re)connecting
+      },
+    });
+    return () => s.close();
+  }, [load]);
+
+  const columns = [
+    { key: "id", label: "Id", render: (w) => html`<a href=${`#/workflows/${encodeURIComponent(w.id)}`} data-testid="wf-link">${w.id}</a>` },
+    { key: "name", label: "Name", render: (w) => html`<span data-testid="wf-name">${w.name}</span>` },
+    { key: "status", label: "Status", render: (w) => html`<${StatusBadge} status=${w.status} testid="wf-row-status" />` },
+    { key: "parent_id", label: "Parent", render: (w) => w.parent_id && html`<a href=${`#/workflows/${encodeURIComponent(w.parent_id)}`}>${w.parent_id}</a>` },
+    { key: "created_at", label: "Created", render: (w) => html`<${Time} ms=${w.created_at} />` },
+    { key: "updated_at", label: "Updated", render: (w) => html`<${Time} ms=${w.updated_at} />` },
+  ];
+  return html`<section>
+    <div class="toolbar">
+      <h1>Workflows</h1>
+      <${Field} label="Status">
+        <select value=${status} data-testid="wf-filter-status" onChange=${(e) => {
+          setOffset(0);
+          setStatus(e.target.value);
+        }}>
+          ${STATES.map((s) => html`<option key=${s} value=${s}>${s || "any"}</option>`)}
+        </select>
+      <//>
+      <${LiveState} state=${live} />
+    </div>
+    <${ErrorBox} error=${error} />
+    ${page && html`<${Table} testid="wf-table" columns=${columns} rows=${page.data} rowKey=${(w) => w.id}
+      empty="No workflows." />
+      <p class="muted">${page.total} in all
+        ${offset > 0 && html` <button class="btn btn-link" onClick=${() => setOffset(Math.max(0, offset - limit))}>newer</button>`}
+        ${offset + limit < page.total && html` <button class="btn btn-link" onClick=${() => setOffset(offset + limit)}>older</button>`}
+      </p>`}
+  </section>`;
+}
+
+// The calls an attempt's agent made, from its events.
+function Calls({ events }) {
+  if (!events || events.length === 0) return null;
+  return html`<ul class="calls" data-testid="step-calls">
+    ${events.map((e) => {
+      const d = e.data || {};
+      let text;
+      if (e.type === "agent.turn_started") text = `turn ${d.turn}: model ${d.model}`;
+      else if (e.type === "agent.turn_completed") text = `turn ${d.turn} done: ${d.tokens_in} in / ${d.tokens_out} out tokens, ${d.tool_calls} tool call(s)`;
+      else if (e.type === "audit.tool_executed") text = `tool ${d.tool} ${d.ok ? "ok" : "failed"} (${duration(d.duration_ms)})`;
+      else if (e.type === "audit.tool_denied") text = `tool ${d.tool} refused: ${d.reason}`;
+      else text = `${e.type}: ${d.error || ""}`;
+      return html`<li key=${e.position} data-testid="step-call">${text}</li>`;
+    })}
+  </ul>`;
+}
+
+function Step({ step, attempts }) {
+  return html`<li class=${`st-${step.status}`} data-testid="wf-step" data-step=${step.name}>
+    <div class="step-head">
+      <span class="step-name">${step.name}</span>
+      <${StatusBadge} status=${step.status} testid="step-status" />
+      ${attempts.map(
+        (a) => html`<span key=${a.attempt} class="muted" data-testid="step-attempt">attempt ${a.attempt}
+          ${a.duration_ms !== undefined ? ` - ${duration(a.duration_ms)}` : ""}
+          ${a.started ? html` - <${Time} ms=${a.started} />` : ""}</span>`,
+      )}
+    </div>
+    ${attempts.map((a) => html`<${Calls} key=${a.attempt} events=${a.calls} />`)}
+    ${step.result !== undefined && html`<${Json} value=${step.result} testid="step-output" />`}
+    ${step.error && html`<div class="error-box" data-testid="step-error">${step.error}</div>`}
+  </li>`;
+}
+
+// Children as a tree (each child's own children, a few levels down).
+async function loadTree(ids, depth, budget) {
+  const out = [];
+  for (const id of ids) {
+    if (budget.left-- <= 0) break;
+    try {
+      const d = await api("GET", `/workflows/${encodeURIComponent(id)}`);
+      const kids = depth < 3 ? await loadTree(d.children || [], depth + 1, budget) : [];
+      out.push({ id, name: d.name, status: d.status, children: kids });
+    } catch (e) {
+      out.push({ id, name: "", status: e.code || "unknown", children: [] });
+    }
+  }
+  return out;
+}
+
+function Tree({ nodes }) {
+  if (!nodes || nodes.length === 0) return null;
+  return html`<ul class="tree">
+    ${nodes.map(
+      (n) => html`<li key=${n.id} data-testid="wf-child">
+        <a href=${`#/workflows/${encodeURIComponent(n.id)}`}>${n.id}</a> ${n.name} <${StatusBadge} status=${n.status} />
+        <${Tree} nodes=${n.children} />
+      </li>`,
+    )}
+  </ul>`;
+}
+
+// Per step name: its attempts, each with start time, duration and the agent's calls.
+function attemptsOf(events, callsByTask, id) {
+  const by = {};
+  for (const e of events) {
+    const d = e.data || {};
+    if (!d.step || !e.type.startsWith("workflow.step_")) continue;
+    const list = (by[d.step] = by[d.step] || []);
+    let a = list.find((x) => x.attempt === (d.attempt ?? 1));
+    if (!a) {
+      a = { attempt: d.attempt ?? 1, calls: callsByTask[`${id}:${d.step}:${d.attempt ?? 1}`] || [] };
+      list.push(a);
+    }
+    if (e.type === "workflow.step_started") a.started = e.timestamp;
+    if (e.type === "workflow.step_completed") a.duration_ms = d.duration_ms;
+  }
+  return by;
+}
+
+function Detail({ params }) {
+  const id = params.id;
+  const [detail, setDetail] = useState(null);
+  const [events, setEvents] = useState([]);
+  const [calls, setCalls] = useState({});
+  const [tree, setTree] = useState([]);
+  const [error, setError] = useState(null);
+  const [live, setLive] = useState("closed");
+  const [gone, setGone] = useState(false);
+  const children = useRef(new Set());
+
+  const load = useCallback(async () => {
+    try {
+      const d = await api("GET", `/workflows/${encodeURIComponent(id)}`);
+      const evs = (await api("GET", "/events", { query: { aggregate: id, limit: 1000 } })).data;
+      const byTask = {};
+      const tasks = new Set();
+      for (const e of evs) {
+        if (e.type === "workflow.step_started") tasks.add(`${id}:${e.data.step}:${e.data.attempt ?? 1}`);
+      }
+      await Promise.all(
+        [...tasks].map(async (t) => {
+          const r = await api("GET", "/events", { query: { aggregate: t, types: CALL_TYPES.join(","), limit: 200 } });
+          byTask[t] = r.data;
+        }),
+      );
+      children.current = new Set(d.children || []);
+      setTree(await loadTree(d.children || [], 1, { left: 50 }));
+      setDetail(d);
+      setEvents(evs);
+      setCalls(byTask);
+      setError(null);
+    } catch (e) {
+      if (e.status === 404) setGone(true);
+      setError(e);
+    }
+  }, [id]);
+  const reload = useDebounced(load, 200);
+
+  useEffect(() => {
+    load();
+    // One stream for the workflow's own events, its steps' agent calls and its children's:
+    // picked out here. On a reconnect it resumes after the last event seen (Last-Event-ID).
+    const s = stream("/sync-events", { types: [...WORKFLOW_TYPES, ...CALL_TYPES].join(",") }, {
+      onEvent: (ev) => {
+        const e = ev.data || {};
+        const d = e.data || {};
+        const agg = String(e.aggregate_id || "");
+        if (d.workflow_id === id || agg.startsWith(`${id}:`) || children.current.has(d.workflow_id) || d.parent_id === id) {
+          reload();
+        }
+      },
+      onState: (st) => {
+        setLive(st);
+        if (st === "open") reload();
+      },
+    });
+    return () => s.close();
+  }, [id]);
+
+  const cancel = async () => {
+    try {
+      await api("POST", `/workflows/${encodeURIComponent(id)}/cancel`);
+      await load();
+    } catch (e) {
+      setError(e);
+    }
+  };
+  const remove = async () => {
+    try {
+      await api("DELETE", `/workflows/${encodeURIComponent(id)}`);
+      window.location.hash = "#/workflows";
+    } catch (e) {
+      setError(e);
+    }
+  };
+
+  if (gone) return html`<section><h1>${id}</h1><${ErrorBox} error=${error} /><a href="#/workflows">All workflows</a></section>`;
+  if (!detail) return html`<section><h1>${id}</h1><${ErrorBox} error=${error} /><p class="muted">Loading...</p></section>`;
+  const attempts = attemptsOf(events, calls, id);
+  const done = events.find((e) => e.type === "workflow.completed");
+  const active = detail.status === "pending" || detail.status === "running";
+  return html`<section data-testid="wf-detail">
+    <div class="toolbar">
+      <h1 data-testid="wf-title">${detail.name}</h1>
+      <${StatusBadge} status=${detail.status} testid="wf-status" />
+      <${LiveState} state=${live} />
+      ${active && html`<${Button} kind="danger" confirm="Cancel this workflow?" onClick=${cancel} testid="wf-cancel">Cancel<//>`}
+      ${!active && html`<${Button} kind="danger" confirm="Delete this workflow?" onClick=${remove} testid="wf-delete">Delete<//>`}
+    </div>
+    <div class="meta">
+      <span data-testid="wf-id">${detail.id}</span>
+      <span>created <${Time} ms=${detail.created_at} /></span>
+      <span>updated <${Time} ms=${detail.updated_at} /></span>
+      ${detail.parent_id && html`<span>parent <a href=${`#/workflows/${encodeURIComponent(detail.parent_id)}`}>${detail.parent_id}</a></span>`}
+      <a href=${`#/events?aggregate=${encodeURIComponent(detail.id)}`}>events</a>
+    </div>
+    <${ErrorBox} error=${error} />
+    ${detail.error && html`<div class="error-box" data-testid="wf-error">${detail.error}</div>`}
+    <h2>Steps</h2>
+    ${detail.steps.length === 0 ? html`<${Empty} text="No steps." />` : html`<ol class="timeline" data-testid="wf-steps">
+      ${detail.steps.map((s) => html`<${Step} key=${s.name} step=${s} attempts=${attempts[s.name] || []} />`)}
+    </ol>`}
+    ${done && html`<h2>Output</h2><${Json} value=${done.data.output ?? ""} testid="wf-output" />`}
+    ${tree.length > 0 && html`<h2>Children</h2><div data-testid="wf-children"><${Tree} nodes=${tree} /></div>`}
+  </section>`;
+}
+
+export default function Page({ params }) {
+  return params.id ? html`<${Detail} key=${params.id} params=${params} />` : html`<${List} params=${params} />`;
+}
