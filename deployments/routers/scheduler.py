@@ -5,6 +5,7 @@ detail is visible to admins and to its creator. Jobs live in Postgres; the Sched
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
@@ -87,13 +88,36 @@ class JobStatus(BaseModel):
     next_run: int | None = None
 
 
+class PreviewBody(BaseModel):
+    """A schedule as create takes it, without the job: what would its next runs be?"""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str | None = Field(None, max_length=200, description="5-field cron expression")
+    every: StrictInt | None = Field(None, description="Interval in ms")
+    at: StrictInt | None = Field(None, description="Unix ms, in the future")
+    schedule: str | None = Field(None, max_length=200, description="Natural language")
+    tz: str | None = Field(None, max_length=64, description="IANA time zone (UTC)")
+    count: int = Field(5, ge=1, le=50, description="How many next runs")
+
+
+class SchedulePreview(BaseModel):
+    status: Literal["ok"] = "ok"
+    schedule_type: str
+    cron_expr: str | None = None
+    interval_ms: int | None = None
+    at: int | None = None
+    tz: str
+    next_runs: list[int] = Field(description="Unix ms, soonest first; fewer for an `at` job")
+
+
 def _bad(field: str, message: str) -> ValidationFailed:
     return ValidationFailed(
         f"{field}: {message}", extra={"fields": [{"field": field, "error": message}]}
     )
 
 
-def _schedule(body: JobCreate) -> Schedule:
+def _schedule(body: JobCreate | PreviewBody) -> Schedule:
     given = [k for k in ("cron", "every", "at", "schedule") if getattr(body, k) is not None]
     if len(given) != 1:
         raise _bad(
@@ -101,7 +125,8 @@ def _schedule(body: JobCreate) -> Schedule:
             "invalid schedule: give exactly one of cron, every, at or schedule"
             + (f" (got {', '.join(given)})" if given else ""),
         )
-    tz = body.tz or (body.opts.tz if body.opts else None)
+    opts = body.opts if isinstance(body, JobCreate) else None
+    tz = body.tz or (opts.tz if opts else None)
     try:
         if body.cron is not None:
             return cron(body.cron, tz)
@@ -146,6 +171,31 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> JobCreated
     )
     job = await ctx.jobs.create(spec, caller.user_uuid, ctx.settings.max_scheduled_jobs)
     return JobCreated(id=job.id, next_run=job.next_run)
+
+
+@router.post("/schedules/preview", response_model=SchedulePreview)
+async def preview_schedule(body: PreviewBody, _: AdminUser) -> SchedulePreview:
+    """Admin, as creating is. The next `count` runs of a job with this schedule created now,
+    by the scheduler's own schedule code (the console's create form shows them); nothing is
+    stored. A bad schedule is the 400 create would give."""
+    schedule = _schedule(body)
+    now = int(time.time() * 1000)
+    runs: list[int] = []
+    after = now
+    while len(runs) < body.count:
+        nxt = schedule.next_after(after, anchor_ms=now)
+        if nxt is None:
+            break
+        runs.append(nxt)
+        after = nxt
+    return SchedulePreview(
+        schedule_type=schedule.type,
+        cron_expr=schedule.cron_expr,
+        interval_ms=schedule.interval_ms,
+        at=schedule.at_ms,
+        tz=schedule.tz,
+        next_runs=runs,
+    )
 
 
 @router.get("/schedules", response_model=JobPage)

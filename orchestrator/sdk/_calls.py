@@ -54,6 +54,7 @@ from orchestrator.sdk._models import (
     ReportFiled,
     ReportPage,
     ReportsDismissed,
+    SchedulePreview,
     SimilarResults,
     SkillDeleted,
     SkillDetail,
@@ -225,6 +226,18 @@ def create_schedule(
         delete_after_run=delete_after_run or None,
     )
     return Call("POST", "/schedules", model_of(JobCreated), body=body)
+
+
+def preview_schedule(
+    cron: str | None,
+    every: int | None,
+    at: int | None,
+    schedule: str | None,
+    tz: str | None,
+    count: int | None,
+) -> Call[SchedulePreview]:
+    body = query(cron=cron, every=every, at=at, schedule=schedule, tz=tz, count=count)
+    return Call("POST", "/schedules/preview", model_of(SchedulePreview), body=body)
 
 
 def schedules(page: int, per_page: int | None) -> Call[JobPage]:

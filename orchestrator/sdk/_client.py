@@ -72,6 +72,7 @@ from orchestrator.sdk._models import (
     ReportFiled,
     ReportPage,
     ReportsDismissed,
+    SchedulePreview,
     SimilarResults,
     Skill,
     SkillDeleted,
@@ -294,6 +295,19 @@ class Client:
             prompt, name, cron, every, at, schedule, tz, model, opts, delete_after_run
         )
         return self._send(call)
+
+    def preview_schedule(
+        self,
+        *,
+        cron: str | None = None,
+        every: int | None = None,
+        at: int | None = None,
+        schedule: str | None = None,
+        tz: str | None = None,
+        count: int | None = None,
+    ) -> SchedulePreview:
+        """The next `count` (5) runs of a job with this schedule created now; stores nothing."""
+        return self._send(_calls.preview_schedule(cron, every, at, schedule, tz, count))
 
     def schedules(self, page: int = 1, per_page: int | None = None) -> JobPage:
         """One page; `iter_schedules` walks them all."""

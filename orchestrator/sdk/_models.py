@@ -74,6 +74,7 @@ __all__ = [
     "ReportFiled",
     "ReportPage",
     "ReportsDismissed",
+    "SchedulePreview",
     "SimilarEntry",
     "SimilarResults",
     "Skill",
@@ -304,6 +305,18 @@ class JobStatus(ApiModel):
     status: str
     id: int
     next_run: int | None = None
+
+
+class SchedulePreview(ApiModel):
+    """The next runs a job with a schedule would have if created now (nothing stored)."""
+
+    status: str = "ok"
+    schedule_type: str
+    cron_expr: str | None = None
+    interval_ms: int | None = None
+    at: int | None = None
+    tz: str
+    next_runs: list[int]
 
 
 # --- events (SPEC part 2 / part 4 "Events") -------------------------------------------------

@@ -26,6 +26,7 @@ ADMIN_ONLY = {
     ("POST", "/api/v1/marketplace/dismiss/{name}"),
     ("POST", "/api/v1/discover"),
     ("POST", "/api/v1/schedules"),
+    ("POST", "/api/v1/schedules/preview"),
     ("DELETE", "/api/v1/schedules/{job_id}"),
     ("POST", "/api/v1/schedules/{job_id}/pause"),
     ("POST", "/api/v1/schedules/{job_id}/unpause"),

@@ -49,6 +49,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/events"): "events",
     ("GET", "/sync-events"): "sync_events",
     ("POST", "/schedules"): "create_schedule",
+    ("POST", "/schedules/preview"): "preview_schedule",
     ("GET", "/schedules"): "schedules",
     ("GET", "/schedules/{job_id}"): "schedule",
     ("DELETE", "/schedules/{job_id}"): "delete_schedule",
