@@ -1,7 +1,7 @@
 // The shell: sign-in, navigation, a hash router loading one page module per route, sign-out
 // and an error banner. Pages are `pages/<name>.js`, each `export default function Page({route,
 // params, user})`.
-import { html, render, useEffect, useState } from "./vendor/preact-htm.module.js";
+import { html, render, useEffect, useRef, useState } from "./vendor/preact-htm.module.js";
 import { ApiError, clearToken, onUnauthorized, setToken, token, whoami } from "./api.js";
 import { ErrorBox } from "./components.js";
 
@@ -114,9 +114,14 @@ function App() {
       .finally(() => setChecking(false));
   }, []);
 
+  // A token that stops working (revoked, expired) signs the user out, saying why; a wrong
+  // token typed at sign-in is the form's own error.
+  const signedIn = useRef(false);
+  signedIn.current = Boolean(user);
   useEffect(
     () =>
       onUnauthorized((err) => {
+        if (!signedIn.current) return;
         clearToken();
         setUser(null);
         setExpired(err);

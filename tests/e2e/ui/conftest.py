@@ -1,0 +1,122 @@
+"""Browser fixtures for the web console (tests/e2e/ui): one service per test module started as
+`scripts/serve` starts it (tests/e2e/test_workflows.py `running`), its agents answered by a
+loopback OpenAI-format model, and Debian's chromium driven by Playwright.
+
+`signed_in_page(token)` opens a fresh browser context (its own sessionStorage) on /ui and
+signs in through the form; `shot(page, name)` saves docs/console/<name>.png. Every page
+collects its script errors and CSP violations (`page.errors`, console errors other than
+failed loads, and uncaught exceptions) for the tests to check."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_workflows import Orchestrator, agent_config, running
+from tests.fakes.agent_llm import agent_reply
+from tests.fakes.openai_server import OpenAIFake
+
+ROOT = Path(__file__).resolve().parents[3]
+CHROMIUM = os.environ.get("ORCH_TEST_CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "docs" / "console"
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[OpenAIFake]:
+    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
+    work = tmp_path_factory.mktemp("console-e2e")
+    with running(work, agent_config(llm, provider_retries=0, agent_workers=2)) as orch:
+        yield orch
+
+
+@pytest.fixture(scope="module")
+def base_url(console: Orchestrator) -> str:
+    return f"http://127.0.0.1:{console.port}"
+
+
+@pytest.fixture(scope="module")
+def admin_api(console: Orchestrator) -> Iterator[httpx.Client]:
+    with console.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def user_token(admin_api: httpx.Client) -> Callable[[str], str]:
+    """A bearer token for `user` (issued by the admin)."""
+
+    def issue(user: str) -> str:
+        r = admin_api.post("/tokens", json={"user_uuid": user})
+        assert r.status_code == 200, r.text
+        return str(r.json()["token"])
+
+    return issue
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"no chromium at {CHROMIUM}: the console's browser tests need Debian's chromium "
+            "(`scripts/test` installs it as root with apt: apt-get install -y "
+            "--no-install-recommends chromium; or set ORCH_TEST_CHROMIUM)"
+        )
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--headless=new"]
+        )
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def signed_in_page(browser: Any, base_url: str) -> Iterator[Callable[[str], Any]]:
+    contexts: list[Any] = []
+
+    def open_page(token: str | None) -> Any:
+        context = browser.new_context(viewport={"width": 1280, "height": 860})
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.errors = []  # type: ignore[attr-defined]
+
+        def on_console(m: Any) -> None:
+            # An HTTP error status the app handles (a wrong token's 401) is the test's to
+            # check; what is collected is script errors and CSP violations.
+            if m.type == "error" and not m.text.startswith("Failed to load resource"):
+                page.errors.append(f"console: {m.text}")
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda e: page.errors.append(f"pageerror: {e}"))  # type: ignore[attr-defined]
+        page.goto(f"{base_url}/ui/")
+        if token is not None:
+            page.get_by_test_id("signin-token").fill(token)
+            page.get_by_test_id("signin-submit").click()
+            page.get_by_test_id("whoami").wait_for()
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def shot(page: Any, name: str) -> Path:
+    """docs/console/<name>.png: the screenshots the docs show, taken by the tests."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=False)
+    return path
