@@ -300,11 +300,45 @@ def decode_request(body: Any) -> ChatRequest:
     )
 
 
+# Every Messages API field a caller may send; anything else is a 400 naming it (Anthropic's
+# own "extra inputs are not permitted"): a field is never ignored silently.
+_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_sequences",
+        "stream",
+        "metadata",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "service_tier",
+    }
+)
+
+
 def _params_of(data: dict[str, Any]) -> dict[str, Any]:
-    """Optional fields kept for the provider's declared table (`_params.py`): `thinking`, and
-    `tool_choice.disable_parallel_tool_use` as OpenAI's `parallel_tool_calls: false`
-    (`metadata.user_id` joins them as `user` in `decode_request`)."""
+    """Optional fields kept for the provider's declared table (`_params.py`): `thinking`,
+    `top_k`, `service_tier`, and `tool_choice.disable_parallel_tool_use` as OpenAI's
+    `parallel_tool_calls: false` (`metadata.user_id` joins them as `user` in
+    `decode_request`)."""
+    for name in data:
+        if name not in _FIELDS:
+            _invalid(name, "extra inputs are not permitted (not a Messages API field)")
     out: dict[str, Any] = {}
+    top_k = data.get("top_k")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            _invalid("top_k", "must be a positive integer")
+        out["top_k"] = top_k
+    tier = data.get("service_tier")
+    if tier is not None:
+        out["service_tier"] = _str(tier, "service_tier")
     thinking = data.get("thinking")
     if thinking is not None:
         thinking = _obj(thinking, "thinking")

@@ -193,11 +193,52 @@ _PARAM_TYPES: dict[str, tuple[type, ...]] = {
     "metadata": (dict,),
     "n": (int,),
     "user": (str,),
+    # Kept for the providers' tables to decide (see `_params.PARAM_FIELDS`).
+    "top_k": (int,),
+    "service_tier": (str,),
+    "store": (bool,),
+    "prediction": (dict,),
+    "prompt_cache_key": (str,),
+    "prompt_cache_retention": (str,),
+    "prompt_cache_options": (dict,),
+    "safety_identifier": (str,),
+    "verbosity": (str,),
+    "logprobs": (bool,),
+    "top_logprobs": (int,),
+    "audio": (dict,),
+    "modalities": (list,),
+    "functions": (list,),
+    "function_call": (str, dict),
+    "moderation": (dict, str, bool),
+    "web_search_options": (dict,),
 }
+# Every field a caller may send: the ones decoded into ChatRequest, then the optional ones.
+# Anything else is a 400 naming it, as OpenAI answers an unrecognized argument: a field is
+# never ignored silently.
+_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "user",
+        "tools",
+        "tool_choice",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        *_PARAM_TYPES,
+    }
+)
 
 
 def _params_of(body: JSON) -> dict[str, Any]:
     """The optional generation fields the caller set (null = unset), type-checked."""
+    for name in body:
+        if name not in _FIELDS:
+            _invalid(name, "unrecognized request argument (not a chat completions field)")
     out: dict[str, Any] = {}
     for name, types in _PARAM_TYPES.items():
         value = body.get(name)

@@ -81,6 +81,29 @@ PARAM_FIELDS = (
     "metadata",
     "n",
     "user",
+    *(
+        # Fields of OpenAI's CreateChatCompletionRequest no translation above handles, and
+        # Anthropic's `top_k`/`service_tier`: kept under their own names so that each
+        # provider's table decides (passed on where the provider documents them; else a
+        # 400 naming field and provider, or dropped and listed). Never ignored silently.
+        "top_k",
+        "service_tier",
+        "store",
+        "prediction",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "verbosity",
+        "logprobs",
+        "top_logprobs",
+        "audio",
+        "modalities",
+        "functions",
+        "function_call",
+        "moderation",
+        "web_search_options",
+    ),
 )
 
 # OpenAI `reasoning_effort` -> a thinking budget in tokens, for providers that take budgets
@@ -145,6 +168,15 @@ OPENAI: Mapping[str, Translate] = {
         "reasoning_effort",
         "parallel_tool_calls",
         "metadata",
+        # Request-side only: the answer keeps its shape (unlike logprobs, audio, modalities,
+        # functions or web search, whose output ChatResponse does not carry: those are 400).
+        "service_tier",
+        "store",
+        "prediction",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "verbosity",
     )
 } | {"user": _encoded}
 
@@ -187,6 +219,8 @@ ANTHROPIC: Mapping[str, Translate] = {
     "response_format": _anthropic_format,
     "reasoning_effort": Limited(_anthropic_effort, _known_effort),
     "user": _encoded,  # metadata.user_id
+    "top_k": _same("top_k"),
+    "service_tier": Limited(_same("service_tier"), lambda v: v in ("auto", "standard_only")),
 }
 
 
@@ -217,6 +251,7 @@ GEMINI: Mapping[str, Translate] = {
     "response_format": _gemini_format,
     "thinking": _gemini_thinking,
     "reasoning_effort": Limited(_gemini_effort, _known_effort),
+    "top_k": _under("generationConfig", "topK"),
 }
 
 # --- Bedrock Converse: inferenceConfig carries only what ChatRequest already has -----------
@@ -244,6 +279,7 @@ OLLAMA: Mapping[str, Translate] = {
     # `think` takes true/false, or "low"/"medium"/"high" for models that grade it.
     "reasoning_effort": Limited(_ollama_effort, _known_effort),
     "thinking": lambda body, value: body.__setitem__("think", value.get("type") == "enabled"),
+    "top_k": _under("options", "top_k"),
 }
 
 

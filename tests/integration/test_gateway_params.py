@@ -101,3 +101,48 @@ async def test_dropped_fields_are_listed_in_a_header(
         r = await client.post("/chat/completions", json=chat("gpt-4o-mini", seed=7))
         assert r.status_code == 200 and DROPPED not in r.headers
         assert oai.chat_requests[-1].json["seed"] == 7
+
+
+async def test_no_field_is_ignored_silently(
+    make_settings: Any, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    """Every field of OpenAI's request is handled, passed on where the provider documents
+    it, or a 400 naming field and provider; a field of neither API is a 400 naming it."""
+    oai, ant = upstreams
+    async with (
+        ServedApp(gateway_settings(make_settings, oai, ant)) as app,
+        httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN, timeout=30) as client,
+    ):
+        # logprobs: OpenAI has them, but the answer we return cannot carry them.
+        r = await client.post("/chat/completions", json=chat("gpt-4o-mini", logprobs=True))
+        assert r.status_code == 400, r.text
+        assert "logprobs" in r.json()["error"] and "openai" in r.json()["error"]
+        # Request-side fields reach OpenAI as they are.
+        oai.script([FakeReply(text="ok")])
+        r = await client.post(
+            "/chat/completions",
+            json=chat("gpt-4o-mini", service_tier="flex", store=False, verbosity="low"),
+        )
+        assert r.status_code == 200, r.text
+        sent = oai.chat_requests[-1].json
+        assert (sent["service_tier"], sent["store"], sent["verbosity"]) == ("flex", False, "low")
+        # ...and are refused where the provider has no such field.
+        r = await client.post(
+            "/chat/completions", json=chat("claude-sonnet-4-5", service_tier="flex")
+        )
+        assert r.status_code == 400 and "anthropic" in r.json()["error"], r.text
+        # Not a field of either API.
+        for route, body in (
+            ("/chat/completions", chat("gpt-4o-mini", temprature=0.2)),
+            ("/messages", {**chat("claude-sonnet-4-5"), "max_tokens": 8, "temprature": 0.2}),
+        ):
+            r = await client.post(route, json=body)
+            assert r.status_code == 400, r.text
+            assert "temprature" in r.json()["error"]
+        # Anthropic's top_k reaches Anthropic.
+        ant.enqueue(text_reply("ok"))
+        r = await client.post(
+            "/messages", json={**chat("claude-sonnet-4-5"), "max_tokens": 8, "top_k": 5}
+        )
+        assert r.status_code == 200, r.text
+        assert ant.requests[-1].json["top_k"] == 5
