@@ -337,6 +337,7 @@ def create_app(
     templates = RouteTemplates(
         [API_PREFIX + route.path for router in ROUTERS for route in router.routes]  # type: ignore[attr-defined]
         + [app.openapi_url or "", app.docs_url or ""]
+        + ["/ui", "/ui/", "/ui/{file:path}"]  # the console's files: one label, not one a file
     )
     app.add_middleware(
         RequestContextMiddleware,

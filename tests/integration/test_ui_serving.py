@@ -8,6 +8,7 @@ import asyncio
 import http.client
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.ui import CSP
 from tests.conftest import ADMIN_TOKEN, ServedApp
@@ -79,6 +80,17 @@ async def test_console_files_headers_and_auth(make_settings) -> None:
         assert (await c.get("/uix")).status_code == 401
         assert (await c.get("/api/v1/ui/whoami")).status_code in (401, 404)
         assert (await c.get("/api/v1/ui")).status_code in (401, 404)
+
+        # Metrics label the console's files by one route, not one label a file.
+        text = (await c.get("/api/v1/metrics")).text
+        paths = {
+            s.labels["path"]
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "svc_http_requests_total"
+        }
+        assert {"/ui", "/ui/", "/ui/{file:path}"} <= paths
+        assert not any("app.js" in p or "nope" in p for p in paths), paths
 
         # Path traversal, sent raw: dot segments, encoded dots, encoded slashes, backslashes.
         for target in (
