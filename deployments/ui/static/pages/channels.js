@@ -3,7 +3,7 @@
 // resume, delete. Secrets come back from the API as `***` and stay that way here.
 import { html, useState, useEffect, useCallback } from "../vendor/preact-htm.module.js";
 import { api } from "../api.js";
-import { Time, StatusBadge, Button, ErrorBox, Empty, Json } from "../components.js";
+import { Time, StatusBadge, Button, ErrorBox, Empty, Json, Field } from "../components.js";
 
 const TYPES = ["webhook", "slack", "teams", "telegram"];
 
@@ -35,13 +35,13 @@ function CreateForm({ onCreated }) {
 
   return html`<form class="card" data-testid="channel-create" onSubmit=${submit}>
     <h3>New channel</h3>
-    <label>Type <select data-testid="channel-type" value=${type}
+    <${Field} label="Type"><select data-testid="channel-type" value=${type}
       onChange=${(e) => setType(e.target.value)}>
-      ${TYPES.map((t) => html`<option value=${t}>${t}</option>`)}</select></label>
-    <label>Name <input data-testid="channel-name" required value=${name}
-      onInput=${(e) => setName(e.target.value)} /></label>
-    <label>Config (JSON) <textarea data-testid="channel-config" value=${config}
-      onInput=${(e) => setConfig(e.target.value)}></textarea></label>
+      ${TYPES.map((t) => html`<option value=${t}>${t}</option>`)}</select><//>
+    <${Field} label="Name"><input data-testid="channel-name" required value=${name}
+      onInput=${(e) => setName(e.target.value)} /><//>
+    <${Field} label="Config (JSON)"><textarea data-testid="channel-config" value=${config}
+      onInput=${(e) => setConfig(e.target.value)}></textarea><//>
     <button class="btn btn-primary" type="submit" data-testid="channel-submit">Create</button>
     ${error && html`<${ErrorBox} error=${error} />`}
     ${created && html`<p class="notice" data-testid="channel-created">

@@ -3,7 +3,7 @@
 // also see pending reports and dismiss them. Descriptions and bodies are untrusted: text.
 import { html, useState, useEffect, useCallback } from "../vendor/preact-htm.module.js";
 import { api } from "../api.js";
-import { Time, Button, ErrorBox, Empty } from "../components.js";
+import { Time, Button, ErrorBox, Empty, Field } from "../components.js";
 
 const PAGE = 50;
 
@@ -18,7 +18,7 @@ function Detail({ skill, user, onReport, onDelete }) {
     <pre data-testid="skill-detail-body">${skill.body}</pre>
     ${(mine || user.admin) && html`<${Button} testid="skill-delete" kind="danger" confirm="Delete this skill?"
       onClick=${() => onDelete(skill)}>Delete<//>`}
-    <form class="inline" onSubmit=${(e) => { e.preventDefault(); onReport(skill, reason); }}>
+    <form class="toolbar" onSubmit=${(e) => { e.preventDefault(); onReport(skill, reason); }}>
       <input data-testid="skill-report-reason" placeholder="Why report it?" required
         value=${reason} onInput=${(e) => setReason(e.target.value)} />
       <button class="btn btn-primary" type="submit" data-testid="skill-report">Report</button>
@@ -46,14 +46,14 @@ function Publish({ onPublished }) {
   };
   return html`<form class="card" data-testid="skill-publish" onSubmit=${submit}>
     <h3>Publish a skill</h3>
-    <label>Name <input data-testid="skill-publish-name" required value=${name}
-      onInput=${(e) => setName(e.target.value)} /></label>
-    <label>Description <input data-testid="skill-publish-description" value=${description}
-      onInput=${(e) => setDescription(e.target.value)} /></label>
-    <label>Tags (comma-separated) <input data-testid="skill-publish-tags" value=${tags}
-      onInput=${(e) => setTags(e.target.value)} /></label>
-    <label>Body <textarea data-testid="skill-publish-body" required value=${body}
-      onInput=${(e) => setBody(e.target.value)}></textarea></label>
+    <${Field} label="Name"><input data-testid="skill-publish-name" required value=${name}
+      onInput=${(e) => setName(e.target.value)} /><//>
+    <${Field} label="Description"><input data-testid="skill-publish-description" value=${description}
+      onInput=${(e) => setDescription(e.target.value)} /><//>
+    <${Field} label="Tags (comma-separated)"><input data-testid="skill-publish-tags" value=${tags}
+      onInput=${(e) => setTags(e.target.value)} /><//>
+    <${Field} label="Body"><textarea data-testid="skill-publish-body" required value=${body}
+      onInput=${(e) => setBody(e.target.value)}></textarea><//>
     <button class="btn btn-primary" type="submit" data-testid="skill-publish-submit">Publish</button>
     ${error && html`<${ErrorBox} error=${error} />`}
   </form>`;
@@ -131,7 +131,7 @@ export default function Page({ user }) {
 
   return html`<div class="marketplace-page">
     <h2>Marketplace</h2>
-    <form class="inline" onSubmit=${(e) => { e.preventDefault(); setOffset(0); setSearching(q); }}>
+    <form class="toolbar" onSubmit=${(e) => { e.preventDefault(); setOffset(0); setSearching(q); }}>
       <input data-testid="skill-query" placeholder="Search skills" value=${q}
         onInput=${(e) => setQ(e.target.value)} />
       <button class="btn btn-primary" type="submit" data-testid="skill-search">Search</button>
@@ -152,7 +152,7 @@ export default function Page({ user }) {
             <td>${s.author}</td><td>${s.description}</td><td>${s.tags.join(", ")}</td>
             <td>${s.downloads}</td><td>${s.version}</td></tr>`)}
         </tbody></table>
-        <div class="pager"><span class="muted">${list.total} skills</span>
+        <div class="toolbar"><span class="muted">${list.total} skills</span>
           <button class="btn" disabled=${offset === 0} onClick=${() => setOffset(Math.max(0, offset - PAGE))}>
             Previous</button>
           <button class="btn" disabled=${!list.has_more} onClick=${() => setOffset(offset + PAGE)}>Next</button>

@@ -3,7 +3,7 @@
 // pin and delete an entry. Values are untrusted text and shown as text.
 import { html, useState, useEffect, useCallback } from "../vendor/preact-htm.module.js";
 import { api } from "../api.js";
-import { Time, Button, ErrorBox, Empty } from "../components.js";
+import { Time, Button, ErrorBox, Empty, Field } from "../components.js";
 
 const PAGE = 50;
 
@@ -23,7 +23,7 @@ function Entries({ rows, agent, onDelete, onPin, testid, score }) {
   </tbody></table>`;
 }
 
-export default function Page() {
+export default function Page({ user }) {
   const [agent, setAgent] = useState("default");
   const [draft, setDraft] = useState("default");
   const [stats, setStats] = useState(null);
@@ -38,8 +38,9 @@ export default function Page() {
 
   const refresh = useCallback(async () => {
     try {
+      // The totals are across every user: the API gives them to admins only.
       const [s, l] = await Promise.all([
-        api("GET", "/memory/stats"),
+        user.admin ? api("GET", "/memory/stats") : null,
         api("GET", `${base}/list`, { query: { limit: PAGE, offset } }),
       ]);
       setStats(s);
@@ -47,7 +48,7 @@ export default function Page() {
     } catch (e) {
       setError(e);
     }
-  }, [base, offset]);
+  }, [base, offset, user.admin]);
   useEffect(() => { refresh(); }, [refresh]);
 
   const guard = (fn) => async (...args) => {
@@ -85,12 +86,12 @@ export default function Page() {
     <h2>Memory</h2>
     ${stats && html`<p class="muted" data-testid="memory-stats">${stats.total_entries} entries over ${stats.total_agents} agents;
       ${" "}vector search ${stats.pgvector_enabled ? "available" : "unavailable (no pgvector)"}</p>`}
-    <form class="inline" onSubmit=${(e) => { e.preventDefault(); setOffset(0); setAgent(draft); }}>
-      <label>Agent <input data-testid="memory-agent" value=${draft}
-        onInput=${(e) => setDraft(e.target.value)} /></label>
+    <form class="toolbar" onSubmit=${(e) => { e.preventDefault(); setOffset(0); setAgent(draft); }}>
+      <${Field} label="Agent"><input data-testid="memory-agent" value=${draft}
+        onInput=${(e) => setDraft(e.target.value)} /><//>
       <button class="btn btn-primary" type="submit" data-testid="memory-open">Open</button>
     </form>
-    <form class="inline" onSubmit=${search}>
+    <form class="toolbar" onSubmit=${search}>
       <input data-testid="memory-query" placeholder="Search" value=${query} required
         onInput=${(e) => setQuery(e.target.value)} />
       <button class="btn btn-primary" type="submit" data-testid="memory-search">Full-text search</button>
@@ -108,7 +109,7 @@ export default function Page() {
     ${entries === null ? html`<p class="muted">Loading…</p>` : html`
       <${Entries} rows=${entries} agent=${agent} onDelete=${remove} onPin=${pin}
         testid="memory-entries" />
-      <div class="pager">
+      <div class="toolbar">
         <button class="btn" disabled=${offset === 0} data-testid="memory-prev"
           onClick=${() => setOffset(Math.max(0, offset - PAGE))}>Previous</button>
         <button class="btn" disabled=${entries.length < PAGE} data-testid="memory-next"

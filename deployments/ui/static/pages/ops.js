@@ -106,7 +106,7 @@ export default function Page() {
           <td>${name}</td><td>${e.target}</td><td>${e.current}</td>
           <td><${StatusBadge} status=${e.compliant ? "ok" : "failed"} /></td></tr>`)}
       </tbody></table></section>`}
-    <section class="rates">
+    <section class="grid">
       <${Rate} label="Requests" testid="ops-rate-requests" values=${series.requests} unit="/s" />
       <${Rate} label="5xx errors" testid="ops-rate-errors" values=${series.errors} unit="%" />
       <${Rate} label="Events" testid="ops-rate-events" values=${series.events} unit="/s" />

@@ -1,17 +1,59 @@
 // Schedules (SPEC part 4): the job list with next run, last run, errors and status; create
-// with a natural-language phrase or a cron expression; pause, unpause, run now; a job's
-// detail with its scheduler events. The API is admin-only for all but a job's detail.
+// with a natural-language phrase or a cron expression (previewing its next runs); pause,
+// unpause, run now; a job's detail with its scheduler events. The API is admin-only for all
+// but a job's detail.
 import { html, useState, useEffect, useCallback } from "../vendor/preact-htm.module.js";
 import { api } from "../api.js";
-import { Time, StatusBadge, Button, ErrorBox, Empty, Json } from "../components.js";
+import { Time, StatusBadge, Button, ErrorBox, Empty, Json, Field } from "../components.js";
 
 const JOB_EVENTS = "scheduler.job_created,scheduler.task_dispatched,scheduler.job_executed";
 const POLL_MS = 3000;
+const PREVIEW_DELAY_MS = 400;
 
 function scheduleText(job) {
   if (job.cron_expr) return `cron ${job.cron_expr}`;
   if (job.interval_ms) return `every ${job.interval_ms / 1000} s`;
   return job.schedule_type;
+}
+
+// The run's time on the wall clock of the job's zone, as its cron or phrase reads.
+function wallClock(ms, tz) {
+  try {
+    return new Date(ms).toLocaleString("sv-SE", { timeZone: tz, dateStyle: "short", timeStyle: "short" }) + ` ${tz}`;
+  } catch (_) {
+    return tz;
+  }
+}
+
+// The next runs of the schedule being typed, as the scheduler computes them (POST
+// /schedules/preview): the console computes no schedule of its own.
+function Preview({ form, when, tz }) {
+  const [runs, setRuns] = useState(null);
+  const [error, setError] = useState(null);
+  useEffect(() => {
+    setRuns(null);
+    setError(null);
+    if (!when.trim()) return undefined;
+    let live = true;
+    const timer = setTimeout(async () => {
+      const body = form === "cron" ? { cron: when } : { schedule: when };
+      if (tz) body.tz = tz;
+      try {
+        const out = await api("POST", "/schedules/preview", { body });
+        if (live) setRuns(out);
+      } catch (e) {
+        if (live) setError(e);
+      }
+    }, PREVIEW_DELAY_MS);
+    return () => { live = false; clearTimeout(timer); };
+  }, [form, when, tz]);
+  if (error) return html`<${ErrorBox} error=${error} />`;
+  if (!runs) return null;
+  return html`<div class="preview" data-testid="schedule-preview">
+    <strong>Next runs</strong> <span class="muted">(${runs.tz}${runs.cron_expr ? `, cron ${runs.cron_expr}` : ""})</span>
+    <ol>${runs.next_runs.map((ms) => html`<li key=${ms} data-testid="schedule-preview-run">
+      ${new Date(ms).toISOString()} <span class="muted">(${wallClock(ms, runs.tz)}, <${Time} ms=${ms} />)</span></li>`)}</ol>
+  </div>`;
 }
 
 function CreateForm({ onCreated }) {
@@ -42,28 +84,27 @@ function CreateForm({ onCreated }) {
 
   return html`<form class="card" data-testid="schedule-create" onSubmit=${submit}>
     <h3>New schedule</h3>
-    <div class="tabs">
+    <div class="toolbar">
       <label><input type="radio" name="form" data-testid="schedule-form-natural"
         checked=${form === "natural"} onChange=${() => setForm("natural")} /> Phrase</label>
       <label><input type="radio" name="form" data-testid="schedule-form-cron"
         checked=${form === "cron"} onChange=${() => setForm("cron")} /> Cron</label>
     </div>
-    <label>Prompt <textarea data-testid="schedule-prompt" required value=${prompt}
-      onInput=${(e) => setPrompt(e.target.value)}></textarea></label>
-    <label>Name <input data-testid="schedule-name" value=${name}
-      onInput=${(e) => setName(e.target.value)} /></label>
-    <label>${form === "cron" ? "Cron (5 fields)" : "When (e.g. every day at 9:00)"}
+    <${Field} label="Prompt"><textarea data-testid="schedule-prompt" required value=${prompt}
+      onInput=${(e) => setPrompt(e.target.value)}></textarea><//>
+    <${Field} label="Name" hint="default: the prompt's first line"><input data-testid="schedule-name"
+      value=${name} onInput=${(e) => setName(e.target.value)} /><//>
+    <${Field} label=${form === "cron" ? "Cron (5 fields)" : "When"}
+      hint=${form === "cron" ? "minute hour day month weekday" : "every 5 minutes, every day at 9:00, every monday at 10:30, tomorrow at 8am"}>
       <input data-testid="schedule-when" required value=${when}
         placeholder=${form === "cron" ? "*/5 * * * *" : "every 5 minutes"}
-        onInput=${(e) => setWhen(e.target.value)} /></label>
-    <label>Time zone <input data-testid="schedule-tz" value=${tz} placeholder="UTC"
-      onInput=${(e) => setTz(e.target.value)} /></label>
+        onInput=${(e) => setWhen(e.target.value)} /><//>
+    <${Field} label="Time zone" hint="IANA name; default UTC"><input data-testid="schedule-tz"
+      value=${tz} placeholder="UTC" onInput=${(e) => setTz(e.target.value)} /><//>
+    <${Preview} form=${form} when=${when} tz=${tz} />
     <button class="btn btn-primary" type="submit" data-testid="schedule-submit">Create</button>
     ${error && html`<${ErrorBox} error=${error} />`}
-    ${created && html`<p class="notice" data-testid="schedule-created">
-      Job ${created.id} created; first run <${Time} ms=${created.next_run} />
-      <span class="muted"> (the API computes one next run; it offers no longer preview)</span>
-    </p>`}
+    ${created && html`<p class="notice" data-testid="schedule-created">Job ${created.id} created; first run <${Time} ms=${created.next_run} /></p>`}
   </form>`;
 }
 
