@@ -8,7 +8,8 @@ import { StatusBadge, ErrorBox, Sparkline } from "../components.js";
 
 const POLL_MS = 3000;
 const POINTS = 40;
-const SAMPLE = /^(svc_http_requests_total|svc_event_total)(\{[^}]*\})?\s+([0-9.eE+-]+)$/;
+// Label values are quoted and may hold `}` (route templates: path="/api/v1/memory/{agent_id}").
+const SAMPLE = /^(svc_http_requests_total|svc_event_total)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+([0-9.eE+-]+)$/;
 
 // Sums of the two counters, and of the requests that answered 5xx.
 export function counters(text) {
