@@ -63,8 +63,12 @@ def user_token(admin_api: httpx.Client) -> Callable[[str], str]:
     return issue
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one module's tests. Not for the session: Playwright's sync API keeps its
+    own asyncio loop running in this thread while it is open, so every asyncio test that ran
+    after the first console test (asyncio.run, pytest-asyncio) would fail with 'cannot be
+    called from a running event loop'."""
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(
             f"no chromium at {CHROMIUM}: the console's browser tests need Debian's chromium "

@@ -317,6 +317,8 @@ def test_marketplace_browse_search_detail_and_publish(
     with _api(console, token) as c:
         items = c.get("/marketplace/browse", params={"tags": "misc"}).json()["items"]
     assert [i["downloads"] for i in items if i["name"] == unsafe] == [1]
+    # ... and the list shows the new count without a reload.
+    expect(page.get_by_test_id(f"skill-downloads-{unsafe}")).to_have_text("1")
 
     # Publish from the form: the notice, the new row, and the skill as the API has it.
     page.get_by_test_id("skill-publish-name").fill(haiku)

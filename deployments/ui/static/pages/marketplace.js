@@ -109,6 +109,7 @@ export default function Page({ user }) {
   const open = guard(async (item) => {
     setSkill(await api("GET", `/marketplace/detail/${encodeURIComponent(item.name)}`,
       { query: { author: item.author } }));
+    await refresh(); // the detail counted a download: the list shows the new count
   });
   const report = guard(async (s, reason) => {
     await api("POST", `/marketplace/report/${encodeURIComponent(s.name)}`,
@@ -150,7 +151,7 @@ export default function Page({ user }) {
             <td><a href="#/marketplace" data-testid=${`skill-open-${s.name}`}
               onClick=${(e) => { e.preventDefault(); open(s); }}>${s.name}</a></td>
             <td>${s.author}</td><td>${s.description}</td><td>${s.tags.join(", ")}</td>
-            <td>${s.downloads}</td><td>${s.version}</td></tr>`)}
+            <td data-testid=${`skill-downloads-${s.name}`}>${s.downloads}</td><td>${s.version}</td></tr>`)}
         </tbody></table>
         <div class="toolbar"><span class="muted">${list.total} skills</span>
           <button class="btn" disabled=${offset === 0} onClick=${() => setOffset(Math.max(0, offset - PAGE))}>
