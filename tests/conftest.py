@@ -106,14 +106,20 @@ class ServedApp:
 ADMIN_TOKEN = "orch_test-admin-token-0123456789abcdef"
 
 
-@pytest.fixture
-async def clean_redis(redis_url: str) -> str:
-    """The session's Redis, emptied: rate-limit windows do not leak between tests."""
+async def empty_redis(redis_url: str) -> None:
+    """Empty the session's Redis: rate-limit windows and the failed-auth throttle of an
+    earlier test (all tests send from 127.0.0.1) do not leak into the next."""
     import redis.asyncio as aioredis
 
     client = aioredis.from_url(redis_url)
     await client.flushdb()
     await client.aclose()
+
+
+@pytest.fixture
+async def clean_redis(redis_url: str) -> str:
+    """The session's Redis, emptied (for module-scoped services: `empty_redis`)."""
+    await empty_redis(redis_url)
     return redis_url
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import shutil
 import signal
 import subprocess
@@ -34,6 +33,7 @@ import yaml
 
 from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
 from tests.conftest import free_port
+from tests.e2e.drivers import last_json_line
 from tests.e2e.test_join_cluster import _stop_cluster, ray_env, start_head
 from tests.e2e.test_serve import ROOT, _wait_for_ready_line
 from tests.e2e.test_workflows import MODEL
@@ -94,7 +94,7 @@ class Cluster:
             cwd=ROOT,
         )
         assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return last_json_line(out.stdout)
 
 
 @dataclass

@@ -15,7 +15,6 @@ timeout of its own), so a stream that stalls fails the test instead of hanging i
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.drivers import last_json_line
 from tests.e2e.test_generations import Cluster, Service, cluster
 from tests.e2e.test_serve import ROOT
 from tests.e2e.test_workflows import MODEL
@@ -80,7 +80,7 @@ def _driver(cluster: Cluster, args: list[str], **env: str) -> Any:
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the driver timed out: {exc.stdout!r} {exc.stderr!r}"[-4000:])
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return last_json_line(out.stdout)
 
 
 def test_the_example_runs_a_workflow_as_its_tokens_user(service: Service) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.drivers import last_json_line
 from tests.e2e.test_serve import ROOT
 from tests.e2e.test_workflows import Orchestrator, _actors, agent_config, running
 from tests.fakes.agent_llm import agent_reply
@@ -166,6 +167,6 @@ def test_a_second_scheduler_actor_waits(service: Orchestrator) -> None:
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    first, second = json.loads(out.stdout.strip().splitlines()[-1])
+    first, second = last_json_line(out.stdout)
     assert first["active"] is True and second["active"] is False
     assert second["name"] == "scheduler-b"

@@ -29,15 +29,16 @@ def _garbage(i: int) -> dict[str, str]:
 
 @pytest.fixture
 def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Token hashes looked up in the database."""
+    """Token hashes looked up in the database (`TokenStore.verify`: the one query the
+    authenticator makes for a token it has not verified recently)."""
     seen: list[str] = []
-    original = TokenStore.lookup
+    original = TokenStore.verify
 
     async def counting(self: TokenStore, token_hash: str) -> Any:
         seen.append(token_hash)
         return await original(self, token_hash)
 
-    monkeypatch.setattr(TokenStore, "lookup", counting)
+    monkeypatch.setattr(TokenStore, "verify", counting)
     return seen
 
 

@@ -22,7 +22,7 @@ import pytest
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.inference import ready_endpoints
-from tests.conftest import ADMIN_TOKEN, with_database
+from tests.conftest import ADMIN_TOKEN, empty_redis, with_database
 from tests.integration.test_inference_instances import SMOL, InferenceApp, wait_state
 from tests.openai_schema import validate
 from tests.sse import sse_frames
@@ -62,6 +62,7 @@ async def local(
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
+    await empty_redis(redis_url)
     tmp = tmp_path_factory.mktemp("local-openai")
     settings = Settings.load(
         environ={},
@@ -80,6 +81,7 @@ async def local(
         async with InferenceApp(settings) as app:
             async with httpx.AsyncClient(base_url=app.url, timeout=60) as c:
                 made = await c.post("/api/v1/tokens", headers=ADMIN, json={"user_uuid": "lou"})
+                assert made.status_code == 200, made.text
                 user = {"Authorization": f"Bearer {made.json()['token']}"}
                 assert (await c.post("/api/v1/discover", headers=ADMIN)).status_code == 200
                 idle = {

@@ -25,7 +25,7 @@ import pytest
 
 from orchestrator.config import Settings
 from orchestrator.workspace._paths import TMP_PREFIX
-from tests.conftest import ADMIN_TOKEN, ServedApp, with_database
+from tests.conftest import ADMIN_TOKEN, ServedApp, empty_redis, with_database
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 ISO_Z = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -560,6 +560,7 @@ async def matrix(
     # Module-scoped (make_settings is per test): the same settings make_settings builds, on a
     # database of this module's own.
     base = tmp_path_factory.mktemp("ws-matrix")
+    await empty_redis(redis_url)
     name = f"t_{uuid.uuid4().hex[:12]}"
     conn = await asyncpg.connect(pg_uri)
     try:
