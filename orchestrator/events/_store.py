@@ -147,7 +147,11 @@ class EventStore:
             async with conn.transaction():
                 yield tx
             if tx.appended:
-                await asyncio.shield(self._notify_after_commit(conn))
+                # Not only shielded: the connection goes back to the pool when this block
+                # ends, so a cancelled caller waits here until the NOTIFY is over (a pooled
+                # connection handed on mid-statement fails its next user's statement with
+                # "another operation is in progress").
+                await _to_the_end(self._notify_after_commit(conn))
         # Committed: the hooks run even if the caller is cancelled right now.
         await asyncio.shield(self._after_commit(tx.appended))
 
@@ -619,3 +623,20 @@ class EventStore:
             q.offset,
         )
         return EventPage([row_to_event(r) for r in rows], total, exact)
+
+
+async def _to_the_end(work: Awaitable[None]) -> None:
+    """Run `work` to its end even if the caller is cancelled meanwhile; the cancellation is
+    raised once it has ended."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            cancelled = True
+            if task.done():
+                break
+    if cancelled:
+        raise asyncio.CancelledError

@@ -463,3 +463,36 @@ async def test_enqueued_batches_of_one_aggregate_commit_in_order(db: Database) -
         assert [e.seq for e in mine] == list(range(1, 21))
         assert [e.position for e in mine] == sorted(e.position for e in mine)
         assert [int(e.data["note"]) for e in mine] == sorted(int(e.data["note"]) for e in mine)
+
+
+async def test_a_cancelled_writer_keeps_its_connection_until_the_notify_ends(
+    db: Database,
+) -> None:
+    """The NOTIFY after a commit runs on the transaction's connection; a caller cancelled
+    meanwhile must not hand that connection back to the pool mid-statement (seen in a full
+    run: a workflow cancelled during its NOTIFY, then the cancel request's transaction on the
+    same connection failed with 'another operation is in progress', a 500)."""
+    store = EventStore(db.pool)
+    started = asyncio.Event()
+    finished: list[int] = []
+
+    async def slow_notify(conn: asyncpg.Connection) -> None:
+        started.set()
+        finished.append(await conn.fetchval("SELECT 1 FROM pg_sleep(0.5)"))
+
+    store._notify_after_commit = slow_notify  # type: ignore[method-assign]
+
+    async def write() -> None:
+        async with store.transaction() as tx:
+            await tx.append([task_event("cancelled-writer")])
+
+    writer = asyncio.create_task(write())
+    await started.wait()
+    writer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    assert finished == [1], "the connection was released before its NOTIFY ended"
+    # Every connection the pool hands out is idle and works.
+    assert await asyncio.gather(*(db.pool.fetchval("SELECT 1") for _ in range(30))) == [1] * 30
+    events, _ = await store.query(EventQuery(aggregate="cancelled-writer"), ADMIN)
+    assert len(events) == 1  # committed before the cancel: kept
