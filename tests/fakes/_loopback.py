@@ -6,15 +6,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import socket
 import threading
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import uvicorn
+
+from tests.fakes._sockets import bound_socket
 
 __all__ = ["LoopbackServer", "RecordedRequest", "Send", "hashed_embedding", "pieces"]
 
@@ -55,12 +57,6 @@ def hashed_embedding(text: str, dim: int) -> list[float]:
     return [v / norm for v in vector]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class LoopbackServer:
     """Subclasses implement `handle(request, send)`; `script()` queues replies that
     `next_reply()` hands out in order."""
@@ -73,7 +69,10 @@ class LoopbackServer:
         self.violations: list[str] = []
         self._script: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
-        self.port = _free_port()
+        self._socket = bound_socket()
+        # Closed when the server stops, or when the fake is dropped without starting.
+        weakref.finalize(self, self._socket.close)
+        self.port = int(self._socket.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
             self.app,
@@ -87,7 +86,9 @@ class LoopbackServer:
             timeout_graceful_shutdown=1,
         )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
 
     # --- scripting ------------------------------------------------------------------------
     def script(self, *replies: Any) -> None:
@@ -116,6 +117,7 @@ class LoopbackServer:
     async def __aexit__(self, *exc: object) -> None:
         self.server.should_exit = True
         await asyncio.to_thread(self.thread.join, 10)
+        self._socket.close()
 
     # --- the ASGI app ---------------------------------------------------------------------
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -46,16 +46,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import uvicorn
 
+from tests.fakes._sockets import bound_socket
 from tests.openai_schema import errors as schema_errors
 
 __all__ = ["FakeReply", "FakeToolCall", "OpenAIFake", "RecordedRequest", "echo_reply"]
@@ -197,12 +198,6 @@ def echo_reply(body: Any) -> FakeReply:
     return FakeReply(text=f"echo: {text}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _pieces(text: str, size: int) -> list[str]:
     size = max(1, size)
     return [text[i : i + size] for i in range(0, len(text), size)]
@@ -234,7 +229,10 @@ class OpenAIFake:
         self.violations: list[str] = []
         self._script: collections.deque[FakeReply] = collections.deque()
         self._lock = threading.Lock()
-        self.port = _free_port()
+        self._socket = bound_socket()
+        # Closed when the server stops, or when the fake is dropped without starting.
+        weakref.finalize(self, self._socket.close)
+        self.port = int(self._socket.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.url}{self.prefix}"
         config = uvicorn.Config(
@@ -249,7 +247,9 @@ class OpenAIFake:
             timeout_graceful_shutdown=1,
         )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
 
     # --- scripting and inspection ---------------------------------------------------------
     def script(self, replies: Iterable[FakeReply]) -> None:
@@ -297,6 +297,7 @@ class OpenAIFake:
     async def __aexit__(self, *exc: object) -> None:
         self.server.should_exit = True
         await asyncio.to_thread(self.thread.join, 10)
+        self._socket.close()
 
     def __enter__(self) -> OpenAIFake:
         """Synchronous start, for module-scoped fixtures outside an event loop."""
@@ -311,6 +312,7 @@ class OpenAIFake:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        self._socket.close()
 
     # --- the ASGI app ---------------------------------------------------------------------
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
