@@ -60,12 +60,19 @@ function SignIn({ onSignedIn }) {
 
 function Shell({ user, onSignOut }) {
   const [route, setRoute] = useState(parseHash(window.location.hash));
+  const routed = useRef(window.location.hash); // the hash `route` was parsed from
   const [Page, setPage] = useState(null);
   const [error, setError] = useState(null);
 
   useEffect(() => {
-    const on = () => setRoute(parseHash(window.location.hash));
+    const on = () => {
+      routed.current = window.location.hash;
+      setRoute(parseHash(routed.current));
+    };
     window.addEventListener("hashchange", on);
+    // Effects run after paint: a hash changed between the first render and this line
+    // fired no event we heard, so read it once now.
+    if (window.location.hash !== routed.current) on();
     return () => window.removeEventListener("hashchange", on);
   }, []);
 
