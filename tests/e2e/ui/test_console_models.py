@@ -5,7 +5,6 @@ provider health with breaker states, base URLs for admins only."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ import psutil
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.test_inference import _gone
 from tests.e2e.test_workflows import Orchestrator, agent_config, running
 from tests.e2e.ui.conftest import shot
 from tests.fakes.openai_server import OpenAIFake
@@ -35,15 +35,6 @@ def console(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterat
     )
     with running(work, settings) as orch:
         yield orch
-
-
-def _gone(pid: int, within: float = 30) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _admin_token(console: Orchestrator) -> str:
@@ -77,7 +68,7 @@ def test_start_and_stop_a_local_instance(
     expect(page.get_by_test_id(f"instance-stop-{iid}")).to_have_count(0)
     with console.client() as c:
         assert c.get(f"/inference/{iid}").json()["state"] == "stopped"
-    assert _gone(pid), f"the model server {pid} outlived its stop"
+    assert _gone(pid, within=30), f"the model server {pid} outlived its stop"
     assert page.errors == []
 
 
