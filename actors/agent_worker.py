@@ -9,25 +9,31 @@ import contextlib
 import logging
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import redis.asyncio as aioredis
 
 from actors import Generation, until_started
 from actors.dispatch import KIND, AttemptLost, RayDispatcher, WorkerDraining, worker_name
 from actors.metrics import ActorMetricsHub
-from orchestrator.agents import AgentRunner, AgentTask, TaskResult
+from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore, NewEvent
-from orchestrator.inference import ready_endpoints
-from orchestrator.memory import MemoryStore
 from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.providers import Gateway
 from orchestrator.runtime.supervisor import Supervisor
-from orchestrator.toolset import service_tools
-from orchestrator.workspace import Workspace
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from orchestrator.agents import AgentRunner
+    from orchestrator.providers import Gateway
+
+# The agent loop, the providers, memory, the workspace and the Redis client are imported in
+# `_start_once`, in the worker's own process. Not here: every dispatcher (the scheduler, the
+# workflow shards, the channel hubs) imports this module when it first looks a worker up
+# (`ray.get_actor` loads the actor's class), and an import of them there held the
+# dispatcher's event loop for 0.2-0.4 s (the scheduler's dispatches all late by that much).
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +88,15 @@ class AgentWorker:
             await db.close()
 
     async def _start_once(self) -> AgentRunner:
+        import redis.asyncio as aioredis
+
+        from orchestrator.agents import AgentRunner
+        from orchestrator.inference import ready_endpoints
+        from orchestrator.memory import MemoryStore
+        from orchestrator.providers import Gateway
+        from orchestrator.toolset import service_tools
+        from orchestrator.workspace import Workspace
+
         assert self._settings.database_url
         self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
         events = EventStore(self._db.pool)

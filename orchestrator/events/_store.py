@@ -345,12 +345,8 @@ class EventStore:
             raise ValueError("append_with needs at least one event")
         if isinstance(conn, asyncpg.Connection) and not conn.is_in_transaction():
             raise RuntimeError("append_with on a connection needs an open transaction")
-        n = len(args)
         ids, event_args, timestamp = self._append_args(prepared, None)
-        # The bodies (5th argument) are JSON texts, as in `_insert`.
-        marks = ", ".join(
-            f"${n + i}::jsonb[]" if i == 5 else f"${n + i}" for i in range(1, len(event_args) + 1)
-        )
+        marks = self._marks(len(args), len(event_args))
         # Appended events drive the join (the state CTE runs in full either way: Postgres
         # always completes data-modifying CTEs), so every event's row comes back.
         rows = await conn.fetch(
@@ -365,6 +361,50 @@ class EventStore:
             await asyncio.shield(self._after_commit(committed))
             self._notify_soon()
         return (rows[0] if rows else None), committed
+
+    async def append_beside(
+        self,
+        conn: asyncpg.Connection,
+        ctes: Sequence[str],
+        args: Sequence[Any],
+        events: Sequence[NewEvent],
+    ) -> list[Event]:
+        """Events appended in ONE statement with the caller's data-modifying CTEs
+        (`name AS (INSERT/UPDATE ...)`, parameters `$1..$len(args)`), inside the caller's
+        open transaction: several state changes and their events in one round trip. Once
+        that transaction has committed, hand the events to `committed`."""
+        if not conn.is_in_transaction():
+            raise RuntimeError("append_beside needs an open transaction")
+        prepared = [await self._prepare(e) for e in events]
+        if not prepared:
+            if ctes:  # data-modifying CTEs run whether or not they are referenced
+                await conn.execute(f"WITH {', '.join(ctes)} SELECT 1", *args)
+            return []
+        ids, event_args, timestamp = self._append_args(prepared, None)
+        marks = self._marks(len(args), len(event_args))
+        head = f"WITH {', '.join(ctes)}, " if ctes else "WITH "
+        rows = await conn.fetch(
+            f"{head}appended AS (SELECT * FROM append_events({marks}))"
+            " SELECT out_position AS _event_position, out_seq AS _event_seq FROM appended",
+            *args,
+            *event_args,
+        )
+        return self._numbered(prepared, ids, timestamp, rows)
+
+    async def committed(self, events: list[Event]) -> None:
+        """The transaction that appended `events` (`append_beside`) has committed: run the
+        post-commit hooks and wake the feeds (coalesced, off the caller's path)."""
+        if events:
+            await asyncio.shield(self._after_commit(events))
+            self._notify_soon()
+
+    @staticmethod
+    def _marks(n: int, count: int) -> str:
+        """append_events' parameters after the caller's `n`; the bodies (5th) are JSON
+        texts, as in `_insert`."""
+        return ", ".join(
+            f"${n + i}::jsonb[]" if i == 5 else f"${n + i}" for i in range(1, count + 1)
+        )
 
     def _notify_soon(self) -> None:
         """Wake the feeds from the notifier task (no round trip on the caller's path)."""

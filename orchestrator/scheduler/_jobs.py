@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import asyncpg
@@ -14,7 +14,7 @@ import asyncpg
 from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest, Conflict, NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
-from orchestrator.runtime.claims import Fence
+from orchestrator.runtime.claims import Fence, StaleClaim
 from orchestrator.scheduler._schedule import Schedule
 
 WAKE_CHANNEL = "orch_scheduler"
@@ -139,6 +139,51 @@ def _job(row: asyncpg.Record) -> Job:
 def _event(job_id: int, type_: str, user: str, **data: Any) -> NewEvent:
     return NewEvent(
         type_, {"job_id": job_id, **{k: v for k, v in data.items() if v is not None}}, user
+    )
+
+
+# A tick's due jobs (`dispatch_due`), read under their row locks in the statement that checks
+# the scheduler's claim ($3 kind, $4 key, $5 epoch) and locks it FOR SHARE: no row at all
+# when the claim is not at that epoch, one row of NULLs when nothing is due. The run ids
+# for them are drawn here (an InitPlan, evaluated once, only when a job is due), so the
+# dispatch events can name their tasks in the one statement that writes everything.
+_DUE_LOCKED = (
+    "SELECT j.*, CASE WHEN j.id IS NULL THEN NULL ELSE"
+    " (SELECT array_agg(nextval(pg_get_serial_sequence('scheduled_runs', 'id')))"
+    "  FROM generate_series(1, $2)) END AS _run_ids"
+    " FROM claims claim LEFT JOIN LATERAL ("
+    f"  SELECT {_COLUMNS} FROM scheduled_jobs WHERE enabled AND"
+    "  (run_requested OR (next_run IS NOT NULL AND next_run <= $1))"
+    "  ORDER BY run_requested DESC, next_run LIMIT $2 FOR UPDATE"
+    " ) j ON true"
+    " WHERE claim.kind = $3 AND claim.key = $4 AND claim.epoch = $5 FOR SHARE OF claim"
+)
+# Everything a tick changes, beside its events ($1 now; skips $2-$4; runs $5-$9).
+_TICK_CTES = (
+    "skipped AS (UPDATE scheduled_jobs SET next_run = x.n, queued = queued OR x.q,"
+    " updated_at = $1 FROM unnest($2::bigint[], $3::bigint[], $4::boolean[]) AS x(j, n, q)"
+    " WHERE id = x.j RETURNING 1)",
+    "runs AS (INSERT INTO scheduled_runs (id, job_id, task_id, catchup, started_at)"
+    " SELECT r, j, t, c, $1 FROM unnest($5::bigint[], $6::bigint[], $7::text[], $8::boolean[])"
+    " AS x(r, j, t, c) RETURNING 1)",
+    "started AS (UPDATE scheduled_jobs SET running = running + 1, last_run = $1,"
+    " next_run = x.n, run_requested = false, queued = false, updated_at = $1"
+    " FROM unnest($6::bigint[], $9::bigint[]) AS x(j, n) WHERE id = x.j RETURNING 1)",
+)
+# (job, its next run, catch-up? for a run / queue? for a skip)
+Slot = tuple["Job", int | None, bool]
+
+
+def _dispatched(job: Job, task_id: str, next_run: int | None, catchup: bool) -> NewEvent:
+    return _event(
+        job.id,
+        "scheduler.task_dispatched",
+        job.user_uuid,
+        task_id=task_id,
+        catchup=catchup,
+        user_uuid=job.user_uuid,
+        scheduled_for=None if job.run_requested else job.next_run,
+        next_run=next_run,
     )
 
 
@@ -316,6 +361,59 @@ class JobStore:
         )
         return [_job(r) for r in rows]
 
+    async def dispatch_due(
+        self,
+        now: int,
+        limit: int,
+        fence: Fence,
+        plan: Callable[[list[Job]], tuple[Sequence[Slot], Sequence[Slot]]],
+        extra_events: Callable[[Job, str], Sequence[NewEvent]],
+    ) -> tuple[int, list[tuple[Job, int, str]]]:
+        """One tick in one transaction of four round trips: BEGIN; the claim checked and
+        up to `limit` due jobs read under their row locks (with run ids drawn for them) in
+        one statement; every change and event in one more (`EventStore.append_beside`);
+        COMMIT. `plan(due)` splits what was read into runs (job, its next run, catch-up?)
+        and skips (job, its next run, queue?), as `start_runs` takes them. A pause or
+        DELETE waits for the row lock, so one that has answered is never followed by a
+        dispatch. StaleClaim when the claim is not at `fence`'s epoch. How many jobs were
+        due, and (job, run id, task id) of each started."""
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                rows = await conn.fetch(_DUE_LOCKED, now, limit, fence.kind, fence.key, fence.epoch)
+                if not rows:
+                    raise StaleClaim(f"{fence.kind} {fence.key}: epoch {fence.epoch} is stale")
+                due = [_job(r) for r in rows if r["id"] is not None]
+                if not due:
+                    return 0, []
+                run_ids: list[int] = list(rows[0]["_run_ids"])
+                runs, skips = plan(due)
+                out = [
+                    (job, run_id, f"job-{job.id}-run-{run_id}")
+                    for (job, _, _), run_id in zip(runs, run_ids, strict=False)
+                ]
+                events: list[NewEvent] = []
+                for (job, next_run, catchup), (_, _, task_id) in zip(runs, out, strict=True):
+                    events.append(_dispatched(job, task_id, next_run, catchup))
+                    events.extend(extra_events(job, task_id))
+                committed = await self._events.append_beside(
+                    conn,
+                    _TICK_CTES,
+                    [
+                        now,
+                        [job.id for job, _, _ in skips],
+                        [nxt for _, nxt, _ in skips],
+                        [queue for _, _, queue in skips],
+                        [run_id for _, run_id, _ in out],
+                        [job.id for job, _, _ in out],
+                        [task_id for _, _, task_id in out],
+                        [catchup for _, _, catchup in runs],
+                        [nxt for _, nxt, _ in runs],
+                    ],
+                    events,
+                )
+        await self._events.committed(committed)
+        return len(due), out
+
     async def next_due(self) -> int | None:
         value = await self._pool.fetchval(
             "SELECT min(CASE WHEN run_requested THEN 0 ELSE next_run END) FROM scheduled_jobs"
@@ -395,18 +493,7 @@ class JobStore:
                 task_id = f"job-{job.id}-run-{run_id}"
                 out.append((job, run_id, task_id))
                 updates.append((job.id, now, next_run))
-                events.append(
-                    _event(
-                        job.id,
-                        "scheduler.task_dispatched",
-                        job.user_uuid,
-                        task_id=task_id,
-                        catchup=catchup,
-                        user_uuid=job.user_uuid,
-                        scheduled_for=None if job.run_requested else job.next_run,
-                        next_run=next_run,
-                    )
-                )
+                events.append(_dispatched(job, task_id, next_run, catchup))
                 if extra_events is not None:
                     events.extend(extra_events(job, task_id))
             await tx.conn.execute(
@@ -447,64 +534,83 @@ class JobStore:
         max_errors: int,
     ) -> Job | None:
         """Record how a run ended; auto-pause after `max_errors` in a row; delete an `at`
-        job marked delete_after_run. The job as it is now (None: deleted or gone)."""
+        job marked delete_after_run. The job as it is now (None: deleted or gone). Four
+        round trips: BEGIN; the run ended and its job read under its row lock in one
+        statement; the job's change and its event in one more; COMMIT."""
         ts = now_ms()
-        async with self._events.transaction() as tx:
-            ended = await tx.conn.fetchval(
-                "UPDATE scheduled_runs SET finished_at = $2, result = $3, error = $4"
-                " WHERE id = $1 AND finished_at IS NULL RETURNING id",
-                run_id,
-                ts,
-                result,
-                error,
-            )
-            row = await tx.conn.fetchrow(
-                f"SELECT {_COLUMNS} FROM scheduled_jobs WHERE id = $1 FOR UPDATE", job_id
-            )
-            if row is None:
-                return None
-            job = _job(row)
-            if ended is None:
-                return job  # already recorded (e.g. as interrupted): count it once
-            errors = 0 if result == "ok" else job.consecutive_errors + 1
-            pause = job.enabled and errors >= max_errors
-            reason = (
-                f"auto-paused after {errors} consecutive errors (last: {error})" if pause else None
-            )
-            updated = await tx.conn.fetchrow(
-                "UPDATE scheduled_jobs SET running = greatest(running - 1, 0), last_result = $2,"
-                " last_error = $3, consecutive_errors = $4, enabled = enabled AND NOT $5,"
-                " paused_reason = coalesce($6, paused_reason), updated_at = $7 WHERE id = $1"
-                f" RETURNING {_COLUMNS}",
-                job_id,
-                result,
-                error,
-                errors,
-                pause,
-                reason,
-                ts,
-            )
-            await tx.append(
-                [
-                    _event(
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    "WITH ended AS (UPDATE scheduled_runs SET finished_at = $3, result = $4,"
+                    " error = $5 WHERE id = $2 AND finished_at IS NULL RETURNING id)"
+                    f" SELECT {_COLUMNS}, EXISTS (SELECT 1 FROM ended) AS _ended"
+                    " FROM scheduled_jobs WHERE id = $1 FOR UPDATE",
+                    job_id,
+                    run_id,
+                    ts,
+                    result,
+                    error,
+                )
+                if row is None:
+                    return None
+                job = _job(row)
+                if not row["_ended"]:
+                    return job  # already recorded (e.g. as interrupted): count it once
+                errors = 0 if result == "ok" else job.consecutive_errors + 1
+                pause = job.enabled and errors >= max_errors
+                reason = (
+                    f"auto-paused after {errors} consecutive errors (last: {error})"
+                    if pause
+                    else None
+                )
+                # As this commit leaves it (under its row lock): no read after it.
+                updated = replace(
+                    job,
+                    running=max(job.running - 1, 0),
+                    last_result=result,
+                    last_error=error,
+                    consecutive_errors=errors,
+                    enabled=job.enabled and not pause,
+                    paused_reason=reason or job.paused_reason,
+                    updated_at=ts,
+                )
+                committed = await self._events.append_beside(
+                    conn,
+                    [
+                        "state AS (UPDATE scheduled_jobs SET running = $2, last_result = $3,"
+                        " last_error = $4, consecutive_errors = $5, enabled = $6,"
+                        " paused_reason = $7, updated_at = $8 WHERE id = $1 RETURNING 1)"
+                    ],
+                    [
                         job_id,
-                        "scheduler.job_executed",
-                        job.user_uuid,
-                        result=result,
-                        error=error,
-                        task_id=task_id,
-                        duration_ms=duration_ms,
-                        consecutive_errors=errors,
-                        auto_paused=pause or None,
-                        reason=reason,
-                    )
-                ]
-            )
-            if job.delete_after_run and job.schedule.type == "at" and job.next_run is None:
-                await tx.conn.execute("DELETE FROM scheduled_jobs WHERE id = $1", job_id)
-                return None
-        # As this commit left it (under its row lock): no read after it.
-        return _job(updated)
+                        updated.running,
+                        result,
+                        error,
+                        errors,
+                        updated.enabled,
+                        updated.paused_reason,
+                        ts,
+                    ],
+                    [
+                        _event(
+                            job_id,
+                            "scheduler.job_executed",
+                            job.user_uuid,
+                            result=result,
+                            error=error,
+                            task_id=task_id,
+                            duration_ms=duration_ms,
+                            consecutive_errors=errors,
+                            auto_paused=pause or None,
+                            reason=reason,
+                        )
+                    ],
+                )
+                gone = job.delete_after_run and job.schedule.type == "at" and job.next_run is None
+                if gone:
+                    await conn.execute("DELETE FROM scheduled_jobs WHERE id = $1", job_id)
+        await self._events.committed(committed)
+        return None if gone else updated
 
     async def interrupted_runs(self) -> list[tuple[int, int, str]]:
         """(run id, job id, task id) of runs that never finished: their scheduler died."""

@@ -38,7 +38,7 @@ from orchestrator.config import Settings
 from orchestrator.events import NewEvent
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor
-from orchestrator.scheduler._jobs import WAKE_CHANNEL, Job, JobStore
+from orchestrator.scheduler._jobs import WAKE_CHANNEL, Job, JobStore, Slot
 
 log = logging.getLogger(__name__)
 
@@ -227,59 +227,63 @@ class SchedulerService:
 
     async def tick(self) -> int:
         """Handle what is due now (at most max_dispatch_per_tick jobs, dispatched or
-        skipped, in one commit); how many jobs that was."""
+        skipped, in one commit: `JobStore.dispatch_due`); how many jobs that was."""
         # Cleared before reading what is due: a NOTIFY from here on wakes the next sleep.
         self._wake.clear()
+        if self._fence is None:
+            raise StaleClaim(f"{self.name}: not the active scheduler")
         now = self._now()
-        batch: list[tuple[Job, bool]] = []
-        skips: list[tuple[Job, int | None, bool]] = []
-        due = await self._store.due(now, self._settings.max_dispatch_per_tick)
-        for job in due:
-            if job.run_requested:
-                batch.append((job, True))
-            elif job.running and job.overlap != "allow":
-                # Still going: this slot is skipped (or, with `queue`, waits for the end).
+        tasks: dict[str, AgentTask] = {}
+
+        def plan(due: list[Job]) -> tuple[list[Slot], list[Slot]]:
+            runs: list[Slot] = []
+            skips: list[Slot] = []
+            for job in due:
                 nxt = job.schedule.next_after(now, job.created_at)
-                skips.append((job, nxt, job.overlap == "queue"))
-            else:
-                batch.append((job, False))
-        await self._dispatch_many(batch, skips=skips)
-        return len(due)
+                if job.run_requested:
+                    runs.append((job, job.next_run, False))
+                elif job.running and job.overlap != "allow":
+                    # Still going: this slot is skipped (or, with `queue`, waits for the end).
+                    skips.append((job, nxt, job.overlap == "queue"))
+                else:
+                    runs.append((job, nxt, False))
+            return runs, skips
+
+        count, started = await self._store.dispatch_due(
+            now,
+            self._settings.max_dispatch_per_tick,
+            self._fence,
+            plan,
+            lambda job, task_id: self._created(job, task_id, tasks),
+        )
+        self._start(started, tasks)
+        return count
 
     async def _dispatch(
         self, job: Job, *, catchup: bool = False, keep_schedule: bool = False
     ) -> None:
-        await self._dispatch_many([(job, keep_schedule)], catchup=catchup)
-
-    async def _dispatch_many(
-        self,
-        batch: list[tuple[Job, bool]],
-        *,
-        catchup: bool = False,
-        skips: list[tuple[Job, int | None, bool]] | None = None,
-    ) -> None:
-        if not batch and not skips:
-            return
+        """One job outside a tick (a catch-up run, a queued run after its predecessor)."""
         now = self._now()
-        runs = [
-            (
-                job,
-                job.next_run if keep else job.schedule.next_after(now, job.created_at),
-                catchup,
-            )
-            for job, keep in batch
-        ]
+        nxt = job.next_run if keep_schedule else job.schedule.next_after(now, job.created_at)
         tasks: dict[str, AgentTask] = {}
-
-        def created(job: Job, task_id: str) -> list[NewEvent]:
-            task = replace(self._task(job, task_id), announced=True)
-            tasks[task_id] = task
-            return [created_event(task, self._settings)]
-
         if self._fence is None:
             raise StaleClaim(f"{self.name}: not the active scheduler")
-        # Only jobs still there and enabled under the lease check are started.
-        started = await self._store.start_runs(runs, now, created, self._fence, skips or ())
+        # Only a job still there and enabled under the lease check is started.
+        started = await self._store.start_runs(
+            [(job, nxt, catchup)],
+            now,
+            lambda job, task_id: self._created(job, task_id, tasks),
+            self._fence,
+        )
+        self._start(started, tasks)
+
+    def _created(self, job: Job, task_id: str, tasks: dict[str, AgentTask]) -> list[NewEvent]:
+        """A dispatched run's task.created (committed with its dispatch), kept in `tasks`."""
+        task = replace(self._task(job, task_id), announced=True)
+        tasks[task_id] = task
+        return [created_event(task, self._settings)]
+
+    def _start(self, started: list[tuple[Job, int, str]], tasks: dict[str, AgentTask]) -> None:
         for job, run_id, task_id in started:
             self.dispatched += 1
             self._inflight.add(run_id)

@@ -1,10 +1,12 @@
 """The scheduler's lease as a fenced claim (issue 16, item 1), against real Postgres: a job
-paused or deleted after the tick read what is due (the request answered mid-tick) is not
-dispatched and costs the scheduler nothing; a deposed scheduler dispatches nothing."""
+paused or deleted while a tick holds it (read under its row lock) is changed only after that
+tick's dispatch commits, and never dispatched after the request has answered; it costs the
+scheduler nothing; a deposed scheduler dispatches nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -13,6 +15,7 @@ import pytest
 
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.db import Database, connect
+from orchestrator.errors import Conflict
 from orchestrator.events import EventStore
 from orchestrator.runtime.claims import StaleClaim
 from orchestrator.scheduler import Job, JobSpec, JobStore, SchedulerService, every
@@ -28,17 +31,22 @@ class _Recorder:
 
 
 class _MidTick(JobStore):
-    """The real store; `meanwhile` runs after the tick has read what is due and before it
-    dispatches: a request answered in between."""
+    """The real store; `meanwhile(due)` starts (a task of its own) once the tick has read
+    what is due and before it writes: a request made mid-tick. `request` is that task."""
 
     meanwhile: Callable[[list[Job]], Awaitable[None]] | None = None
+    request: asyncio.Task[None] | None = None
 
-    async def due(self, now: int, limit: int) -> list[Job]:
-        jobs = await super().due(now, limit)
-        if self.meanwhile is not None and jobs:
-            hook, self.meanwhile = self.meanwhile, None
-            await hook(jobs)
-        return jobs
+    async def dispatch_due(  # type: ignore[override]
+        self, now: int, limit: int, fence: Any, plan: Any, extra_events: Any
+    ) -> tuple[int, list[tuple[Job, int, str]]]:
+        def planned(due: list[Job]) -> Any:
+            if self.meanwhile is not None and due:
+                hook, self.meanwhile = self.meanwhile, None
+                self.request = asyncio.ensure_future(hook(due))
+            return plan(due)
+
+        return await super().dispatch_due(now, limit, fence, planned, extra_events)
 
 
 @pytest.fixture
@@ -64,8 +72,18 @@ async def _active(service: SchedulerService) -> asyncio.Task[None]:
     raise AssertionError("the scheduler never became active")
 
 
+async def _dispatches(db: Database, job_id: int) -> int:
+    return int(
+        await db.pool.fetchval(
+            "SELECT count(*) FROM events WHERE type = 'scheduler.task_dispatched'"
+            " AND data->>'job_id' = $1",
+            str(job_id),
+        )
+    )
+
+
 @pytest.mark.parametrize("change", ["pause", "delete"])
-async def test_a_job_changed_mid_tick_is_not_dispatched(
+async def test_a_job_changed_mid_tick_waits_for_that_tick(
     make_settings: Any, db: Database, change: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = make_settings(timer_clamp_ms=200)
@@ -80,32 +98,45 @@ async def test_a_job_changed_mid_tick_is_not_dispatched(
         assert recorder.seen[0].prompt == "other"
         holder = await service._claims.holder("scheduler", "leader")
         target = await _due_job(store, db, "target")
-        changed = asyncio.Event()
+        # Dispatches of `target` committed when the request answered (or failed).
+        at_answer: list[int] = []
 
-        async def answer(jobs: list[Job]) -> None:
+        async def request(jobs: list[Job]) -> None:
             assert target.id in [j.id for j in jobs]
-            if change == "pause":
-                await store.pause(target.id)
-            else:
-                await store.delete(target.id)
-            changed.set()
+            try:
+                if change == "pause":
+                    await store.pause(target.id)
+                else:
+                    # The run the tick started may still be going: a 409, after the tick.
+                    with contextlib.suppress(Conflict):
+                        await store.delete(target.id)
+            finally:
+                at_answer.append(await _dispatches(db, target.id))
 
-        store.meanwhile = answer
+        store.meanwhile = request
         service.poke()
-        await asyncio.wait_for(changed.wait(), 10)
+        for _ in range(200):
+            if store.request is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert store.request is not None, "the tick never read `target`"
+        await asyncio.wait_for(store.request, 10)
+        # The request waited for the tick's row lock: the dispatch was already committed when
+        # it answered; a request that could answer mid-tick would have seen none.
+        assert at_answer == [1]
         # The next due job still goes out: the scheduler kept its lease and its loop.
         third = await _due_job(store, db, "third")
         service.poke()
-        await asyncio.wait_for(_seen(recorder, 2), 10)
-        assert [t.prompt for t in recorder.seen] == ["other", "third"]
+        await asyncio.wait_for(_seen(recorder, 3), 10)
+        assert sorted(t.prompt for t in recorder.seen) == ["other", "target", "third"]
         assert service.active
-        # Never dropped its lease to start over (the FK violation of a deleted job did).
         assert not [r for r in caplog.records if "starting over" in r.getMessage()]
         assert await service._claims.holder("scheduler", "leader") == holder
-        runs = await db.pool.fetchval(
-            "SELECT count(*) FROM scheduled_runs WHERE job_id = $1", target.id
-        )
-        assert runs == 0
+        # Nothing of `target` after the answer.
+        assert await _dispatches(db, target.id) == 1
+        if change == "pause":
+            paused = await store.get(target.id)
+            assert paused is not None and not paused.enabled
         assert third.id != other.id
     finally:
         runner.cancel()
@@ -155,11 +186,13 @@ class _BrokenOnce(JobStore):
 
     failed = False
 
-    async def due(self, now: int, limit: int) -> list[Job]:
+    async def dispatch_due(  # type: ignore[override]
+        self, now: int, limit: int, fence: Any, plan: Any, extra_events: Any
+    ) -> tuple[int, list[tuple[Job, int, str]]]:
         if not self.failed:
             self.failed = True
             raise RuntimeError("a bug in the tick")
-        return await super().due(now, limit)
+        return await super().dispatch_due(now, limit, fence, plan, extra_events)
 
 
 async def test_a_failing_tick_is_restarted_and_counted(make_settings: Any, db: Database) -> None:
