@@ -98,6 +98,13 @@ FILL_POLL_S = 1.0  # entries another process stored (agent workers) are found th
 # SELECT, one UPDATE) for a burst instead of one per store, which costs the stores far less
 # CPU; an entry is findable by vector this much later (by key and text at once).
 FILL_LINGER_S = 0.2
+# The filler yields to the stores: it fills once this process has stored nothing for
+# FILL_QUIET_S, or once an entry has waited FILL_MAX_WAIT_S (then it keeps filling until it
+# has caught up, so a steady stream of stores cannot starve it). An embedding and its HNSW
+# insert cost more CPU than the store itself (on two cores, filling alongside held the
+# stores to 0.31-0.41x a plain INSERT; issue 17).
+FILL_QUIET_S = 0.02
+FILL_MAX_WAIT_S = 2.0
 FILL_MAX_ATTEMPTS = 5
 FILL_BACKOFF_MAX_S = 30.0
 PROBE_TEXT = "hello"
@@ -145,10 +152,6 @@ def _version(text: str | None) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _array(values: list[float]) -> str:
-    return "{" + ",".join(repr(float(v)) for v in values) + "}"
-
-
 def _vector(values: list[float]) -> str:
     return "[" + ",".join(repr(float(v)) for v in values) + "]"
 
@@ -194,6 +197,8 @@ class MemoryStore:
         self._ef_search = int(ef_search)
         self._distrust_until = 0.0
         self._fill_wake = asyncio.Event()
+        self._last_store = 0.0  # monotonic time of this process's last store to embed
+        self._unfilled_since: float | None = None  # of the oldest such store not yet filled
         self._iterative = False
         self._put_newer = redis.register_script(_PUT_NEWER) if redis is not None else None
         self._mark = redis.register_script(_MARK) if redis is not None else None
@@ -401,6 +406,9 @@ class MemoryStore:
             raise
         assert row is not None
         if pending:
+            self._last_store = time.monotonic()
+            if self._unfilled_since is None:
+                self._unfilled_since = self._last_store
             self._fill_wake.set()
         entry = Entry(
             agent_id, key, value, row["user_uuid"], row["created_at"], expires, row["pinned"]
@@ -441,17 +449,17 @@ class MemoryStore:
             return 0
         texts = [r["value"][:EMBED_MAX_CHARS] for r in rows]
         try:
-            vectors: list[list[float] | None] = list(await self._embed_checked(texts))
+            vectors: list[list[float] | None] = list(await self._embed_checked(texts, behind=True))
         except EmbedderUnavailable as batch_error:
             vectors = [None] * len(texts)
             if len(texts) > 1:
                 for i, text in enumerate(texts):
                     with contextlib.suppress(EmbedderUnavailable):
-                        [vectors[i]] = await self._embed_checked([text])
+                        [vectors[i]] = await self._embed_checked([text], behind=True)
             if all(v is None for v in vectors):
                 # Nothing worked: the embedder is down, unless a known-good text embeds.
                 try:
-                    await self._embed_checked([PROBE_TEXT])
+                    await self._embed_checked([PROBE_TEXT], behind=True)
                 except EmbedderUnavailable:
                     raise batch_error from None
         done = [(r, v) for r, v in zip(rows, vectors, strict=True) if v is not None]
@@ -471,25 +479,32 @@ class MemoryStore:
             )
             log.warning("memory embeddings: %d entries could not be embedded", len(failed))
         if done:
-            vector_set = ", embedding = v.raw::real[]::vector" if self.pgvector else ""
+            vector_set = ", embedding = v.raw::vector" if self.pgvector else ""
+            # The vectors go as one flat real[] in asyncpg's binary encoding, each row taking
+            # its slice: formatting them as text cost the event loop ~5 ms a batch (issue 17:
+            # the stores' CPU while the filler ran).
             await self._pool.execute(
-                "UPDATE memory_entries m SET embedding_raw = v.raw::real[], embed_pending = false"
-                f"{vector_set} FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[],"
-                " $5::text[]) AS v(agent_id, key, at, raw, owner) WHERE m.agent_id = v.agent_id"
-                " AND m.owner = v.owner AND m.key = v.key AND m.updated_at = v.at"
-                " AND m.embed_pending",
+                "UPDATE memory_entries m SET embedding_raw = v.raw, embed_pending = false"
+                f"{vector_set} FROM (SELECT u.agent_id, u.key, u.at, u.owner,"
+                " ($4::real[])[(u.i - 1) * $6 + 1 : u.i * $6] AS raw"
+                " FROM unnest($1::text[], $2::text[], $3::bigint[], $5::text[])"
+                " WITH ORDINALITY AS u(agent_id, key, at, owner, i)) AS v"
+                " WHERE m.agent_id = v.agent_id AND m.owner = v.owner AND m.key = v.key"
+                " AND m.updated_at = v.at AND m.embed_pending",
                 [r["agent_id"] for r, _ in done],
                 [r["key"] for r, _ in done],
                 [r["updated_at"] for r, _ in done],
-                [_array(v) for _, v in done],
+                [x for _, v in done for x in v],
                 [r["owner"] for r, _ in done],
+                self._dim,
             )
         return len(done)
 
-    async def _embed_checked(self, texts: list[str]) -> list[list[float]]:
-        """Embeddings of the right dimension and finite float32 values, or EmbedderUnavailable."""
+    async def _embed_checked(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
+        """Embeddings of the right dimension and finite float32 values, or EmbedderUnavailable.
+        `behind`: for the filler (the embedder may give its CPU to the stores first)."""
         assert self.embedder is not None
-        vectors = await self.embedder.embed(texts)
+        vectors = await self.embedder.embed(texts, behind=behind)
         if len(vectors) != len(texts):
             raise EmbedderUnavailable(f"{self.embedder.name}: {len(vectors)} for {len(texts)}")
         for vector in vectors:
@@ -508,8 +523,15 @@ class MemoryStore:
         embedder fails."""
         backoff = FILL_POLL_S
         while True:
+            await self._until_quiet()
             try:
+                started = time.monotonic()
                 filled = await self.fill_embeddings()
+                if filled < FILL_BATCH:
+                    # Caught up with everything stored before this batch began.
+                    since = self._unfilled_since
+                    if since is not None and since <= started:
+                        self._unfilled_since = None
                 backoff = FILL_POLL_S
             except EmbedderUnavailable as exc:
                 log.warning("memory embeddings: %s", exc.message)
@@ -527,6 +549,18 @@ class MemoryStore:
             except TimeoutError:
                 continue
             await asyncio.sleep(FILL_LINGER_S)
+
+    async def _until_quiet(self) -> None:
+        """Wait while this process's stores keep coming (FILL_QUIET_S between them), but not
+        past FILL_MAX_WAIT_S after the oldest unfilled one."""
+        while True:
+            now = time.monotonic()
+            quiet_at = self._last_store + FILL_QUIET_S
+            since = self._unfilled_since
+            due_at = quiet_at if since is None else min(quiet_at, since + FILL_MAX_WAIT_S)
+            if now >= due_at:
+                return
+            await asyncio.sleep(due_at - now)
 
     # --- reads ------------------------------------------------------------------------------
 

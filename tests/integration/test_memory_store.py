@@ -7,6 +7,9 @@ the filler has embedded it."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +22,8 @@ from orchestrator.auth import Principal
 from orchestrator.db import Database, connect
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore
-from orchestrator.memory import MemoryStore
+from orchestrator.memory import LocalEmbedder, MemoryStore
+from orchestrator.memory._embed import BEHIND_NICENESS
 
 DIM = 384
 ANN = Principal("ann")
@@ -219,7 +223,7 @@ class GatedEmbedder:
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
+    async def embed(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
         self.entered.set()
         await self.gate.wait()
         return [[1.0 if i == len(t) % DIM else 0.0 for i in range(DIM)] for t in texts]
@@ -249,6 +253,92 @@ async def test_store_returns_before_the_embedding_and_vector_search_finds_it_aft
             "SELECT embed_pending FROM memory_entries WHERE key = 'deploy'"
         )
         assert pending is False
+    finally:
+        filler.cancel()
+        await asyncio.gather(filler, return_exceptions=True)
+
+
+class _NicenessEmbedder(LocalEmbedder):
+    """The real LocalEmbedder's threads and priorities; its model swapped for a recorder of
+    the niceness of the thread each embedding runs in."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.niceness: list[int] = []
+
+    def embed_sync(self, texts: list[str]) -> list[list[float]]:
+        self.niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return [[1.0 if i == len(t) % DIM else 0.0 for i in range(DIM)] for t in texts]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="thread niceness is set on Linux only")
+async def test_the_filler_embeds_at_the_lowest_priority_and_a_search_query_does_not(
+    stores: Stores,
+) -> None:
+    """Filling embeddings in behind the stores yields the CPU to them (issue 17: the local
+    embedder took the CPU the stores needed); a caller waiting for an embedding is not."""
+    embedder = _NicenessEmbedder()
+    memory = stores.memory(embedder)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    await memory.store("ns", "nice", "filled in behind", ANN)
+    assert await memory.fill_embeddings() == 1
+    assert embedder.niceness == [BEHIND_NICENESS]
+    assert own < BEHIND_NICENESS, "the test process already runs at the lowest priority"
+    await memory.embed_query("what was filled in")
+    assert embedder.niceness == [BEHIND_NICENESS, own]
+
+
+class _TimedEmbedder:
+    """Records when each embedding call was made (monotonic time)."""
+
+    name = "test:timed"
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    async def embed(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
+        self.calls.append(time.monotonic())
+        return [[1.0 if i == len(t) % DIM else 0.0 for i in range(DIM)] for t in texts]
+
+
+async def test_the_filler_yields_to_a_burst_of_stores_but_not_past_its_longest_wait(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17: embeddings are filled behind without slowing the stores. While this
+    process keeps storing (gaps shorter than FILL_QUIET_S) the filler waits, but never
+    longer than FILL_MAX_WAIT_S after the oldest unfilled store; then it catches up."""
+    monkeypatch.setattr(memory_store, "FILL_QUIET_S", 0.5)
+    monkeypatch.setattr(memory_store, "FILL_MAX_WAIT_S", 2.5)
+    embedder = _TimedEmbedder()
+    memory = stores.memory(embedder)
+    filler = asyncio.create_task(memory.run_filler())
+    try:
+        first = time.monotonic()
+        n = 0
+        # Back to back (each store is milliseconds, far under the 0.5 s quiet gap) until the
+        # filler runs; it must run, and not before the longest wait.
+        while not embedder.calls:
+            assert time.monotonic() - first < 20, "the filler never ran during the burst"
+            await memory.store("burst", f"k{n}", f"entry {n}", ANN)
+            n += 1
+        assert embedder.calls[0] - first >= 2.5 - 0.05
+        last = time.monotonic()
+        deadline = last + 20
+        while await stores.db.pool.fetchval(
+            "SELECT count(*) FROM memory_entries WHERE agent_id = 'burst' AND embed_pending"
+        ):
+            assert time.monotonic() < deadline, "the filler did not catch up"
+            await asyncio.sleep(0.05)
+        # Once the stores stop, a quiet gap later everything is filled.
+        n_after = n
+        await memory.store("burst", f"k{n_after}", "after the burst", ANN)
+        stored = time.monotonic()
+        while await stores.db.pool.fetchval(
+            "SELECT count(*) FROM memory_entries WHERE agent_id = 'burst' AND embed_pending"
+        ):
+            assert time.monotonic() - stored < 20, "the last store was never filled"
+            await asyncio.sleep(0.05)
+        assert embedder.calls[-1] - stored >= 0.5 - 0.05  # it waited for the quiet gap
     finally:
         filler.cancel()
         await asyncio.gather(filler, return_exceptions=True)
