@@ -395,8 +395,8 @@ class EventStore:
         """The transaction that appended `events` (`append_beside`) has committed: run the
         post-commit hooks and wake the feeds (coalesced, off the caller's path)."""
         if events:
+            self._notify_soon()  # first: a caller cancelled during the hooks still wakes them
             await asyncio.shield(self._after_commit(events))
-            self._notify_soon()
 
     @staticmethod
     def _marks(n: int, count: int) -> str:

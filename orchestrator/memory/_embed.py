@@ -57,8 +57,12 @@ class Embedder(Protocol):
 # filling embeddings in behind the stores takes only CPU nobody else wants (on two cores the
 # ONNX run took the CPU the stores need: 0.31-0.37x a plain INSERT while it filled, against
 # 0.50-0.53x without it). A caller who waits for an embedding (a search's query, POST
-# /embeddings) is served at the process's own priority.
+# /embeddings) is served at the process's own priority. Only that thread is lowered: the
+# model is loaded and the tokenizer's worker pool started at the process's priority (new
+# threads inherit their creator's), so with `embedder_threads` > 1 ONNX's pool threads and
+# the tokenizer's keep it for behind work too.
 BEHIND_NICENESS = 19
+PROBE = "warm up"
 
 
 def _run_behind() -> None:
@@ -157,6 +161,10 @@ class LocalEmbedder:
         try:
             if not behind:
                 return await asyncio.to_thread(self.embed_sync, texts)
+            if self._session is None:
+                # Loaded (and the tokenizer's pool started) at the process's priority: threads
+                # inherit their creator's niceness, and a waiting caller's embeddings use them.
+                await asyncio.to_thread(self.embed_sync, [PROBE])
             if self._behind is None:
                 self._behind = ThreadPoolExecutor(
                     1, thread_name_prefix="embedder-behind", initializer=_run_behind

@@ -524,14 +524,15 @@ class MemoryStore:
         backoff = FILL_POLL_S
         while True:
             await self._until_quiet()
+            # Cleared before the batch is read: a store from here on wakes the next round.
+            self._fill_wake.clear()
             try:
                 started = time.monotonic()
                 filled = await self.fill_embeddings()
                 if filled < FILL_BATCH:
-                    # Caught up with everything stored before this batch began.
-                    since = self._unfilled_since
-                    if since is not None and since <= started:
-                        self._unfilled_since = None
+                    # Caught up with what was stored before this batch was read; a store
+                    # since is the oldest unfilled one now (counted from `started`).
+                    self._unfilled_since = None if self._last_store <= started else started
                 backoff = FILL_POLL_S
             except EmbedderUnavailable as exc:
                 log.warning("memory embeddings: %s", exc.message)
@@ -543,11 +544,11 @@ class MemoryStore:
                 backoff = min(FILL_BACKOFF_MAX_S, backoff * 2)
             if filled >= FILL_BATCH:
                 continue  # a full batch: likely more waiting
-            self._fill_wake.clear()
-            try:
-                await asyncio.wait_for(self._fill_wake.wait(), backoff)
-            except TimeoutError:
-                continue
+            if not self._fill_wake.is_set():
+                try:
+                    await asyncio.wait_for(self._fill_wake.wait(), backoff)
+                except TimeoutError:
+                    continue
             await asyncio.sleep(FILL_LINGER_S)
 
     async def _until_quiet(self) -> None:

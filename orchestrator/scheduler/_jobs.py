@@ -574,23 +574,31 @@ class JobStore:
                     paused_reason=reason or job.paused_reason,
                     updated_at=ts,
                 )
-                committed = await self._events.append_beside(
-                    conn,
-                    [
+                # An `at` job marked delete_after_run goes with its run's end.
+                gone = job.delete_after_run and job.schedule.type == "at" and job.next_run is None
+                change = (
+                    ("state AS (DELETE FROM scheduled_jobs WHERE id = $1 RETURNING 1)", [job_id])
+                    if gone
+                    else (
                         "state AS (UPDATE scheduled_jobs SET running = $2, last_result = $3,"
                         " last_error = $4, consecutive_errors = $5, enabled = $6,"
-                        " paused_reason = $7, updated_at = $8 WHERE id = $1 RETURNING 1)"
-                    ],
-                    [
-                        job_id,
-                        updated.running,
-                        result,
-                        error,
-                        errors,
-                        updated.enabled,
-                        updated.paused_reason,
-                        ts,
-                    ],
+                        " paused_reason = $7, updated_at = $8 WHERE id = $1 RETURNING 1)",
+                        [
+                            job_id,
+                            updated.running,
+                            result,
+                            error,
+                            errors,
+                            updated.enabled,
+                            updated.paused_reason,
+                            ts,
+                        ],
+                    )
+                )
+                committed = await self._events.append_beside(
+                    conn,
+                    [change[0]],
+                    change[1],
                     [
                         _event(
                             job_id,
@@ -606,9 +614,6 @@ class JobStore:
                         )
                     ],
                 )
-                gone = job.delete_after_run and job.schedule.type == "at" and job.next_run is None
-                if gone:
-                    await conn.execute("DELETE FROM scheduled_jobs WHERE id = $1", job_id)
         await self._events.committed(committed)
         return None if gone else updated
 

@@ -239,10 +239,11 @@ class SchedulerService:
             runs: list[Slot] = []
             skips: list[Slot] = []
             for job in due:
-                nxt = job.schedule.next_after(now, job.created_at)
                 if job.run_requested:
                     runs.append((job, job.next_run, False))
-                elif job.running and job.overlap != "allow":
+                    continue
+                nxt = job.schedule.next_after(now, job.created_at)
+                if job.running and job.overlap != "allow":
                     # Still going: this slot is skipped (or, with `queue`, waits for the end).
                     skips.append((job, nxt, job.overlap == "queue"))
                 else:

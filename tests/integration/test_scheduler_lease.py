@@ -32,10 +32,27 @@ class _Recorder:
 
 class _MidTick(JobStore):
     """The real store; `meanwhile(due)` starts (a task of its own) once the tick has read
-    what is due and before it writes: a request made mid-tick. `request` is that task."""
+    what is due and before it writes: a request made mid-tick. `request` is that task. The
+    tick's write then waits until that request is either done or blocked on a row lock in
+    Postgres, so a request that does not have to wait for the tick answers before it."""
 
     meanwhile: Callable[[list[Job]], Awaitable[None]] | None = None
     request: asyncio.Task[None] | None = None
+    blocked: bool = False  # the request was seen waiting for a lock
+
+    async def hold_the_write(self) -> None:
+        deadline = time.monotonic() + 10
+        while self.request is not None and not self.request.done():
+            waiting = await self.pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database() AND query LIKE '%FOR UPDATE%'"
+                " AND pid <> pg_backend_pid()"
+            )
+            if waiting:
+                self.blocked = True
+                return
+            assert time.monotonic() < deadline, "the request neither answered nor waited"
+            await asyncio.sleep(0.01)
 
     async def dispatch_due(  # type: ignore[override]
         self, now: int, limit: int, fence: Any, plan: Any, extra_events: Any
@@ -49,6 +66,19 @@ class _MidTick(JobStore):
         return await super().dispatch_due(now, limit, fence, planned, extra_events)
 
 
+class _HeldEvents(EventStore):
+    """The real event store; the tick's one write (`append_beside`) first waits for
+    `store.hold_the_write()` when a mid-tick request is out."""
+
+    store: _MidTick | None = None
+
+    async def append_beside(self, conn: Any, ctes: Any, args: Any, events: Any) -> Any:
+        if self.store is not None and self.store.request is not None:
+            store, self.store = self.store, None
+            await store.hold_the_write()
+        return await super().append_beside(conn, ctes, args, events)
+
+
 @pytest.fixture
 async def db(make_settings: Any) -> AsyncIterator[Database]:
     database = await connect(make_settings().database_url)
@@ -58,9 +88,13 @@ async def db(make_settings: Any) -> AsyncIterator[Database]:
 
 async def _due_job(store: JobStore, db: Database, name: str) -> Job:
     job = await store.create(JobSpec(name=name, prompt=name, schedule=every(3_600_000)), "a", 10)
+    await _make_due(db, job)
+    return job
+
+
+async def _make_due(db: Database, job: Job) -> None:
     past = int(time.time() * 1000) - 1000
     await db.pool.execute("UPDATE scheduled_jobs SET next_run = $2 WHERE id = $1", job.id, past)
-    return job
 
 
 async def _active(service: SchedulerService) -> asyncio.Task[None]:
@@ -88,16 +122,21 @@ async def test_a_job_changed_mid_tick_waits_for_that_tick(
 ) -> None:
     settings = make_settings(timer_clamp_ms=200)
     assert settings.database_url
-    store = _MidTick(db.pool, EventStore(db.pool))
+    events = _HeldEvents(db.pool)
+    store = _MidTick(db.pool, events)
     other = await _due_job(store, db, "other")
     recorder = _Recorder()
     service = SchedulerService(store, recorder, settings, settings.database_url)
     runner = await _active(service)
     try:
         await asyncio.wait_for(_seen(recorder, 1), 10)  # `other` ran: the loop is healthy
+        events.store = store
         assert recorder.seen[0].prompt == "other"
         holder = await service._claims.holder("scheduler", "leader")
-        target = await _due_job(store, db, "target")
+        # Not due yet: the hook is in place before it is (the scheduler shares this loop).
+        target = await store.create(
+            JobSpec(name="target", prompt="target", schedule=every(3_600_000)), "a", 10
+        )
         # Dispatches of `target` committed when the request answered (or failed).
         at_answer: list[int] = []
 
@@ -114,6 +153,7 @@ async def test_a_job_changed_mid_tick_waits_for_that_tick(
                 at_answer.append(await _dispatches(db, target.id))
 
         store.meanwhile = request
+        await _make_due(db, target)
         service.poke()
         for _ in range(200):
             if store.request is not None:
@@ -121,8 +161,9 @@ async def test_a_job_changed_mid_tick_waits_for_that_tick(
             await asyncio.sleep(0.05)
         assert store.request is not None, "the tick never read `target`"
         await asyncio.wait_for(store.request, 10)
-        # The request waited for the tick's row lock: the dispatch was already committed when
-        # it answered; a request that could answer mid-tick would have seen none.
+        # The request waited for the tick's row lock (seen in Postgres), and the dispatch was
+        # committed when it answered; one that could answer mid-tick would have seen none.
+        assert store.blocked
         assert at_answer == [1]
         # The next due job still goes out: the scheduler kept its lease and its loop.
         third = await _due_job(store, db, "third")
