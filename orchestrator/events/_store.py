@@ -358,8 +358,7 @@ class EventStore:
         )
         committed = self._numbered(prepared, ids, timestamp, rows)
         if isinstance(conn, asyncpg.Pool):
-            await asyncio.shield(self._after_commit(committed))
-            self._notify_soon()
+            await self.committed(committed)
         return (rows[0] if rows else None), committed
 
     async def append_beside(
@@ -392,8 +391,9 @@ class EventStore:
         return self._numbered(prepared, ids, timestamp, rows)
 
     async def committed(self, events: list[Event]) -> None:
-        """The transaction that appended `events` (`append_beside`) has committed: run the
-        post-commit hooks and wake the feeds (coalesced, off the caller's path)."""
+        """The transaction that appended `events` (`append_beside`, `append_with` on a
+        connection) has committed: run the post-commit hooks and wake the feeds (coalesced,
+        off the caller's path)."""
         if events:
             self._notify_soon()  # first: a caller cancelled during the hooks still wakes them
             await asyncio.shield(self._after_commit(events))

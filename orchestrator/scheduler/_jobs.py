@@ -13,7 +13,7 @@ import asyncpg
 
 from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest, Conflict, NotFound
-from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.events import Event, EventStore, EventTransaction, NewEvent
 from orchestrator.runtime.claims import Fence, StaleClaim
 from orchestrator.scheduler._schedule import Schedule
 
@@ -385,31 +385,9 @@ class JobStore:
                 due = [_job(r) for r in rows if r["id"] is not None]
                 if not due:
                     return 0, []
-                run_ids: list[int] = list(rows[0]["_run_ids"])
                 runs, skips = plan(due)
-                out = [
-                    (job, run_id, f"job-{job.id}-run-{run_id}")
-                    for (job, _, _), run_id in zip(runs, run_ids, strict=False)
-                ]
-                events: list[NewEvent] = []
-                for (job, next_run, catchup), (_, _, task_id) in zip(runs, out, strict=True):
-                    events.append(_dispatched(job, task_id, next_run, catchup))
-                    events.extend(extra_events(job, task_id))
-                committed = await self._events.append_beside(
-                    conn,
-                    _TICK_CTES,
-                    [
-                        now,
-                        [job.id for job, _, _ in skips],
-                        [nxt for _, nxt, _ in skips],
-                        [queue for _, _, queue in skips],
-                        [run_id for _, run_id, _ in out],
-                        [job.id for job, _, _ in out],
-                        [task_id for _, _, task_id in out],
-                        [catchup for _, _, catchup in runs],
-                        [nxt for _, nxt, _ in runs],
-                    ],
-                    events,
+                out, committed = await self._write_runs(
+                    conn, now, runs, list(rows[0]["_run_ids"]), skips, extra_events
                 )
         await self._events.committed(committed)
         return len(due), out
@@ -432,80 +410,79 @@ class JobStore:
 
     async def start_runs(
         self,
-        runs: Sequence[tuple[Job, int | None, bool]],
+        runs: Sequence[Slot],
         now: int,
         extra_events: Callable[[Job, str], Sequence[NewEvent]] | None = None,
         fence: Fence | None = None,
-        skips: Sequence[tuple[Job, int | None, bool]] = (),
     ) -> list[tuple[Job, int, str]]:
-        """Record dispatches — (job, its next run, catch-up?) each — in one transaction (one
-        commit for a whole tick); (job, run id, task id) of each started. Under `fence`
-        (the scheduler's lease; StaleClaim if lost) and the jobs' row locks, a job deleted
-        or disabled since it was read is left out: a pause or DELETE that has answered is
-        never followed by a dispatch. `extra_events(job, task_id)` commit with them (the
-        task's task.created). `skips` — (job, its next run, queue?) of due jobs whose run
-        is still going — move to their next slot in the same commit (`reschedule`)."""
-        out: list[tuple[Job, int, str]] = []
-        if not runs and not skips:
-            return out
-        async with self._events.transaction() as tx:
-            if fence is not None:
-                await fence.check(tx.conn)
-            live = {
-                r["id"]
-                for r in await tx.conn.fetch(
-                    "SELECT id FROM scheduled_jobs WHERE id = ANY($1::bigint[]) AND enabled"
-                    " ORDER BY id FOR UPDATE",
-                    sorted({job.id for job, _, _ in [*runs, *skips]}),
+        """Record dispatches outside a tick (a catch-up run, a queued run) — (job, its next
+        run, catch-up?) each — in one transaction; (job, run id, task id) of each started.
+        Under `fence` (the scheduler's lease; StaleClaim if lost) and the jobs' row locks, a
+        job deleted or disabled since it was read is left out: a pause or DELETE that has
+        answered is never followed by a dispatch. `extra_events(job, task_id)` commit with
+        them (the task's task.created)."""
+        if not runs:
+            return []
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                if fence is not None:
+                    await fence.check(conn)
+                live = {
+                    r["id"]: r["run_id"]
+                    for r in await conn.fetch(
+                        "SELECT id, nextval(pg_get_serial_sequence('scheduled_runs', 'id'))"
+                        " AS run_id FROM scheduled_jobs WHERE id = ANY($1::bigint[]) AND enabled"
+                        " ORDER BY id FOR UPDATE",
+                        sorted({job.id for job, _, _ in runs}),
+                    )
+                }
+                runs = [run for run in runs if run[0].id in live]
+                out, committed = await self._write_runs(
+                    conn, now, runs, [live[job.id] for job, _, _ in runs], (), extra_events
                 )
-            }
-            skips = [skip for skip in skips if skip[0].id in live]
-            if skips:
-                # One statement for every skipped slot of the tick (no round trip each).
-                await tx.conn.execute(
-                    "UPDATE scheduled_jobs SET next_run = x.n, queued = queued OR x.q,"
-                    " updated_at = $4 FROM unnest($1::bigint[], $2::bigint[], $3::boolean[])"
-                    " AS x(j, n, q) WHERE id = x.j",
-                    [job.id for job, _, _ in skips],
-                    [nxt for _, nxt, _ in skips],
-                    [queue for _, _, queue in skips],
-                    now,
-                )
-            runs = [run for run in runs if run[0].id in live]
-            if not runs:
-                return out
-            # The run's id is drawn first so its task id is written with it (one statement).
-            run_ids = await tx.conn.fetch(
-                "INSERT INTO scheduled_runs (id, job_id, task_id, catchup, started_at)"
-                " SELECT r, j, 'job-' || j || '-run-' || r, c, $3 FROM"
-                " (SELECT nextval(pg_get_serial_sequence('scheduled_runs', 'id')) AS r, j, c"
-                "  FROM unnest($1::bigint[], $2::boolean[]) AS x(j, c)) AS y"
-                " RETURNING id, job_id",
-                [job.id for job, _, _ in runs],
-                [catchup for _, _, catchup in runs],
-                now,
-            )
-            ids = {r["job_id"]: r["id"] for r in run_ids}
-            events: list[NewEvent] = []
-            updates = []
-            for job, next_run, catchup in runs:
-                run_id = ids[job.id]
-                task_id = f"job-{job.id}-run-{run_id}"
-                out.append((job, run_id, task_id))
-                updates.append((job.id, now, next_run))
-                events.append(_dispatched(job, task_id, next_run, catchup))
-                if extra_events is not None:
-                    events.extend(extra_events(job, task_id))
-            await tx.conn.execute(
-                "UPDATE scheduled_jobs SET running = running + 1, last_run = $2, next_run = x.n,"
-                " run_requested = false, queued = false, updated_at = $2"
-                " FROM unnest($1::bigint[], $3::bigint[]) AS x(j, n) WHERE id = x.j",
-                [job_id for job_id, _, _ in updates],
-                now,
-                [nxt for _, _, nxt in updates],
-            )
-            await tx.append(events)
+        await self._events.committed(committed)
         return out
+
+    async def _write_runs(
+        self,
+        conn: asyncpg.Connection,
+        now: int,
+        runs: Sequence[Slot],
+        run_ids: Sequence[int],
+        skips: Sequence[Slot],
+        extra_events: Callable[[Job, str], Sequence[NewEvent]] | None,
+    ) -> tuple[list[tuple[Job, int, str]], list[Event]]:
+        """In the caller's transaction, holding the jobs' row locks: the runs (with their
+        drawn ids) inserted, their jobs moved on, the skipped slots passed, and the
+        dispatch events (plus `extra_events`) appended, in one statement (`_TICK_CTES`)."""
+        if not runs and not skips:
+            return [], []
+        out = [
+            (job, run_id, f"job-{job.id}-run-{run_id}")
+            for (job, _, _), run_id in zip(runs, run_ids, strict=False)
+        ]
+        events: list[NewEvent] = []
+        for (job, next_run, catchup), (_, _, task_id) in zip(runs, out, strict=True):
+            events.append(_dispatched(job, task_id, next_run, catchup))
+            if extra_events is not None:
+                events.extend(extra_events(job, task_id))
+        committed = await self._events.append_beside(
+            conn,
+            _TICK_CTES,
+            [
+                now,
+                [job.id for job, _, _ in skips],
+                [nxt for _, nxt, _ in skips],
+                [queue for _, _, queue in skips],
+                [run_id for _, run_id, _ in out],
+                [job.id for job, _, _ in out],
+                [task_id for _, _, task_id in out],
+                [catchup for _, _, catchup in runs],
+                [nxt for _, nxt, _ in runs],
+            ],
+            events,
+        )
+        return out, committed
 
     async def reschedule(
         self, job: Job, next_run: int | None, *, queue: bool = False, fence: Fence | None = None

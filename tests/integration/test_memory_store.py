@@ -292,15 +292,25 @@ async def test_the_filler_embeds_at_the_lowest_priority_and_a_search_query_does_
 
 
 class _TimedEmbedder:
-    """Records when each embedding call was made (monotonic time)."""
+    """Records when each embedding call was made (monotonic time) and which texts it was
+    given; `wait_for(texts)` returns once all of them have been embedded."""
 
     name = "test:timed"
 
     def __init__(self) -> None:
         self.calls: list[float] = []
+        self.embedded: set[str] = set()
+        self._more = asyncio.Condition()
+
+    async def wait_for(self, texts: set[str], within: float = 30) -> None:
+        async with self._more:
+            await asyncio.wait_for(self._more.wait_for(lambda: texts <= self.embedded), within)
 
     async def embed(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
         self.calls.append(time.monotonic())
+        async with self._more:
+            self.embedded.update(texts)
+            self._more.notify_all()
         return [[1.0 if i == len(t) % DIM else 0.0 for i in range(DIM)] for t in texts]
 
 
@@ -335,22 +345,12 @@ async def test_the_filler_yields_to_a_burst_of_stores_but_not_past_its_longest_w
             first_call - stored[0],
             max(gaps),
         )
-        deadline = time.monotonic() + 30
-        while await stores.db.pool.fetchval(
-            "SELECT count(*) FROM memory_entries WHERE agent_id = 'burst' AND embed_pending"
-        ):
-            assert time.monotonic() < deadline, "the filler did not catch up"
-            await asyncio.sleep(0.05)
+        # It catches up with the whole burst.
+        await embedder.wait_for({f"entry {i}" for i in range(n)})
         # One more store on its own: filled once the quiet gap after it has passed.
-        calls = len(embedder.calls)
         await memory.store("burst", f"k{n}", "after the burst", ANN)
         last = memory._last_store
-        while await stores.db.pool.fetchval(
-            "SELECT count(*) FROM memory_entries WHERE agent_id = 'burst' AND embed_pending"
-        ):
-            assert time.monotonic() - last < 30, "the last store was never filled"
-            await asyncio.sleep(0.05)
-        assert len(embedder.calls) > calls
+        await embedder.wait_for({"after the burst"})
         assert embedder.calls[-1] - last >= quiet - 0.05  # it waited for the quiet gap
     finally:
         filler.cancel()
