@@ -24,6 +24,7 @@ from deployments.context import (
 from deployments.errors import install_error_handlers
 from deployments.middleware import RequestContextMiddleware
 from deployments.routers import ROUTERS
+from deployments.routers.gateway import DIRECT_ROUTES
 from deployments.ui import mount as mount_ui
 from orchestrator.agents import AgentRunner, LocalDispatcher
 from orchestrator.auth import (
@@ -328,6 +329,10 @@ def create_app(
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
         redoc_url=None,
+        # FastAPI's own OpenTelemetry hooks: off. The service has its request ids, access log
+        # and metrics; and with them on, every request asks the global OpenTelemetry
+        # providers whether they are configured (measured on the gateway's path).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
     for router in ROUTERS:
@@ -345,5 +350,6 @@ def create_app(
         templates=templates,
         echo_request_id=echo_request_id,
         ingress_key=settings.ingress_key.get_secret_value() if settings.ingress_key else None,
+        direct_routes={(m, API_PREFIX + path): route for (m, path), route in DIRECT_ROUTES.items()},
     )
     return app

@@ -49,6 +49,14 @@ def error_response(exc: OrchestratorError, request_id: str | None) -> JSONRespon
     return JSONResponse(exc.body(request_id), status_code=exc.status_code, headers=exc.headers)
 
 
+def domain_error_response(exc: OrchestratorError, request_id: str | None) -> JSONResponse:
+    """A domain error raised by a route (FastAPI's handler, or the middleware's direct
+    routes): its own status and body; a dependency that is down is logged."""
+    if exc.status_code == 503:
+        log.warning("%s (request_id=%s): %s", exc.code, request_id, exc.message)
+    return error_response(exc, request_id)
+
+
 def internal_error_response(
     exc: BaseException, request_id: str | None, target: str = ""
 ) -> JSONResponse:
@@ -88,9 +96,7 @@ def validation_message(exc: RequestValidationError) -> tuple[str, list[dict[str,
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OrchestratorError)
     async def _domain(request: Request, exc: OrchestratorError) -> JSONResponse:
-        if exc.status_code == 503:
-            log.warning("%s (request_id=%s): %s", exc.code, request_id_of(request), exc.message)
-        return error_response(exc, request_id_of(request))
+        return domain_error_response(exc, request_id_of(request))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -172,6 +172,7 @@ def _hardening_wrapper(settings: Settings, binary: str, run_dir: Path) -> str:
                     ingress_key=(
                         settings.ingress_key.get_secret_value() if settings.ingress_key else ""
                     ),
+                    request_log=settings.proxy_request_log,
                 )
             )
         )

@@ -9,13 +9,15 @@ import hmac
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.client_address import scope_client_address
-from deployments.errors import error_response, internal_error_response
+from deployments.errors import domain_error_response, internal_error_response
 from deployments.input_guard import check_json, check_target, is_json
+from orchestrator.auth import Principal
 from orchestrator.errors import (
     MisdirectedRequest,
     OrchestratorError,
@@ -23,6 +25,11 @@ from orchestrator.errors import (
     Unauthorized,
 )
 from orchestrator.observability import RouteTemplates, log_access
+from orchestrator.providers._json import loads
+
+# A route served by the middleware itself: (context, caller, request id, JSON body) -> the
+# response to send (an ASGI app). See `RequestContextMiddleware._direct`.
+DirectRoute = Callable[[Any, Principal, str, dict[str, Any]], Awaitable[ASGIApp]]
 
 CLIENT_CLOSED = 499
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -59,6 +66,7 @@ class RequestContextMiddleware:
         templates: RouteTemplates,
         echo_request_id: bool,
         ingress_key: str | None = None,
+        direct_routes: Mapping[tuple[str, str], DirectRoute] | None = None,
     ) -> None:
         self.app = app
         self._ingress_key = ingress_key
@@ -66,6 +74,24 @@ class RequestContextMiddleware:
         self._templates = templates
         # Serve's proxy already answers with X-Request-ID (the id it put in the request headers).
         self._echo = echo_request_id
+        self._direct_routes = dict(direct_routes or {})
+
+    def _direct(
+        self, scope: Scope, state: dict[str, Any], body: bytes | None
+    ) -> tuple[DirectRoute, dict[str, Any]] | None:
+        """The route to serve without FastAPI's routing and dependency resolution (the
+        gateway's, on every model call's path), with its JSON object body; None: FastAPI
+        serves the request (also a body that is not a JSON object, for its own errors)."""
+        if body is None or "principal" not in state:
+            return None
+        route = self._direct_routes.get((scope["method"], scope["path"]))
+        if route is None:
+            return None
+        try:
+            data = loads(body)
+        except (ValueError, RecursionError):
+            return None
+        return (route, data) if isinstance(data, dict) else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -131,15 +157,22 @@ class RequestContextMiddleware:
                 )
             check_target(scope)
             body_receive = _capped(receive, limit)
+            body: bytes | None = None
             if scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
                 body = await _read_body(body_receive)
                 check_json(body)
                 body_receive = _replay(body, receive)
-            await self.app(scope, body_receive, send_with_id)
+            direct = self._direct(scope, state, body)
+            if direct is not None:
+                serve_direct, data = direct
+                response = await serve_direct(ctx, state["principal"], request_id, data)
+                await response(scope, body_receive, send_with_id)
+            else:
+                await self.app(scope, body_receive, send_with_id)
         except OrchestratorError as exc:
             if status is not None:
                 raise  # the answer has begun: nothing else can be sent
-            await error_response(exc, request_id)(scope, receive, send_with_id)
+            await domain_error_response(exc, request_id)(scope, receive, send_with_id)
         except Exception as exc:
             if status is not None:
                 raise

@@ -137,6 +137,11 @@ class Settings(BaseSettings):
     proxy_max_conns_per_source: int = Field(
         256, ge=1, description="HAProxy: open connections allowed per client address"
     )
+    proxy_request_log: bool = Field(
+        False,
+        description="HAProxy: a log line per request (feeds Serve's HTTP request metrics in "
+        "the Ray dashboard; the replicas' access log and svc_http_* count every request anyway)",
+    )
     api_replicas: int = Field(
         2, ge=1, description="Replicas of the HTTP ingress deployment (2: throughput, failover)"
     )

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Body, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
@@ -79,9 +79,28 @@ async def chat_completions(
     body: JsonBody, request: Request, ctx: Ctx, principal: CurrentUser
 ) -> Any:
     """OpenAI chat completions; `stream: true` answers SSE `data: <chunk>` ... `data: [DONE]`."""
+    return await serve_chat_completions(ctx, principal, _request_id(request), body)
+
+
+@router.post("/messages")
+async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: CurrentUser) -> Any:
+    """Anthropic Messages; `stream: true` answers the real event sequence (message_start,
+    content_block_start/delta/stop, message_delta, message_stop)."""
+    return await serve_messages(ctx, principal, _request_id(request), body)
+
+
+# The two routes above are also served without FastAPI's routing and dependencies: the
+# request-context middleware, which has already authenticated the caller and read the
+# body, hands a JSON object body straight to these (deployments/middleware.py, `_direct`).
+# Anything else (a body that is not a JSON object) goes the FastAPI way, for its errors.
+
+
+async def serve_chat_completions(
+    ctx: AppContext, principal: Principal, request_id: str, body: dict[str, Any]
+) -> Response:
     chat = _with_default_model(openai_format.decode_request(body), ctx)
     include_usage = openai_format.wants_usage(body)
-    call = _Call(ctx, principal, request, chat)
+    call = _Call(ctx, principal, request_id, chat)
     if not chat.stream:
         response = await call.complete()
         return _JsonResponse(
@@ -104,12 +123,11 @@ async def chat_completions(
     return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
 
 
-@router.post("/messages")
-async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: CurrentUser) -> Any:
-    """Anthropic Messages; `stream: true` answers the real event sequence (message_start,
-    content_block_start/delta/stop, message_delta, message_stop)."""
+async def serve_messages(
+    ctx: AppContext, principal: Principal, request_id: str, body: dict[str, Any]
+) -> Response:
     chat = _with_default_model(anthropic_format.decode_request(body), ctx)
-    call = _Call(ctx, principal, request, chat)
+    call = _Call(ctx, principal, request_id, chat)
     if not chat.stream:
         response = await call.complete()
         return _JsonResponse(
@@ -128,6 +146,17 @@ async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: Curren
         done=b"",
     )
     return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
+
+
+# The routes the middleware serves directly (paths under the API prefix).
+DIRECT_ROUTES = {
+    ("POST", "/chat/completions"): serve_chat_completions,
+    ("POST", "/messages"): serve_messages,
+}
+
+
+def _request_id(request: Request) -> str:
+    return str(getattr(request.state, "request_id", "") or "")
 
 
 # Where providers live and what they answered (URLs, upstream error text) is for admins:
@@ -174,12 +203,12 @@ class _Call:
     """One gateway call and its `inference.*` record."""
 
     def __init__(
-        self, ctx: AppContext, principal: Principal, request: Request, chat: ChatRequest
+        self, ctx: AppContext, principal: Principal, request_id: str, chat: ChatRequest
     ) -> None:
         self.ctx = ctx
         self.principal = principal
         self.chat = chat
-        self.request_id = str(getattr(request.state, "request_id", "") or "")
+        self.request_id = request_id
         self.started = time.perf_counter()
         self.provider = ""
         self.routed: RoutedStream | None = None
@@ -403,4 +432,4 @@ async def _batches(
                 await reader
 
 
-__all__ = ["router"]
+__all__ = ["DIRECT_ROUTES", "router"]

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from orchestrator.config import PROVIDER_KINDS, Settings
 from orchestrator.errors import BadRequest, ErrorCode, NotFound, ServiceUnavailable
 from orchestrator.observability import MetricsRecorder
 from orchestrator.providers import _params
 from orchestrator.providers._breaker import BreakerState, CircuitBreaker
+from orchestrator.providers._client import UpstreamClient, upstream_client
 from orchestrator.providers._registry import build_adapter, configured_providers
 from orchestrator.providers._types import (
     ChatRequest,
@@ -114,46 +114,6 @@ class RoutedStream:
 
 def _is_content(event: StreamEvent) -> bool:
     return not isinstance(event, MessageStart)
-
-
-class _NoCookies(httpx.Cookies):
-    """A cookie jar that keeps nothing. Upstream calls are stateless and made for many
-    tenants over one client: a cookie one tenant's call received must not ride on
-    another's. And httpx parsing every response's cookies was ~10% of a gateway call's CPU."""
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        return None
-
-
-class UpstreamClient(httpx.AsyncClient):
-    """An httpx client without a cookie jar (see `_NoCookies`)."""
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        return _NO_COOKIES
-
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        if cookies:
-            raise ValueError("upstream clients keep no cookies")
-
-
-_NO_COOKIES = _NoCookies()
-
-
-def upstream_client(settings: Settings) -> httpx.AsyncClient:
-    """The HTTP client of upstream calls: httpx's API over aiohttp's connection pool.
-    httpcore's pool checks every idle connection on each request (a `poll` per connection),
-    which under 32 concurrent calls took 45% of the ingress CPU; aiohttp's pool does not."""
-    return UpstreamClient(
-        transport=AiohttpTransport(
-            limits=httpx.Limits(max_connections=1000, keepalive_expiry=30.0), trust_env=False
-        ),
-        timeout=httpx.Timeout(
-            settings.provider_timeout_s, connect=settings.provider_connect_timeout_s
-        ),
-        trust_env=False,
-    )
 
 
 # Kinds whose requests are signed over their exact path (SigV4: Bedrock's model ids hold

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from orchestrator.providers import _client
+from orchestrator.providers._client import UpstreamClient, UpstreamResponse
 from orchestrator.providers._json import dumps, loads
 from orchestrator.providers._types import (
     Block,
@@ -43,7 +45,7 @@ __all__ = [
 ]
 
 
-def retry_after_of(response: httpx.Response) -> float | None:
+def retry_after_of(response: httpx.Response | UpstreamResponse) -> float | None:
     raw = response.headers.get("retry-after")
     if raw is None:
         return None
@@ -84,7 +86,7 @@ def error_message(body: bytes) -> str:
     return json.dumps(data)[:500]
 
 
-def _raise_for(provider: str, response: httpx.Response, body: bytes) -> None:
+def _raise_for(provider: str, response: httpx.Response | UpstreamResponse, body: bytes) -> None:
     raise ProviderError.from_status(
         provider, response.status_code, error_message(body), retry_after_of(response)
     )
@@ -118,18 +120,24 @@ async def post_json(
     request_timeout: httpx.Timeout | float | None = None,
 ) -> Any:
     """POST and return the decoded JSON answer; any failure is a `ProviderError`."""
-    kw: dict[str, Any] = {"headers": headers}
     if isinstance(body, bytes):
-        kw["content"] = body
+        content = body
     else:
-        kw["content"] = dumps(body)
-        kw["headers"] = _json_headers(headers)
-    if request_timeout is not None:
-        kw["timeout"] = request_timeout
-    try:
-        response = await http.post(url, **kw)
-    except httpx.HTTPError as exc:
-        raise _transport_error(provider, exc) from exc
+        content = dumps(body)
+        headers = _json_headers(headers)
+    session = http.session if isinstance(http, UpstreamClient) else None
+    response: httpx.Response | UpstreamResponse
+    if session is not None:
+        timeout = _client.client_timeout(request_timeout, http.timeout)
+        response = await _client.post(session(), provider, url, content, headers, timeout)
+    else:
+        kw: dict[str, Any] = {"headers": headers, "content": content}
+        if request_timeout is not None:
+            kw["timeout"] = request_timeout
+        try:
+            response = await http.post(url, **kw)
+        except httpx.HTTPError as exc:
+            raise _transport_error(provider, exc) from exc
     if response.status_code >= 400:
         _raise_for(provider, response, response.content)
     try:
@@ -151,14 +159,24 @@ async def open_stream(
     content: bytes | None = None,
     headers: Mapping[str, str],
     request_timeout: httpx.Timeout | float | None = None,
-) -> AsyncIterator[httpx.Response]:
+) -> AsyncIterator[httpx.Response | UpstreamResponse]:
     """A streaming request whose status is checked (error bodies read and raised as
     `ProviderError`) before the caller sees the response; transport errors while the
     caller reads are turned into `ProviderError` too."""
-    kw: dict[str, Any] = {"headers": headers}
     if json_body is not None:
-        kw["content"] = dumps(json_body)
-        kw["headers"] = _json_headers(headers)
+        content = dumps(json_body)
+        headers = _json_headers(headers)
+    session = http.session if isinstance(http, UpstreamClient) else None
+    if session is not None:
+        timeout = _client.client_timeout(request_timeout, http.timeout)
+        async with _client.stream(
+            session(), provider, method, url, content, headers, timeout
+        ) as direct:
+            if direct.status_code >= 400:
+                _raise_for(provider, direct, await direct.aread())
+            yield direct
+        return
+    kw: dict[str, Any] = {"headers": headers}
     if content is not None:
         kw["content"] = content
     if request_timeout is not None:
@@ -172,7 +190,9 @@ async def open_stream(
         raise _transport_error(provider, exc) from exc
 
 
-async def iter_sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+async def iter_sse(
+    response: httpx.Response | UpstreamResponse,
+) -> AsyncIterator[tuple[str, str]]:
     """(event, data) pairs of a text/event-stream body, per the WHATWG framing: `data:`
     lines join with newlines, a blank line ends an event, comments are skipped."""
     event, data = "", list[str]()
@@ -194,7 +214,7 @@ async def iter_sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
         yield event or "message", "\n".join(data)
 
 
-async def iter_ndjson(response: httpx.Response) -> AsyncIterator[Any]:
+async def iter_ndjson(response: httpx.Response | UpstreamResponse) -> AsyncIterator[Any]:
     async for line in response.aiter_lines():
         if line.strip():
             yield json.loads(line)

@@ -54,8 +54,8 @@ class OpenAIAdapter:
         # a URL string took half of its request building.
         self._chat_url = httpx.URL(self._url("/chat/completions"))
         post = {**self.headers(), "Content-Type": "application/json"}
-        self._post_headers = httpx.Headers(post)
-        self._stream_headers = httpx.Headers({**post, "Accept": "text/event-stream"})
+        self._post_headers = post
+        self._stream_headers = {**post, "Accept": "text/event-stream"}
 
     @property
     def name(self) -> str:

@@ -499,6 +499,26 @@ async def test_bad_input_and_unknown_model(app: ServedApp) -> None:
         assert anon.status_code == 401
 
 
+async def test_a_body_that_is_no_json_object_gets_the_frameworks_answer(app: ServedApp) -> None:
+    """The middleware serves the gateway's routes itself only for a JSON object body;
+    anything else reaches FastAPI's route, whose validation answers as on every route."""
+    async with httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN) as http:
+        for path in ("/chat/completions", "/messages"):
+            for body in (b"[1, 2]", b'"text"', b"null"):
+                r = await http.post(
+                    path, content=body, headers={"content-type": "application/json"}
+                )
+                assert r.status_code == 400, (path, body, r.text)
+                assert r.json()["fields"] == [
+                    {"field": "body", "message": "Input should be a valid dictionary"}
+                ]
+                assert r.json()["request_id"] == r.headers["x-request-id"]
+        # The routes directly served still carry every error in the same body.
+        r = await http.post("/messages", json={"model": "m", "max_tokens": 5})
+        assert r.status_code == 400 and r.json()["ok"] is False
+        assert r.json()["request_id"] == r.headers["x-request-id"]
+
+
 async def test_calls_are_recorded_as_inference_events(
     app: ServedApp, upstreams: tuple[OpenAIFake, FakeAnthropic], make_settings: Any
 ) -> None:

@@ -56,16 +56,23 @@ RENDERED = """global
     maxconn 4096
 defaults
     mode http
+    option log-health-checks
     timeout connect 5s
     timeout client 3600s
     timeout server 3600s
+    log global
+    option httplog
 frontend prometheus
     bind :9101
     mode http
 frontend http_frontend
     bind 127.0.0.1:8000
+    log global
+    log /tmp/oh-1/metrics.sock len 8192 format rfc5424 local1 debug
+    log-format-sd "%{+Q,+E}o [serve@1 status=%ST latency_ms=%Ta]"
     default_backend x
 backend x
+    log global
     server s1 127.0.0.1:30000 check
 listen stats
   bind *:8404
@@ -98,6 +105,7 @@ def test_hardened_config_with_trusted_proxies_extends_their_chain() -> None:
     [
         ProxyPolicy(binary="", host="127.0.0.1", ingress_key="k3y"),
         ProxyPolicy(binary="", host="::1", trusted_proxies=["10.0.0.0/8", "192.0.2.7/32"]),
+        ProxyPolicy(binary="", host="127.0.0.1", request_log=True),
     ],
 )
 def test_the_hardened_config_is_valid_for_haproxy(policy: ProxyPolicy, tmp_path: Path) -> None:
@@ -107,6 +115,18 @@ def test_the_hardened_config_is_valid_for_haproxy(policy: ProxyPolicy, tmp_path:
     config.write_text(harden(RENDERED, policy))
     checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_no_line_is_logged_per_request_unless_asked() -> None:
+    quiet = harden(RENDERED, ProxyPolicy("/x", "127.0.0.1"))
+    for directive in ("log global", "metrics.sock", "log-format-sd", "httplog", "health-checks"):
+        assert directive not in quiet
+    assert "defaults\n    no log\n" in quiet
+    assert "    log 127.0.0.1:514 local0 info\n" in quiet  # HAProxy's own alerts
+    logged = harden(RENDERED, ProxyPolicy("/x", "127.0.0.1", request_log=True))
+    assert logged.count("log global") == 3
+    assert "metrics.sock" in logged and "option httplog" in logged
+    assert "no log" not in logged
 
 
 def test_a_changed_template_fails_loudly() -> None:
