@@ -17,18 +17,22 @@ from deployments.routers import (
     workspace,
 )
 
+# Hot paths first: a request's route is found by trying the routes in this order, by
+# FastAPI and, on every request, by Serve (the route label of its metrics): the gateway's
+# call was 25 us of Serve's matching behind four routers, 3 us in front. No two routers
+# serve the same path, so the order changes nothing else.
 ROUTERS: tuple[APIRouter, ...] = (
-    operations.router,
-    tokens.router,
-    workflows.router,
-    inference.router,
     gateway.router,
-    embeddings.router,
+    memory.router,
     events.router,
+    workflows.router,
+    operations.router,
+    embeddings.router,
+    inference.router,
+    tokens.router,
     scheduler.router,
     channels.router,
     marketplace.router,
-    memory.router,
     workspace.router,
 )
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks._common import (
     BENCH_ENV,
+    BENCH_RATE_LIMIT_PER_MINUTE,
     DEFAULT_REPLICAS,
     GENERATORS,
     SCRIPTS_DIR,
@@ -298,7 +299,18 @@ def gateway(args: argparse.Namespace) -> Result:
         if args.no_haproxy:
             extra.append("--no-haproxy")
         service = start_serve(stack, workdir, env, extra)
-        uvicorn_url = start_uvicorn_app(stack, workdir, service, env)
+        baseline: list[Child] = []
+        uvicorn_url = start_uvicorn_app(stack, workdir, service, env, baseline)
+        (uvicorn_child,) = baseline
+
+        def alone(target: Target) -> contextlib.AbstractContextManager[None]:
+            """While another target is measured, the uvicorn baseline is stopped: idle, it
+            still follows the event feed (every measured call adds an event) and runs its
+            timers, on the same two cores. (The service cannot be stopped: its idle actors
+            run while uvicorn is measured, which bounds uvicorn's single process less than
+            the host bounds the service.)"""
+            return contextlib.nullcontext() if target.name == "uvicorn" else uvicorn_child.paused()
+
         targets = [
             Target("direct", upstream_url + UPSTREAM_ROUTE, UPSTREAM_KEY),
             Target("uvicorn", uvicorn_url + ROUTE, service.admin_token),
@@ -314,11 +326,15 @@ def gateway(args: argparse.Namespace) -> Result:
         latency: dict[str, Load] = {}
         for target in targets:
             say(f"c=1 non-streaming: {target.name} with {generator}, {args.duration:g}s")
-            latency[target.name] = load(target.url, target.token, 1, args.duration, workdir, body)
+            with alone(target):
+                latency[target.name] = load(
+                    target.url, target.token, 1, args.duration, workdir, body
+                )
         streams: dict[str, Streams] = {}
         for target in targets:
             say(f"c=1 streaming (TTFT): {target.name}, {args.duration:g}s")
-            streams[target.name] = run_async(functools.partial(_streams, target, args.duration))
+            with alone(target):
+                streams[target.name] = run_async(functools.partial(_streams, target, args.duration))
         loaded: dict[str, Load] = {}
         busy: dict[str, float | None] = {}
         for target in targets:
@@ -326,11 +342,12 @@ def gateway(args: argparse.Namespace) -> Result:
                 f"c={args.concurrency} non-streaming: {target.name} with {generator}, "
                 f"{args.duration:g}s"
             )
-            host0 = host_cpu_times()
-            loaded[target.name] = load(
-                target.url, target.token, args.concurrency, args.duration, workdir, body
-            )
-            busy[target.name] = host_busy_pct(host0)
+            with alone(target):
+                host0 = host_cpu_times()
+                loaded[target.name] = load(
+                    target.url, target.token, args.concurrency, args.duration, workdir, body
+                )
+                busy[target.name] = host_busy_pct(host0)
     return _gateway_result(latency, streams, loaded, busy, generator, service.proxy, args)
 
 
@@ -421,7 +438,7 @@ def _gateway_result(
         "replicas": replicas,
         "serve_proxy": proxy,
         "cpus": cpus,
-        "rate_limit_per_minute": 0,
+        "rate_limit_per_minute": BENCH_RATE_LIMIT_PER_MINUTE,
     }
 
     c1_rows = [("c=1, non-streaming", "requests", "p50 ms", "p99 ms", "errors", "client CPU")]
@@ -527,7 +544,9 @@ def _gateway_result(
         f"Non-streaming load: {generator}; streaming: a bare asyncio HTTP/1.1 client on one "
         f"keep-alive connection. The client, the upstream, uvicorn and the service share "
         f"the host's {cpus} CPUs (client CPU: the client's CPU time over the run; host "
-        f"busy: all CPUs); the per-token rate limit is off (ORCH_RATE_LIMIT_PER_MINUTE=0)."
+        f"busy: all CPUs); the uvicorn process is stopped (SIGSTOP) while the other targets "
+        f"are measured; the per-token rate limit is on, with a budget of "
+        f"{BENCH_RATE_LIMIT_PER_MINUTE:,} requests a minute that no run reaches."
     )
     data["note"] = note
 

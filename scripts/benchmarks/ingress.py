@@ -8,6 +8,7 @@ import os
 
 from benchmarks._common import (
     BENCH_ENV,
+    BENCH_RATE_LIMIT_PER_MINUTE,
     DEFAULT_REPLICAS,
     GENERATORS,
     WARMUP_S,
@@ -80,7 +81,10 @@ def _ingress_result(
 ) -> Result:
     serve, plain = results["serve"], results["uvicorn"]
     ratio = serve.rps / plain.rps if plain.rps else None
-    note = "per-token rate limit disabled in both targets (ORCH_RATE_LIMIT_PER_MINUTE=0)"
+    note = (
+        "per-token rate limit on in both targets, with a budget of "
+        f"{BENCH_RATE_LIMIT_PER_MINUTE:,} a minute"
+    )
     data = {
         "serve_rps": round(serve.rps, 1),
         "uvicorn_rps": round(plain.rps, 1),
@@ -98,7 +102,7 @@ def _ingress_result(
         "replicas": args.replicas or DEFAULT_REPLICAS,
         "serve_proxy": proxy,
         "cpus": os.cpu_count(),
-        "rate_limit_per_minute": 0,
+        "rate_limit_per_minute": BENCH_RATE_LIMIT_PER_MINUTE,
         "note": note,
     }
     rows = [("target", "req/s", "p50 ms", "p99 ms", "errors")] + [
