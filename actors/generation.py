@@ -100,12 +100,14 @@ def members(settings: Settings, generation: Generation) -> list[Member]:
     ]
 
 
-def _create(member: Member) -> Any:
+def _create(member: Member, starts: list[Any] | None = None) -> Any:
     # Not detached: owned by the calling process (the Runtime replica) and killed with it.
     handle = member.actor_class.options(
         name=member.name, namespace=NAMESPACE, **member.options
     ).remote(*member.args)
-    getattr(handle, member.start).remote()  # start its work now, not at its first call
+    start = getattr(handle, member.start).remote()  # start its work now, not at its first call
+    if starts is not None:
+        starts.append(start)
     return handle
 
 
@@ -113,19 +115,29 @@ def _name_taken(exc: ValueError) -> bool:
     return "already taken" in str(exc) or "already exists" in str(exc)
 
 
-async def create(members_: Iterable[Member], wait_s: float = NAME_WAIT_S) -> dict[str, Any]:
-    """Create every member; a name still held by a dying predecessor is waited for."""
+async def create(
+    members_: Iterable[Member],
+    wait_s: float = NAME_WAIT_S,
+    started_within_s: float | None = None,
+) -> dict[str, Any]:
+    """Create every member; a name still held by a dying predecessor is waited for. With
+    `started_within_s`, also wait (that long at most) for every member's start call."""
     handles: dict[str, Any] = {}
+    starts: list[Any] = []
     deadline = time.monotonic() + wait_s
     for member in members_:
         while True:
             try:
-                handles[member.name] = _create(member)
+                handles[member.name] = _create(member, starts)
                 break
             except ValueError as exc:
                 if not _name_taken(exc) or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
+    if started_within_s is not None:
+        # A start that fails or takes longer is the actor's own business (it retries, Ray
+        # restarts it, `replace_missing` recreates it): noted, not waited for.
+        await _bounded(starts, started_within_s, "starting the generation")
     return handles
 
 
@@ -169,11 +181,11 @@ async def _bounded(calls: list[Any], timeout_s: float, what: str) -> None:
             asyncio.gather(*calls, return_exceptions=True), max(0.1, timeout_s)
         )
     except TimeoutError:
-        log.warning("draining: %s did not finish within %.1fs", what, timeout_s)
+        log.warning("%s did not finish within %.1fs", what, timeout_s)
         return
     for result in results:
         if isinstance(result, BaseException):
-            log.warning("draining: %s: %r", what, result)
+            log.warning("%s: %r", what, result)
 
 
 async def drain(members_: Iterable[Member], handles: dict[str, Any], timeout_s: float) -> None:
@@ -191,12 +203,12 @@ async def drain(members_: Iterable[Member], handles: dict[str, Any], timeout_s: 
     await _bounded(
         [h.drain.remote() for h in consumers],
         deadline - time.monotonic(),
-        "scheduler, shards and hubs",
+        "draining the scheduler, shards and hubs",
     )
     await _bounded(
         [h.drain.remote() for h in by_kind.get(WORKER, [])],
         deadline - time.monotonic(),
-        "agent workers",
+        "draining the agent workers",
     )
     for handle in handles.values():
         with contextlib.suppress(Exception):
@@ -215,7 +227,7 @@ async def stop_instances(app: str, reason: str, timeout_s: float) -> None:
                 calls.append(ray.get_actor(name, namespace=NAMESPACE).stop.remote(reason))
         return calls
 
-    await _bounded(await asyncio.to_thread(send), timeout_s, "inference instances")
+    await _bounded(await asyncio.to_thread(send), timeout_s, "stopping the inference instances")
 
 
 def sweep(app: str) -> list[str]:

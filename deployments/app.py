@@ -26,7 +26,10 @@ from orchestrator.sdk._in_cluster import HandleRequest, HandleResponse
 APP_NAME = "orchestrator"
 
 
-@serve.deployment(name="Api", max_ongoing_requests=256)
+INGRESS = "Api"
+
+
+@serve.deployment(name=INGRESS, max_ongoing_requests=256)
 @serve.ingress()
 class Api:
     """HTTP ingress replica: the FastAPI app, built on the replica after construction. It
@@ -99,6 +102,6 @@ def build_app(args: dict[str, Any]) -> Application:
     # One version of the application: its code and settings. Every actor it runs carries it
     # in its name, so a redeploy with other code or settings gets new actors.
     generation = Generation.of(APP_NAME, settings)
-    runtime = runtime_deployment(settings).bind(settings, generation)
+    runtime = runtime_deployment(settings).bind(settings, generation, INGRESS)
     app: Application = deployment.bind(settings, started_at, generation, runtime)
     return app

@@ -380,6 +380,9 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
         progress(f"admin token: {state_up.token_source}")
         if dashboard_url:
             progress(f"Ray dashboard: http://{dashboard_url}")
+        threading.Thread(
+            target=_report_running, args=(APP_NAME, progress, stop), daemon=True
+        ).start()
         while not stop.wait(1.0):
             pass
         return 0
@@ -389,6 +392,25 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
             started.join()  # what it starts is stopped below: it must be done starting
         _shutdown(settings, state, ray_started, progress)
         lock.release()
+
+
+ACTORS_RUNNING = "actors running"
+
+
+def _report_running(app: str, progress: Callable[[str], None], stop: threading.Event) -> None:
+    """Say when the application is RUNNING: its actors have started (they start once the
+    API serves, so this comes a little after the ready line; docs/runtime.md)."""
+    from ray import serve
+    from ray.serve.schema import ApplicationStatus
+
+    while not stop.wait(0.2):
+        try:
+            status = serve.status().applications.get(app)
+        except Exception:  # noqa: BLE001 - shutting down, or the controller restarting
+            continue
+        if status is not None and status.status == ApplicationStatus.RUNNING:
+            progress(f"{ACTORS_RUNNING}: the application is RUNNING")
+            return
 
 
 def _shutdown(

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from ray import serve
@@ -45,6 +46,34 @@ KEEP_S = 2.0
 INSTANCE_STOP_S = 10.0
 # What Serve grants `__del__` beyond the drain itself (killing, inference instances).
 SHUTDOWN_MARGIN_S = INSTANCE_STOP_S + 10.0
+# How long a starting generation waits for the ingress to serve before it starts anyway.
+INGRESS_FIRST_S = 20.0
+INGRESS_POLL_S = 0.2
+# How long the replica waits for its actors' start calls (the application is RUNNING after).
+GENERATION_START_S = 60.0
+
+
+def _ingress_running(app: str, ingress: str) -> bool:
+    """Whether a replica of the application's ingress deployment serves (any version)."""
+    try:
+        status = serve.status().applications.get(app)
+    except Exception as exc:  # noqa: BLE001 - unknown: do not hold the generation back
+        log.warning("cannot read the status of %s (%r)", app, exc)
+        return True
+    deployment = status.deployments.get(ingress) if status is not None else None
+    return deployment is not None and deployment.replica_states.get("RUNNING", 0) > 0
+
+
+async def _after_ingress(app: str, ingress: str, timeout_s: float = INGRESS_FIRST_S) -> None:
+    """Until the ingress serves (or `timeout_s`). A start is CPU-bound: the generation's
+    actors are nine processes importing Python, and started beside the ingress replicas
+    they took the CPU those needed (a restart to /ready: 11 s with them, 8 s after them)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(_ingress_running, app, ingress):
+            return
+        await asyncio.sleep(INGRESS_POLL_S)
+    log.warning("the ingress %s did not serve in %.0fs: starting the actors", ingress, timeout_s)
 
 
 def _app_deleting(app: str) -> bool:
@@ -59,15 +88,26 @@ def _app_deleting(app: str) -> bool:
 
 @serve.deployment(name="Runtime", num_replicas=1, max_ongoing_requests=16)
 class Runtime:
-    """Creates the generation when it starts; drains and kills it when Serve stops it."""
+    """Creates the generation when it starts, once the ingress serves; drains and kills it
+    when Serve stops it."""
 
-    # Serve awaits an async constructor: the generation exists before the replica is ready.
-    async def __init__(self, settings: Settings, generation: Generation) -> None:  # type: ignore[misc]
+    # Serve awaits an async constructor: the generation runs before the replica is ready
+    # (so the application is RUNNING once its actors run), and it starts once the ingress
+    # deployment `ingress` serves: the API answers first, the actors come up a second or two
+    # later (a workflow created meanwhile waits in Postgres for its shard; docs/runtime.md).
+    async def __init__(  # type: ignore[misc]
+        self, settings: Settings, generation: Generation, ingress: str
+    ) -> None:
         log_like_serve(settings)
         self._settings = settings
         self._generation = generation
         self._members: list[Member] = members(settings, generation)
-        self._handles: dict[str, Any] = await create(self._members)
+        log.info("generation %s: starting once %s serves", generation.prefix, ingress)
+        flush_buffered_logs()  # Serve buffers a replica's lines until its constructor ends
+        await _after_ingress(generation.app, ingress)
+        self._handles: dict[str, Any] = await create(
+            self._members, started_within_s=GENERATION_START_S
+        )
         self._recorder = MetricsRecorder(f"runtime:{socket.gethostname()}:{os.getpid()}")
         self._pusher = MetricsPusher(self._recorder, ActorMetricsHub(generation))
         self._supervisor = Supervisor(

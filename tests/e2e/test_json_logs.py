@@ -18,6 +18,7 @@ import httpx
 import psutil
 import pytest
 
+from deployments.launcher import ACTORS_RUNNING
 from tests.conftest import free_port
 from tests.e2e.test_serve import ROOT, Service, _wait_for_ready_line
 
@@ -112,6 +113,8 @@ def test_every_line_is_json_and_the_request_line_has_its_fields(
     assert isinstance(line["duration_ms"], int | float)
     assert line["level"] == "INFO" and line["logger"] == "orchestrator.access"
 
+    # Every part has logged once the actors run too (they start after the API serves).
+    _wait_for_ready_line(service.proc, service.log, line=ACTORS_RUNNING)
     serve_logs = list((session / "logs" / "serve").glob("*.log"))
     kinds = {p.name.split("_")[0] for p in serve_logs}
     assert {"replica", "controller", "proxy"} <= kinds, kinds

@@ -44,11 +44,14 @@ class Service:
         return httpx.post(f"{self.url}/api/v1{path}", timeout=10, **kw)  # type: ignore[arg-type]
 
 
-def _wait_for_ready_line(proc: subprocess.Popen[bytes], log: Path, offset: int = 0) -> None:
-    """Until the service logs its ready line (after byte `offset`: a log reused by a restart)."""
+def _wait_for_ready_line(
+    proc: subprocess.Popen[bytes], log: Path, offset: int = 0, line: str = "Orchestrator ready at"
+) -> None:
+    """Until the service logs its ready line (after byte `offset`: a log reused by a restart),
+    or another `line` (ACTORS_RUNNING: its actors have started too)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if "Orchestrator ready at" in log.read_bytes()[offset:].decode(errors="replace"):
+        if line in log.read_bytes()[offset:].decode(errors="replace"):
             return
         if proc.poll() is not None:
             pytest.fail(f"orchestrator serve exited early:\n{log.read_text()[-4000:]}")
