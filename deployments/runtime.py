@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ray import serve
+from ray.serve._private.common import ReplicaState
 from ray.serve.schema import ApplicationStatus
 
 from actors import Generation
@@ -61,7 +62,7 @@ def _ingress_running(app: str, ingress: str) -> bool:
         log.warning("cannot read the status of %s (%r)", app, exc)
         return True
     deployment = status.deployments.get(ingress) if status is not None else None
-    return deployment is not None and deployment.replica_states.get("RUNNING", 0) > 0
+    return deployment is not None and deployment.replica_states.get(ReplicaState.RUNNING, 0) > 0
 
 
 async def _after_ingress(app: str, ingress: str, timeout_s: float = INGRESS_FIRST_S) -> None:
