@@ -300,6 +300,13 @@ class Settings(BaseSettings):
     agent_worker_concurrency: int = Field(
         256, ge=1, description="Agent tasks one AgentWorker runs at once"
     )
+    agent_worker_niceness: int = Field(
+        4,
+        ge=0,
+        le=19,
+        description="Niceness the AgentWorkers add to each of their threads: under "
+        "contention the scheduler, shards, event bus and API replicas run first",
+    )
     agent_max_turns: int = Field(20, ge=1, le=1000, description="LLM turns before a task fails")
     agent_task_timeout_s: float = Field(
         300.0, gt=0, description="Task timeout when a step gives none"

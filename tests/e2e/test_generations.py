@@ -221,6 +221,42 @@ def service(cluster: Cluster, holder: dict[str, Service]) -> Service:
     return current
 
 
+def _ray_processes(cluster: Cluster, title: str) -> list[psutil.Process]:
+    """Live Ray worker processes of this module's cluster whose title starts with `title`
+    (`ray::AgentWorker`...)."""
+    found = []
+    for root in psutil.process_iter(["cmdline"]):
+        if cluster.temp_dir not in " ".join(root.info["cmdline"] or []):
+            continue
+        with contextlib.suppress(psutil.Error):
+            for p in root.children(recursive=True):
+                cmd = p.cmdline()
+                if cmd and cmd[0].startswith(title) and p.status() != psutil.STATUS_ZOMBIE:
+                    if p not in found:
+                        found.append(p)
+    return found
+
+
+def test_agent_workers_yield_the_cpu_to_the_control_plane(service: Service) -> None:
+    """The AgentWorkers run `agent_worker_niceness` (4) nicer than the other actors, every
+    thread of them: a burst of agent work waits for the scheduler, the shards, the bus.
+    (Ray sets its workers' main thread to 15; their other threads, the event loop's among
+    them, keep the niceness they started with.)"""
+    with service.client() as c:
+        assert c.get("/ready").status_code == 200
+    deadline = time.monotonic() + 120
+    while not (workers := _ray_processes(service.cluster, "ray::AgentWorker")) or not (
+        schedulers := _ray_processes(service.cluster, "ray::Scheduler")
+    ):
+        assert time.monotonic() < deadline, "the generation's actors did not start"
+        time.sleep(0.5)
+    control = {psutil.Process(t.id).nice() for t in schedulers[0].threads()}
+    assert min(control) < 15
+    for worker in workers:
+        threads = {psutil.Process(t.id).nice() for t in worker.threads()}
+        assert threads == {min(19, n + 4) for n in control}, (worker.pid, threads, control)
+
+
 def _replicas(cluster: Cluster, deployment: str) -> list[psutil.Process]:
     """The live replica processes of `deployment` on this module's cluster (descendants of
     its `ray start` processes: other services on the machine have replicas too)."""
