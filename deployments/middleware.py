@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from deployments.client_address import scope_client_address
 from deployments.errors import domain_error_response, internal_error_response
 from deployments.input_guard import check_json, check_target, is_json
+from orchestrator._json import loads
 from orchestrator.auth import Principal
 from orchestrator.errors import (
     MisdirectedRequest,
@@ -25,7 +26,6 @@ from orchestrator.errors import (
     Unauthorized,
 )
 from orchestrator.observability import RouteTemplates, log_access
-from orchestrator.providers._json import loads
 
 # A route served by the middleware itself: (context, caller, request id, JSON body) -> the
 # response to send (an ASGI app). See `RequestContextMiddleware._direct`.

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
+from orchestrator._json import dumps
 from orchestrator.auth import Principal
 from orchestrator.errors import BadGateway, BadRequest, OrchestratorError
 from orchestrator.providers import (
@@ -32,7 +33,6 @@ from orchestrator.providers import (
 from orchestrator.providers import _anthropic_format as anthropic_format
 from orchestrator.providers import _openai_format as openai_format
 from orchestrator.providers import _params as provider_params
-from orchestrator.providers._json import dumps
 
 router = APIRouter(tags=["inference"])
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 
+from orchestrator._json import dumps
 from orchestrator.auth import Principal
 from orchestrator.events._catalog import (
     InvalidEventData,
@@ -396,7 +397,8 @@ class EventStore:
         off the caller's path)."""
         if events:
             self._notify_soon()  # first: a caller cancelled during the hooks still wakes them
-            await asyncio.shield(self._after_commit(events))
+            if self._post:  # (a task per call only when there is a hook to run)
+                await asyncio.shield(self._after_commit(events))
 
     @staticmethod
     def _marks(n: int, count: int) -> str:
@@ -425,7 +427,7 @@ class EventStore:
                 [new.type for new, _, _ in prepared],
                 [version for _, _, version in prepared],
                 [aggregate for _, aggregate, _ in prepared],
-                [json.dumps(new.data) for new, _, _ in prepared],
+                [dumps(new.data).decode() for new, _, _ in prepared],
                 [new.user_uuid for new, _, _ in prepared],
                 timestamp,
                 expected[0] if expected else None,
@@ -469,7 +471,7 @@ class EventStore:
         expected: tuple[str, int] | None,
     ) -> list[Event]:
         ids = [uuid.uuid4() for _ in prepared]
-        bodies = [json.dumps(new.data) for new, _, _ in prepared]
+        bodies = [dumps(new.data).decode() for new, _, _ in prepared]
         timestamp = int(time.time() * 1000)
         try:
             # Only (position, seq) come back: the rest is ours already.
@@ -514,6 +516,8 @@ class EventStore:
         ]
 
     async def _prepare(self, new: NewEvent) -> _Prepared:
+        if not self._pre:
+            return self._prepare_now(new)
         for hook in self._pre:
             new = await hook(new)
         return self._prepare_now(new)

@@ -18,8 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from orchestrator._json import dumps
 from orchestrator.errors import OrchestratorError, ValidationFailed
-from orchestrator.providers._json import dumps
 from orchestrator.providers._types import (
     Block,
     BlockDelta,

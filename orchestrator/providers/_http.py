@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
+from orchestrator._json import dumps, loads
 from orchestrator.providers import _client
 from orchestrator.providers._client import UpstreamClient, UpstreamResponse
-from orchestrator.providers._json import dumps, loads
 from orchestrator.providers._types import (
     Block,
     BlockDelta,

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
+from orchestrator._json import loads
 from orchestrator.providers import _params
 from orchestrator.providers._http import iter_sse, open_stream, post_json
-from orchestrator.providers._json import loads
 from orchestrator.providers._openai_format import (
     ChunkDecoder,
     ReasoningPolicy,

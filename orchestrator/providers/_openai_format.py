@@ -27,9 +27,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Literal, NoReturn
 
+from orchestrator._json import dumps
 from orchestrator.errors import ValidationFailed
 from orchestrator.providers._blocks import BlockWriter
-from orchestrator.providers._json import dumps
 from orchestrator.providers._types import (
     Block,
     BlockDelta,

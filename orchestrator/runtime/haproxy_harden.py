@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
 
@@ -117,7 +118,29 @@ def harden(config: str, policy: ProxyPolicy) -> str:
     return config if policy.request_log else quiet(config)
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: this process (and what it execs) gets SIGTERM when its parent ends. Serve's
+    HAProxy manager (a Ray actor) starts HAProxy and stops it; when the actor dies without
+    stopping it (its cluster killed at once, a SIGKILL), an orphaned HAProxy kept the
+    service's port and the next start failed with "address in use"."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        sys.exit(1)
+
+
 def _exec(policy_path: str, args: list[str]) -> None:
+    die_with_parent()
     with open(policy_path) as f:
         policy = ProxyPolicy(**json.load(f))
     out = list(args)

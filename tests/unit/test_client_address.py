@@ -3,10 +3,14 @@ HAProxy hardening of Serve's rendered configuration, and the failed-auth throttl
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from deployments.client_address import client_address, scope_client_address
@@ -14,6 +18,7 @@ from deployments.launcher import _ensure_port_free, haproxy_usable
 from orchestrator.auth import FailedAuthThrottle
 from orchestrator.config import ConfigError
 from orchestrator.errors import RateLimited
+from orchestrator.runtime import haproxy_harden
 from orchestrator.runtime.haproxy_harden import ProxyPolicy, harden
 
 
@@ -127,6 +132,66 @@ def test_no_line_is_logged_per_request_unless_asked() -> None:
     assert logged.count("log global") == 3
     assert "metrics.sock" in logged and "option httplog" in logged
     assert "no log" not in logged
+
+
+def test_haproxy_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """The wrapper asks the kernel to stop HAProxy when its parent (Serve's HAProxy
+    manager) dies: an orphan would keep the service's port."""
+    ok, binary = haproxy_usable()
+    assert ok, binary
+    ports = [_free_port() for _ in range(3)]
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        RENDERED.replace("/tmp/oh-1/", f"{tmp_path}/")
+        .replace("bind :9101", f"bind :{ports[0]}")
+        .replace("127.0.0.1:8000", f"127.0.0.1:{ports[1]}")
+        .replace("*:8404", f"*:{ports[2]}")
+    )
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"binary": binary, "host": "127.0.0.1"}))
+    wrapper = [sys.executable, "-S", haproxy_harden.__file__, str(policy), "-db", "-f"]
+    # The parent: starts HAProxy through the wrapper, says its pid, then waits to be killed.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"p = subprocess.Popen({[*wrapper, str(config)]!r})\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 20
+        while not _listening(ports[1]):  # HAProxy is up and serving
+            assert time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.1)
+        assert Path(child.exe()).name == "haproxy"
+        parent.kill()
+        parent.wait(10)
+        child.wait(10)  # psutil.TimeoutExpired if it outlives its parent
+        assert not _listening(ports[1])
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_a_changed_template_fails_loudly() -> None:

@@ -1,7 +1,8 @@
-"""JSON on the gateway's hot path: orjson (several times faster than `json` for the small
-objects of every request, response and stream chunk), with `json` as the fallback for what
-orjson refuses (integers past 64 bits, non-string keys), so no value that encoded before
-fails now. Output is compact UTF-8, as OpenAI and Anthropic write it."""
+"""JSON on the hot paths (the gateway's requests, responses and stream chunks, the event
+store's bodies): orjson (several times faster than `json` for small objects), with `json`
+as the fallback for what orjson refuses (integers past 64 bits, non-string keys), so no
+value that encoded before fails now. Output is compact UTF-8, as OpenAI and Anthropic write
+it."""
 
 from __future__ import annotations
 
