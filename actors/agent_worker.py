@@ -21,7 +21,6 @@ from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore, NewEvent
 from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.runtime.priority import lower_process_priority
 from orchestrator.runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -56,7 +55,10 @@ class AgentWorker:
         configure_actor_logs(settings.log_format, settings.log_level)
         # Agent tasks are the work; dispatching it on time (the scheduler) and the API are
         # the control: when the CPUs are short, the workers wait (a burst of scheduled runs
-        # no longer delays the next dispatches: docs/benchmarks.md).
+        # no longer delays the next dispatches: docs/benchmarks.md). Imported here, in the
+        # worker, as the agent loop is (see above).
+        from orchestrator.runtime.priority import lower_process_priority
+
         lower_process_priority(settings.agent_worker_niceness)
         self._settings = settings
         self._generation = generation
