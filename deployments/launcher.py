@@ -395,6 +395,7 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
 
 
 ACTORS_RUNNING = "actors running"
+REPORT_RUNNING_S = 600.0  # then the service's own status says why it is not
 
 
 def _report_running(app: str, progress: Callable[[str], None], stop: threading.Event) -> None:
@@ -403,7 +404,8 @@ def _report_running(app: str, progress: Callable[[str], None], stop: threading.E
     from ray import serve
     from ray.serve.schema import ApplicationStatus
 
-    while not stop.wait(0.2):
+    deadline = time.monotonic() + REPORT_RUNNING_S
+    while not stop.wait(0.2) and time.monotonic() < deadline:
         try:
             status = serve.status().applications.get(app)
         except Exception:  # noqa: BLE001 - shutting down, or the controller restarting
