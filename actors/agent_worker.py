@@ -139,9 +139,19 @@ class AgentWorker:
                 "workspace": Workspace(self._settings),
             },
         )
-        await events.append(
-            [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
-        )
+        started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            # Ray restarted this worker: its previous process died (killed, out of memory,
+            # crashed), busy or idle. Recorded here, once per death, by the one who knows;
+            # a task it was running is recorded by its dispatcher (worker.task_failed).
+            started.insert(
+                0,
+                NewEvent(
+                    "worker.crashed",
+                    {"worker_id": self._id, "error": "its process died; Ray restarted it"},
+                ),
+            )
+        await events.append(started)
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
         pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
         self._supervisor.spawn("metrics-flush", lambda: self._flush(pusher))

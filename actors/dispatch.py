@@ -1,5 +1,5 @@
 """The caller's side of the AgentWorker pool: `RayDispatcher` sends a task to the
-least-loaded worker and, when that worker dies mid-task, records `worker.crashed` and runs
+least-loaded worker and, when that worker dies mid-task, records `worker.task_failed` and runs
 the task again on another one (at-least-once: same task id and idempotency key), except a
 workflow step attempt, which is never sent twice (`AttemptLost`). It imports only what a task
 is, so the actors that dispatch (workflow shards, the scheduler, channel hubs) start without
@@ -76,14 +76,16 @@ class RayDispatcher:
                 # The worker died mid-task: Ray restarts it; this task runs again elsewhere.
                 self._pool.forget(index)
                 log.warning("%s died running %s: %s", worker_name(index), task.task_id, exc)
+                # The task's loss; the death itself is recorded by the restarted worker
+                # (worker.crashed), once, whether it was running tasks or not.
                 await self._events.append(
                     [
                         NewEvent(
-                            "worker.crashed",
+                            "worker.task_failed",
                             {
                                 "worker_id": worker_name(index),
-                                "error": f"died while running {task.task_id}",
                                 "task_id": task.task_id,
+                                "error": f"{worker_name(index)} died while running it",
                             },
                             task.user_uuid,
                         )

@@ -9,6 +9,7 @@ what they were asked to run; AgentWorker's own refusal is the same `WorkerDraini
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -18,9 +19,10 @@ import ray
 from actors import NAMESPACE, Generation
 from actors.agent_worker import KIND, AttemptLost, RayDispatcher, WorkerDraining
 from orchestrator.agents import AgentTask, TaskResult
+from orchestrator.auth import Principal
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
-from orchestrator.events import EventStore
+from orchestrator.events import EventQuery, EventStore
 
 
 @ray.remote(num_cpus=0)
@@ -35,6 +37,8 @@ class StandIn:
         self.ran.append(task.task_id)
         if self.behaviour == "fails-mid-task":
             raise RuntimeError("database went away after the tool call")
+        if self.behaviour == "dies-mid-task":
+            os._exit(1)
         return TaskResult(task.task_id, "completed", "ok", None, 1, "stand-in")
 
     def calls(self) -> list[str]:
@@ -109,5 +113,24 @@ async def test_a_plain_task_failing_mid_task_runs_elsewhere(cluster: None, db: D
     result = await dispatcher.run(_task("t-3", workflow=False))
     assert result.status == "completed"
     assert [await w.calls.remote() for w in workers] == [["t-3"], ["t-3"]]
+    for w in workers:
+        ray.kill(w)
+
+
+async def test_a_worker_dying_mid_task_records_the_task_lost_and_runs_it_elsewhere(
+    cluster: None, db: Database
+) -> None:
+    generation = Generation("attempts", "c" * 16)
+    workers = _workers(generation, "dies-mid-task", "succeeds")
+    events = EventStore(db.pool)
+    dispatcher = RayDispatcher(Settings(agent_workers=2), events, generation)
+    result = await dispatcher.run(_task("t-4", workflow=False))
+    assert result.status == "completed"
+    assert await workers[1].calls.remote() == ["t-4"]
+    lost, _ = await events.query(
+        EventQuery(aggregate="t-4", types=("worker.task_failed",)), Principal("admin", True)
+    )
+    assert [(e.data["worker_id"], e.user_uuid) for e in lost] == [("agent-worker-0", "alice")]
+    assert "died while running it" in lost[0].data["error"]
     for w in workers:
         ray.kill(w)
