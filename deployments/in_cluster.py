@@ -118,7 +118,13 @@ async def _next(messages: asyncio.Queue[Message], task: asyncio.Task[None]) -> M
     if not messages.empty():
         return messages.get_nowait()
     getter = asyncio.ensure_future(messages.get())
-    await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        # The caller left (a cancelled handle call): the getter would wait forever, a
+        # pending task per abandoned stream, destroyed pending by the garbage collector.
+        getter.cancel()
+        raise
     if getter.done():
         return getter.result()
     getter.cancel()

@@ -174,6 +174,7 @@ async def test_failed_auth_over_the_handle_is_throttled_as_one_address(make_sett
 async def test_a_stream_arrives_in_chunks_and_leaving_it_ends_it(make_settings) -> None:
     settings = make_settings()
     app = create_app(settings)
+    before = asyncio.all_tasks()
     async with app.router.lifespan_context(app):
         handle = LoopHandle(app, None)
         async with _client(handle, ADMIN_TOKEN) as admin:
@@ -195,6 +196,10 @@ async def test_a_stream_arrives_in_chunks_and_leaving_it_ends_it(make_settings) 
         while in_cluster._finishing or not answer.closed:
             assert asyncio.get_running_loop().time() < deadline, in_cluster._finishing
             await asyncio.sleep(0.02)
+    # Nothing of the request is left waiting (the replica's wait for the app's next message
+    # was left pending forever, once per stream its caller left).
+    left = [t for t in asyncio.all_tasks() - before if not t.done()]
+    assert [t.get_coro() for t in left if t is not asyncio.current_task()] == []
 
 
 @pytest.mark.parametrize("size", [0, 70_000])
