@@ -9,6 +9,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -17,6 +18,9 @@ import uvicorn
 
 from orchestrator.config import Settings
 from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
+from tests.fakes._sockets import bound_socket
+
+C = TypeVar("C", bound=Any)
 
 
 def free_port() -> int:
@@ -74,8 +78,11 @@ class ServedApp:
     def __init__(self, settings: Settings) -> None:
         from deployments.api import create_app
 
-        self.port = free_port()
+        # Listening before uvicorn starts (no free-port race with another server).
+        self._socket = bound_socket()
+        self.port = int(self._socket.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
+        self._clients: list[Any] = []
         config = uvicorn.Config(
             create_app(settings),
             host="127.0.0.1",
@@ -84,7 +91,15 @@ class ServedApp:
             lifespan="on",
         )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    def track(self, client: C) -> C:
+        """A sync SDK client (openai, anthropic, httpx) closed when the app stops: left to
+        the garbage collector, its pooled sockets are reported unclosed in a later test."""
+        self._clients.append(client)
+        return client
 
     async def __aenter__(self) -> ServedApp:
         self.thread.start()
@@ -99,8 +114,11 @@ class ServedApp:
         raise RuntimeError("the app did not start in time")
 
     async def __aexit__(self, *exc: object) -> None:
+        for client in self._clients:
+            client.close()
         self.server.should_exit = True
         await asyncio.to_thread(self.thread.join, 10)
+        self._socket.close()
 
 
 ADMIN_TOKEN = "orch_test-admin-token-0123456789abcdef"

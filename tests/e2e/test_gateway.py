@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anthropic
@@ -52,15 +52,22 @@ class Gateway:
     oai: OpenAIFake
     ant: FakeAnthropic
     bedrock: BedrockFake
+    # The sync clients handed out, closed with the service (left to the garbage collector,
+    # their pooled sockets are reported unclosed in a later test).
+    clients: list[openai.OpenAI | anthropic.Anthropic] = field(default_factory=list)
 
     def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/api/v1", api_key=self.token, max_retries=0)
+        client = openai.OpenAI(base_url=f"{self.url}/api/v1", api_key=self.token, max_retries=0)
+        self.clients.append(client)
+        return client
 
     def async_openai(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/api/v1", api_key=self.token, max_retries=0)
 
     def anthropic(self) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=f"{self.url}/api", api_key=self.token, max_retries=0)
+        client = anthropic.Anthropic(base_url=f"{self.url}/api", api_key=self.token, max_retries=0)
+        self.clients.append(client)
+        return client
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +137,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         try:
             _wait_for_ready_line(proc, log)
             token = (data_dir / "admin_token").read_text().strip()
-            yield Gateway(f"http://127.0.0.1:{port}", token, oai, ant, bedrock)
+            served = Gateway(f"http://127.0.0.1:{port}", token, oai, ant, bedrock)
+            yield served
+            for client in served.clients:
+                client.close()
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -129,6 +129,7 @@ def _instance_actor(service: Service, name: str) -> str:
 
 
 def test_discover_start_chat_stream_stop(service: Service) -> None:
+    clients: list[openai.OpenAI] = []
     r = service.post("/discover", headers=service.admin)
     assert r.status_code == 200 and r.json()["discovered"] == 2  # SmolLM2 and broken
     models = {m["name"]: m for m in service.get("/models", headers=service.admin).json()["models"]}
@@ -166,6 +167,7 @@ def test_discover_start_chat_stream_stop(service: Service) -> None:
     assert httpx.get(f"{root}/health", timeout=10).status_code == 200
     for wrong in ("unused", service.admin["Authorization"].removeprefix("Bearer ")):
         outsider = openai.OpenAI(base_url=ready["base_url"], api_key=wrong, max_retries=0)
+        clients.append(outsider)
         with pytest.raises(openai.AuthenticationError):
             outsider.chat.completions.create(
                 model=SMOL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
@@ -176,6 +178,7 @@ def test_discover_start_chat_stream_stop(service: Service) -> None:
 
     # With the key (as the gateway calls it): plain, then streamed.
     client = openai.OpenAI(base_url=ready["base_url"], api_key=key, max_retries=0)
+    clients.append(client)
     answer = client.chat.completions.create(
         model=SMOL,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -200,6 +203,7 @@ def test_discover_start_chat_stream_stop(service: Service) -> None:
     # And through the service's own chat endpoint, which routes the name to the instance.
     token = service.admin["Authorization"].removeprefix("Bearer ")
     gateway = openai.OpenAI(base_url=f"{service.url}/api/v1", api_key=token, max_retries=0)
+    clients.append(gateway)
     routed = gateway.chat.completions.create(
         model=SMOL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=12
     )
@@ -211,6 +215,8 @@ def test_discover_start_chat_stream_stop(service: Service) -> None:
     )
     assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices).strip()
 
+    for c in clients:  # their pooled sockets, not left to the garbage collector
+        c.close()
     r = service.post("/stop", headers=service.admin, json={"id": iid})
     assert r.json() == {"ok": True, "id": iid, "state": "stopped"}
     assert _gone(ready["pid"])

@@ -79,11 +79,15 @@ async def app(
 
 
 def oai_client(app: ServedApp) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{app.url}/api/v1", api_key=ADMIN_TOKEN, max_retries=0)
+    return app.track(
+        openai.OpenAI(base_url=f"{app.url}/api/v1", api_key=ADMIN_TOKEN, max_retries=0)
+    )
 
 
 def ant_client(app: ServedApp) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=f"{app.url}/api", api_key=ADMIN_TOKEN, max_retries=0)
+    return app.track(
+        anthropic.Anthropic(base_url=f"{app.url}/api", api_key=ADMIN_TOKEN, max_retries=0)
+    )
 
 
 async def test_openai_sdk_to_anthropic_upstream_text_and_tools(

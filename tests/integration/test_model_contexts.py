@@ -54,8 +54,8 @@ async def upstreams() -> AsyncIterator[Upstreams]:
 
 def listed(app: ServedApp) -> tuple[list[str], dict[str, int | None]]:
     """The ids the openai SDK lists, and the SPEC's `ctx_size` of the same answer."""
-    client = openai.OpenAI(base_url=f"{app.url}/api/v1", api_key=ADMIN_TOKEN, max_retries=0)
-    raw = client.models.with_raw_response.list()
+    with openai.OpenAI(base_url=f"{app.url}/api/v1", api_key=ADMIN_TOKEN, max_retries=0) as client:
+        raw = client.models.with_raw_response.list()
     ids = [m.id for m in raw.parse()]
     body = json.loads(raw.http_response.text)
     validate(body, "ListModelsResponse")

@@ -123,7 +123,7 @@ async def test_gateway_tokens_and_time_to_first_token(make_settings: Any) -> Non
             ]
         )
         async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url) as c:
-            client = openai.OpenAI(base_url=f"{app.url}/api/v1", api_key=ADMIN_TOKEN)
+            client = app.track(openai.OpenAI(base_url=f"{app.url}/api/v1", api_key=ADMIN_TOKEN))
             messages = [{"role": "user", "content": "hi"}]
 
             def call() -> None:

@@ -361,7 +361,13 @@ async def test_probe_failures(fake: FakeAnthropic, http: httpx.AsyncClient) -> N
 
 # --- the fake itself, cross-checked with the official SDK -------------------------------------
 async def test_fake_stream_parses_with_the_anthropic_sdk(fake: FakeAnthropic) -> None:
-    client = anthropic.AsyncAnthropic(base_url=fake.url, api_key=fake.api_key, max_retries=0)
+    async with anthropic.AsyncAnthropic(
+        base_url=fake.url, api_key=fake.api_key, max_retries=0
+    ) as client:
+        await _sdk_checks(fake, client)
+
+
+async def _sdk_checks(fake: FakeAnthropic, client: anthropic.AsyncAnthropic) -> None:
     fake.enqueue(
         Reply(
             [
@@ -413,7 +419,6 @@ async def test_fake_stream_parses_with_the_anthropic_sdk(fake: FakeAnthropic) ->
         },
         "request_id": info.value.request_id,
     }
-    await client.close()
 
 
 async def test_fake_stream_bytes_and_default_echo(fake: FakeAnthropic) -> None:
