@@ -1,4 +1,4 @@
-"""Browser fixtures for the web console (tests/e2e/ui): one service per test module started as
+"""Browser fixtures for the web console (tests/e2e/ui): one service for the package started as
 `scripts/serve` starts it (tests/e2e/test_workflows.py `running`), its agents answered by a
 loopback OpenAI-format model, and Debian's chromium driven by Playwright.
 
@@ -34,31 +34,42 @@ SHOTS = (
 TIMEOUT_MS = 30_000
 
 
-@pytest.fixture(scope="module")
+# One service for every console module (the package): each started its own before, ~14 s of
+# set-up apiece. The tests' data are their own users', so they do not see each other's.
+@pytest.fixture(scope="package")
 def llm() -> Iterator[OpenAIFake]:
     with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def console(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
     work = tmp_path_factory.mktemp("console-e2e")
-    with running(work, agent_config(llm, provider_retries=0, agent_workers=2)) as orch:
+    settings = agent_config(
+        llm,
+        provider_retries=0,
+        agent_workers=2,
+        # Local inference sized for this machine (test_console_models starts the bundled model).
+        inference_ctx_size=2048,
+        inference_threads=2,
+        inference_poll_interval_s=0.3,
+    )
+    with running(work, settings) as orch:
         yield orch
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def base_url(console: Orchestrator) -> str:
     return f"http://127.0.0.1:{console.port}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def admin_api(console: Orchestrator) -> Iterator[httpx.Client]:
     with console.client() as c:
         yield c
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def user_token(admin_api: httpx.Client) -> Callable[[str], str]:
     """A bearer token for `user` (issued by the admin)."""
 

@@ -5,7 +5,7 @@ provider health with breaker states, base URLs for admins only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -13,28 +13,13 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.test_inference import _gone
-from tests.e2e.test_workflows import Orchestrator, agent_config, running
+from tests.e2e.test_workflows import Orchestrator
 from tests.e2e.ui.conftest import shot
 from tests.fakes.openai_server import OpenAIFake
 
 pytestmark = pytest.mark.e2e
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 START_MS = 180_000  # loading the model on 2 busy cores
-
-
-@pytest.fixture(scope="module")
-def console(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
-    """The conftest's service, with local inference sized for this machine."""
-    work = tmp_path_factory.mktemp("console-models-e2e")
-    settings = agent_config(
-        llm,
-        provider_retries=0,
-        inference_ctx_size=2048,
-        inference_threads=2,
-        inference_poll_interval_s=0.3,
-    )
-    with running(work, settings) as orch:
-        yield orch
 
 
 def _admin_token(console: Orchestrator) -> str:
