@@ -200,6 +200,9 @@ def create_app(
             ef_search=settings.memory_hnsw_ef_search,
         )
         await ctx.memory.prepare()
+        # Its queued cache write-backs go out before Redis closes (the stack unwinds in
+        # reverse order).
+        stack.push_async_callback(ctx.memory.settle)
         ctx.workspace = Workspace(settings)
         ctx.marketplace = Marketplace(
             ctx.db.pool,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ import asyncpg
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from orchestrator._json import dumps
 from orchestrator.auth import Principal
 from orchestrator.errors import (
     Conflict,
@@ -35,6 +37,7 @@ from orchestrator.errors import (
     ValidationFailed,
 )
 from orchestrator.events import EventStore, NewEvent
+from orchestrator.memory._cache_writer import CacheWriter
 from orchestrator.memory._embed import Embedder, EmbedderUnavailable
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,7 @@ end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. body, 'EX', ttl)
 return 1
 """
+_MARK_SHA, _WRITE_BACK_SHA = CacheWriter.sha(_MARK), CacheWriter.sha(_WRITE_BACK)
 FILL_BATCH = 32
 FILL_POLL_S = 1.0  # entries another process stored (agent workers) are found this fast
 # After a wake-up the filler waits this long for more stores: one embedding call (and one
@@ -201,10 +205,9 @@ class MemoryStore:
         self._unfilled_since: float | None = None  # of the oldest such store not yet filled
         self._iterative = False
         self._put_newer = redis.register_script(_PUT_NEWER) if redis is not None else None
-        self._mark = redis.register_script(_MARK) if redis is not None else None
-        self._write_back = redis.register_script(_WRITE_BACK) if redis is not None else None
-        # Write-backs run after the answer; their tasks are held here until done.
-        self._writing: set[asyncio.Task[None]] = set()
+        # A store's mark and write-back go through one writer, which sends the write-back
+        # of one store in the same pipeline as the next one's mark (`_cache_writer.py`).
+        self._writer = CacheWriter(redis, _MARK, _WRITE_BACK) if redis is not None else None
 
     async def prepare(self) -> None:
         """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
@@ -259,7 +262,7 @@ class MemoryStore:
         ttl = CACHE_TTL_S
         if entry.expires_at is not None:
             ttl = min(ttl, max(1, (entry.expires_at - now_ms()) // 1000))
-        body = json.dumps(
+        body = dumps(
             {
                 "value": entry.value,
                 "user_uuid": entry.user_uuid,
@@ -268,7 +271,7 @@ class MemoryStore:
                 "pinned": entry.pinned,
             }
         )
-        return body, ttl
+        return body.decode(), ttl
 
     async def _cache(
         self, entry: Entry, version: int, *, gone: bool = False, reader: bool = False
@@ -291,38 +294,34 @@ class MemoryStore:
     async def _mark_writing(self, cache_key: str) -> bool:
         """The key's cached copy is about to be replaced (see `_MARK`); False if Redis failed
         (this process then distrusts the cache, as after any failed cache write)."""
-        if self._mark is None:
+        if self._writer is None:
             return True
         try:
-            await self._mark(keys=[cache_key, self._pending_key(cache_key)], args=[PENDING_TTL_MS])
+            await self._writer.now(
+                _MARK_SHA, [cache_key, self._pending_key(cache_key)], [PENDING_TTL_MS]
+            )
         except (RedisError, OSError):
             self._distrust_until = time.monotonic() + CACHE_TTL_S
             return False
         return True
 
     def _after_store(self, cache_key: str, entry: Entry | None, version: int | None) -> None:
-        """Write the new copy (or, `entry` None: only end the mark) after the answer."""
-        if self._write_back is None:
+        """Write the new copy (or, `entry` None: only end the mark) after the answer: queued
+        for the writer's next pipeline. If it fails, the mark expires by itself and the
+        tombstone stays: readers use Postgres."""
+        if self._writer is None:
             return
         body, ttl = self._body(entry) if entry is not None else ("", 0)
-        args = ["" if version is None else version, body, ttl, PENDING_TTL_MS // 1000]
-        script = self._write_back
-
-        async def write() -> None:
-            try:
-                await script(keys=[cache_key, self._pending_key(cache_key)], args=args)
-            except (RedisError, OSError):
-                # The mark expires by itself; the tombstone stays: readers use Postgres.
-                log.debug("memory cache write-back failed", exc_info=True)
-
-        task = asyncio.get_running_loop().create_task(write())
-        self._writing.add(task)
-        task.add_done_callback(self._writing.discard)
+        self._writer.later(
+            _WRITE_BACK_SHA,
+            [cache_key, self._pending_key(cache_key)],
+            ["" if version is None else version, body, ttl, PENDING_TTL_MS // 1000],
+        )
 
     async def settle(self) -> None:
-        """Wait for the cache write-backs started so far (tests, shutdown)."""
-        while self._writing:
-            await asyncio.gather(*self._writing, return_exceptions=True)
+        """Send the cache write-backs queued so far and wait for them (tests, shutdown)."""
+        if self._writer is not None:
+            await self._writer.settle()
 
     async def _forget_cached(self, agent_id: str, *rows: tuple[str | None, str]) -> None:
         """Drop the cached copies of (owner, key) entries of `agent_id`."""
@@ -355,12 +354,6 @@ class MemoryStore:
         expires = ts + ttl_ms if ttl_ms else None
         # The caller's own entry: another owner's same-named entry is untouched.
         pending = embedding is None and self._auto_embed
-        # One row version: the pgvector column (when there is one) is written with the rest.
-        vcol, vval, vset = (
-            (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
-            if self.pgvector
-            else ("", "", "")
-        )
         events = [
             NewEvent(
                 "memory.stored",
@@ -377,24 +370,16 @@ class MemoryStore:
         cache_key = self._cache_key(agent_id, principal.user_uuid, key)
         # The cache mark runs beside the statement (see `_MARK`): both finish before "ok".
         marking = (
-            asyncio.ensure_future(self._mark_writing(cache_key)) if self._mark is not None else None
+            asyncio.ensure_future(self._mark_writing(cache_key))
+            if self._writer is not None
+            else None
         )
         try:
             # The entry and its events in one statement, autocommitted: one round trip and
             # one commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
             row, _ = await self._events.append_with(
                 self._pool,
-                "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
-                f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
-                f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
-                " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
-                # Strictly increasing per row: the version the cache compares (two stores in
-                # one millisecond, or a clock behind, still make a newer version).
-                " updated_at = greatest(EXCLUDED.updated_at, memory_entries.updated_at + 1),"
-                " expires_at = EXCLUDED.expires_at,"
-                f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
-                " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
-                " RETURNING created_at, user_uuid, pinned, updated_at",
+                _store_sql(self.pgvector),
                 [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
                 events,
             )
@@ -843,6 +828,30 @@ class MemoryStore:
             "pg_enabled": True,
             "pgvector_enabled": pgvector,
         }
+
+
+@functools.cache
+def _store_sql(pgvector: bool) -> str:
+    """A store's upsert (`MemoryStore.store`): one row version, the pgvector column (when
+    there is one) written with the rest."""
+    vcol, vval, vset = (
+        (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
+        if pgvector
+        else ("", "", "")
+    )
+    return (
+        "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
+        f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
+        f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
+        " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
+        # Strictly increasing per row: the version the cache compares (two stores in one
+        # millisecond, or a clock behind, still make a newer version).
+        " updated_at = greatest(EXCLUDED.updated_at, memory_entries.updated_at + 1),"
+        " expires_at = EXCLUDED.expires_at,"
+        f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
+        " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
+        " RETURNING created_at, user_uuid, pinned, updated_at"
+    )
 
 
 def _entry(agent_id: str, r: asyncpg.Record) -> Entry:

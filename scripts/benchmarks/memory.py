@@ -254,6 +254,7 @@ async def _stores(
     await rounds(
         {"insert1": insert, "plain": storing(store, "w0"), "given": storing(store, "w1", True)}
     )
+    await store.settle()  # the cache write-backs still queued
     if LocalEmbedder.available() is None:
         embedder = LocalEmbedder(1)
         await embedder.embed(["warm up"])
@@ -272,6 +273,7 @@ async def _stores(
         filler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await filler
+        await auto.settle()
     else:
         say("the [embed] extra is not installed: no filled-behind phase")
     done = max(1, n // BLOCK) * BLOCK

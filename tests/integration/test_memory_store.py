@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as aioredis
@@ -35,8 +35,10 @@ class Stores:
     events: EventStore
     cache: aioredis.Redis
 
+    made: list[MemoryStore] = field(default_factory=list)
+
     def memory(self, embedder: object | None = None) -> MemoryStore:
-        return MemoryStore(
+        store = MemoryStore(
             self.db.pool,
             self.events,
             self.cache,
@@ -44,6 +46,8 @@ class Stores:
             pgvector=self.db.pgvector,
             embedder=embedder,  # type: ignore[arg-type]
         )
+        self.made.append(store)
+        return store
 
 
 @pytest.fixture
@@ -54,6 +58,8 @@ async def stores(database_url: str, clean_redis: str) -> AsyncIterator[Stores]:
         made = Stores(db, EventStore(db.pool), cache)
         await made.memory().prepare()  # the pgvector column, as the service does at start
         yield made
+        for memory in made.made:  # their queued write-backs, before Redis closes (as the app)
+            await memory.settle()
     finally:
         await cache.aclose()
         await db.close()
@@ -166,25 +172,15 @@ async def test_a_store_answers_before_its_copy_is_cached_and_reads_see_it(
     await writer.store("ns", "k", "v1", ANN)
     await writer.settle()
     assert (await reader.get("ns", "k", ANN)).value == "v1"
-    gate = asyncio.Event()
     real = writer._after_store
-
-    def held(key: str, entry: memory_store.Entry | None, version: int | None) -> None:
-        async def later() -> None:
-            await gate.wait()
-            real(key, entry, version)
-
-        task = asyncio.get_running_loop().create_task(later())
-        writer._writing.add(task)
-        task.add_done_callback(writer._writing.discard)
-
-    writer._after_store = held  # type: ignore[method-assign]
+    held: list[tuple[str, memory_store.Entry | None, int | None]] = []
+    writer._after_store = lambda *call: held.append(call)  # type: ignore[method-assign]
     await writer.store("ns", "k", "v2", ANN)
     raw = await stores.cache.get(writer._cache_key("ns", "ann", "k"))
     assert raw is not None and raw.decode().endswith("|")  # a tombstone, not v1
     assert (await reader.get("ns", "k", ANN)).value == "v2"
     assert await stores.cache.get(writer._cache_key("ns", "ann", "k")) == raw  # not cached
-    gate.set()
+    real(*held[0])  # the write-back, late
     await writer.settle()
     raw = await stores.cache.get(writer._cache_key("ns", "ann", "k"))
     assert raw is not None and b'"v2"' in raw
