@@ -12,7 +12,6 @@ and its type-specific fields.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from pydantic import (
     create_model,
 )
 from pydantic_core import PydanticSerializationError
+
+from orchestrator._json import dumps
 
 __all__ = [
     "CATALOG",
@@ -530,7 +531,7 @@ def validate(name: str, data: Mapping[str, Any]) -> tuple[EventType, dict[str, A
     except PydanticSerializationError as exc:
         # An extra field held something that has no JSON form.
         raise InvalidEventData(kind.name, [("data", str(exc))]) from None
-    if "\\u0000" in json.dumps(normalised):
+    if b"\\u0000" in dumps(normalised):
         # Postgres text and jsonb cannot hold NUL: refuse it here, as bad input, rather than
         # fail the database write (and with it every append grouped into the same commit).
         raise InvalidEventData(kind.name, [("data", "strings must not contain NUL (\\u0000)")])

@@ -25,6 +25,7 @@ from orchestrator.events import (
     SeqConflict,
     SubscriberTooSlow,
 )
+from orchestrator.events import _store as events_store
 
 ADMIN = Principal("test", is_admin=True)
 
@@ -331,13 +332,14 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
 ) -> None:
     """The proof by test: 16 concurrent writers, each transaction with random work before its
     append (some take a transaction id early), random delays before commit, some rolled
-    back; a follower reading by position in a tight loop, and a live-feed subscriber, each
-    see every committed event exactly once, in position order, and per aggregate in seq
-    order with no gap."""
+    back; some appends are single statements beside a state change (`append_with` on the
+    pool, the `append_event` function, some failing); a follower reading by position in a
+    tight loop, and a live-feed subscriber, each see every committed event exactly once, in
+    position order, and per aggregate in seq order with no gap."""
     import random
 
     store = EventStore(db.pool)
-    await db.pool.execute("CREATE TABLE scratch (v int)")
+    await db.pool.execute("CREATE TABLE scratch (v int CHECK (v >= 0))")
     rng = random.Random(1616)
     writers, per_writer, rounds = 16, 6, 4
     feed = EventFeed(store, database_url, poll_s=0.2)
@@ -354,6 +356,21 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
 
     async def writer(tag: str, w: int) -> None:
         for i in range(per_writer):
+            if rng.random() < 0.3:  # one statement, its own transaction; some fail
+                aggregate = f"{tag}-{rng.randrange(4)}" if rng.random() < 0.5 else f"{tag}-w{w}"
+                try:
+                    # The state's RETURNING sleeps: the event's position is drawn, then the
+                    # statement takes a while to commit (as a slow one would).
+                    _, events = await store.append_with(
+                        db.pool,
+                        "INSERT INTO scratch VALUES ($1) RETURNING v, pg_sleep($2)",
+                        [-1 if rng.random() < 0.1 else i, rng.random() * 0.01],
+                        [task_event(aggregate, "task.dispatched", note=f"{w}-{i}")],
+                    )
+                except asyncpg.CheckViolationError:
+                    continue
+                committed.extend(events)
+                continue
             async with db.pool.acquire() as conn:
                 tx = conn.transaction()
                 await tx.start()
@@ -496,3 +513,109 @@ async def test_a_cancelled_writer_keeps_its_connection_until_the_notify_ends(
     assert await asyncio.gather(*(db.pool.fetchval("SELECT 1") for _ in range(30))) == [1] * 30
     events, _ = await store.query(EventQuery(aggregate="cancelled-writer"), ADMIN)
     assert len(events) == 1  # committed before the cancel: kept
+
+
+class _Listener:
+    """A LISTEN on the feeds' channel, collecting payloads; `marker()` waits until every
+    NOTIFY committed before it has arrived (Postgres delivers them in commit order)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.payloads: list[str] = []
+        self._got = asyncio.Event()
+
+    def _on(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self.payloads.append(payload)
+        self._got.set()
+
+    async def start(self) -> None:
+        await self.conn.add_listener(events_store.NOTIFY_CHANNEL, self._on)
+
+    async def until(self, payload: str, within: float = 10) -> None:
+        async with asyncio.timeout(within):
+            while payload not in self.payloads:
+                self._got.clear()
+                await self._got.wait()
+
+    async def marker(self, db: Database) -> list[str]:
+        await db.pool.execute(f"NOTIFY {events_store.NOTIFY_CHANNEL}, 'marker'")
+        await self.until("marker")
+        got = self.payloads[: self.payloads.index("marker")]
+        self.payloads.clear()
+        return got
+
+
+@pytest.fixture
+async def listener(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[_Listener]:
+    # The notifier's own NOTIFYs say so: a carried one's payload is empty.
+    monkeypatch.setattr(
+        events_store,
+        "_NOTIFY_SQL",
+        f"SELECT pg_notify('{events_store.NOTIFY_CHANNEL}', 'separate')",
+    )
+    conn = await asyncpg.connect(database_url)
+    got = _Listener(conn)
+    await got.start()
+    yield got
+    await conn.close()
+
+
+async def _store_one(store: EventStore, db: Database, v: int, tag: str) -> None:
+    await store.append_with(
+        db.pool,
+        "INSERT INTO notify_scratch VALUES ($1) RETURNING v",
+        [v],
+        [task_event(tag, "task.dispatched", note=str(v))],
+    )
+
+
+async def test_a_stream_of_single_statement_appends_carries_its_notify(
+    db: Database, listener: _Listener
+) -> None:
+    """Appends beside a state change, one after another: the feeds are woken by NOTIFYs
+    the statements carry (one a window), not by NOTIFYs of their own (issue 17: ~40 us a
+    store); the last ones, owed when the stream stops, are notified by the notifier."""
+    await db.pool.execute("CREATE TABLE notify_scratch (v int CHECK (v >= 0))")
+    store = EventStore(db.pool)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for v in range(300):
+        await _store_one(store, db, v, "carried")
+    windows = (loop.time() - started) / events_store.NOTIFY_COALESCE_S
+    await listener.until("separate")  # what the last statements owed
+    got = await listener.marker(db)
+    carried, separate = got.count(""), got.count("separate")
+    assert carried >= min(3, windows / 2), (got, windows)
+    assert separate <= 2, got
+
+
+async def test_an_owed_notify_is_sent_when_its_carrier_fails(
+    db: Database, listener: _Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await db.pool.execute("CREATE TABLE notify_scratch (v int CHECK (v >= 0))")
+    monkeypatch.setattr(events_store, "NOTIFY_COALESCE_S", 3600.0)  # windows opened by hand
+    monkeypatch.setattr(events_store, "NOTIFY_LATE_S", 0.05)
+    store = EventStore(db.pool)
+    await _store_one(store, db, 1, "owed")  # carries the window's NOTIFY
+    await _store_one(store, db, 2, "owed")  # in the window: owed
+    store._notified_at -= 3600.0  # the window ends
+    with pytest.raises(asyncpg.CheckViolationError):
+        await _store_one(store, db, -1, "owed")  # would carry it, but fails
+    await listener.until("separate")
+    assert await listener.marker(db) == ["", "separate"]
+
+
+async def test_an_owed_notify_carried_by_the_next_statement_is_not_sent_again(
+    db: Database, listener: _Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await db.pool.execute("CREATE TABLE notify_scratch (v int CHECK (v >= 0))")
+    monkeypatch.setattr(events_store, "NOTIFY_COALESCE_S", 3600.0)
+    monkeypatch.setattr(events_store, "NOTIFY_LATE_S", 0.05)
+    store = EventStore(db.pool)
+    await _store_one(store, db, 1, "owed")  # carries
+    await _store_one(store, db, 2, "owed")  # owed
+    store._notified_at -= 3600.0
+    await _store_one(store, db, 3, "owed")  # carries what 2 owed
+    assert store._notifier is not None
+    await asyncio.wait_for(store._notifier, 10)  # it wakes, finds nothing owed, ends
+    assert await listener.marker(db) == ["", ""]
