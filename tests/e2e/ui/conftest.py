@@ -4,7 +4,7 @@ loopback OpenAI-format model, and Debian's chromium driven by Playwright.
 
 `signed_in_page(token)` opens a fresh browser context (its own sessionStorage) on /ui and
 signs in through the form; `shot(page, name)` saves <name>.png (docs/console/ with
-ORCH_UPDATE_SCREENSHOTS=1). Every page
+UPDATE_CONSOLE_SCREENSHOTS=1). Every page
 collects its script errors and CSP violations (`page.errors`, console errors other than
 failed loads, and uncaught exceptions) for the tests to check."""
 
@@ -24,11 +24,11 @@ from tests.fakes.openai_server import OpenAIFake
 
 ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = os.environ.get("ORCH_TEST_CHROMIUM", "/usr/bin/chromium")
-# The docs' screenshots are rewritten only when asked (ORCH_UPDATE_SCREENSHOTS=1): every run
+# The docs' screenshots are rewritten only when asked (UPDATE_CONSOLE_SCREENSHOTS=1): every run
 # renders them a few bytes differently, which left a checkout changed after each test run.
 SHOTS = (
     ROOT / "docs" / "console"
-    if os.environ.get("ORCH_UPDATE_SCREENSHOTS") == "1"
+    if os.environ.get("UPDATE_CONSOLE_SCREENSHOTS") == "1"
     else Path(os.environ.get("TMPDIR", "/tmp")) / "orchestrator-console-shots"
 )
 TIMEOUT_MS = 30_000
@@ -138,7 +138,7 @@ def signed_in_page(browser: Any, base_url: str) -> Iterator[Callable[[str], Any]
 
 def shot(page: Any, name: str) -> Path:
     """<name>.png: the screenshots the docs show, taken by the tests (into docs/console
-    with ORCH_UPDATE_SCREENSHOTS=1, else into a temporary directory)."""
+    with UPDATE_CONSOLE_SCREENSHOTS=1, else into a temporary directory)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=False)
