@@ -74,6 +74,9 @@ class AgentWorker:
         self._recorder = MetricsRecorder(f"{self._id}:{socket.gethostname()}:{os.getpid()}")
         self._gateway: Gateway | None = None
         self._supervisor = Supervisor(self._id, on_restart=self._recorder.background_restart)
+        # Ray restarted this worker: its previous process died (killed, out of memory,
+        # crashed), busy or idle. Recorded once, at the first start that can write it.
+        self._crash_to_record = ray.get_runtime_context().was_current_actor_reconstructed
         self._boot = asyncio.get_running_loop().create_task(self._start())
 
     def __repr__(self) -> str:
@@ -140,10 +143,9 @@ class AgentWorker:
             },
         )
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
-        if ray.get_runtime_context().was_current_actor_reconstructed:
-            # Ray restarted this worker: its previous process died (killed, out of memory,
-            # crashed), busy or idle. Recorded here, once per death, by the one who knows;
-            # a task it was running is recorded by its dispatcher (worker.task_failed).
+        if self._crash_to_record:
+            # Once per death, by the one who knows; a task it was running is recorded by
+            # its dispatcher (worker.task_failed).
             started.insert(
                 0,
                 NewEvent(
@@ -152,6 +154,7 @@ class AgentWorker:
                 ),
             )
         await events.append(started)
+        self._crash_to_record = False
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
         pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
         self._supervisor.spawn("metrics-flush", lambda: self._flush(pusher))

@@ -75,7 +75,7 @@ async def database_url(pg_uri: str) -> AsyncIterator[str]:
 class ServedApp:
     """`deployments.api.create_app` under uvicorn on a loopback port, in a thread."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, app: Any = None) -> None:
         from deployments.api import create_app
 
         # Listening before uvicorn starts (no free-port race with another server).
@@ -84,7 +84,7 @@ class ServedApp:
         self.url = f"http://127.0.0.1:{self.port}"
         self._clients: list[Any] = []
         config = uvicorn.Config(
-            create_app(settings),
+            create_app(settings) if app is None else app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
@@ -109,8 +109,10 @@ class ServedApp:
             if self.server.started:
                 return self
             if not self.thread.is_alive():
+                self._socket.close()
                 raise RuntimeError("the app failed to start")
             await asyncio.sleep(0.02)
+        await self.__aexit__()
         raise RuntimeError("the app did not start in time")
 
     async def __aexit__(self, *exc: object) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -130,8 +131,11 @@ class EventStore:
         self._more = asyncio.Event()  # more queued, or an aggregate freed
         self._in_flight = False
         self._notify_due = False  # a NOTIFY is owed; the notifier sends it
-        self._notified_at = -1.0  # monotonic time of the last one sent (or carried)
-        self._due_at = -1.0  # monotonic time the newest owed event was reported committed
+        # Monotonic times: the last NOTIFY sent (or carried: its statement's start); the
+        # oldest and the newest owed event reported committed since the last one.
+        self._notified_at = -math.inf
+        self._due_since = -math.inf
+        self._due_at = -math.inf
         self._notifier: asyncio.Task[None] | None = None
 
     @property
@@ -445,8 +449,11 @@ class EventStore:
     def _notify_soon(self) -> None:
         """Wake the feeds: owed until a statement carries a NOTIFY (`_carry_notify`) or,
         failing that, the notifier task sends one (no round trip on the caller's path)."""
+        now = time.monotonic()
+        if not self._notify_due:
+            self._due_since = now
         self._notify_due = True
-        self._due_at = time.monotonic()
+        self._due_at = now
         if self._notifier is None or self._notifier.done():
             self._notifier = asyncio.create_task(self._notify_later(), name="event-notify")
 
@@ -634,12 +641,17 @@ class EventStore:
 
     async def _notify_later(self) -> None:
         while self._notify_due:
-            # Later than the window's end: under a steady stream of appends the next
-            # statement after it carries the NOTIFY (`_carry_notify`) and this sends none.
-            wake = self._notified_at + NOTIFY_LATE_S
-            if time.monotonic() < wake:
-                await asyncio.sleep(wake - time.monotonic())
-                continue  # a statement may have carried it meanwhile
+            # Not before the window's end, and NOTIFY_LATE_S after the oldest owed event:
+            # under a steady stream of appends a statement carries it by then
+            # (`_carry_notify`) and this sends none; when carriers stall or fail, it is sent
+            # anyway, never later than that.
+            wake = max(self._notified_at + NOTIFY_COALESCE_S, self._due_since + NOTIFY_LATE_S)
+            now = time.monotonic()
+            if now < wake:
+                # Looked at again at least every NOTIFY_LATE_S: a statement may have carried
+                # it meanwhile, or the times moved.
+                await asyncio.sleep(min(wake - now, NOTIFY_LATE_S))
+                continue
             self._notify_due = False
             self._notified_at = time.monotonic()
             try:

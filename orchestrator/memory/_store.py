@@ -398,8 +398,24 @@ class MemoryStore:
         entry = Entry(
             agent_id, key, value, row["user_uuid"], row["created_at"], expires, row["pinned"]
         )
-        if marking is not None and await marking:
-            self._after_store(cache_key, entry, row["updated_at"])
+        if marking is not None:
+            version = row["updated_at"]
+            try:
+                # Shielded: the entry is committed, so the cache must learn of it even if
+                # this caller goes away now (an unmarked old copy would be served for up
+                # to CACHE_TTL_S).
+                marked = await asyncio.shield(marking)
+            except asyncio.CancelledError:
+                marking.add_done_callback(
+                    lambda done: (
+                        self._after_store(cache_key, entry, version)
+                        if not done.cancelled() and done.result()
+                        else None
+                    )
+                )
+                raise
+            if marked:
+                self._after_store(cache_key, entry, version)
         return entry
 
     # --- embeddings (best effort, after the write) -----------------------------------------

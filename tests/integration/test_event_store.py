@@ -582,11 +582,15 @@ async def test_a_stream_of_single_statement_appends_carries_its_notify(
     for v in range(300):
         await _store_one(store, db, v, "carried")
     windows = (loop.time() - started) / events_store.NOTIFY_COALESCE_S
-    await listener.until("separate")  # what the last statements owed
+    if store._notifier is not None:  # what the last statements owed, if anything
+        await asyncio.wait_for(store._notifier, 10)
+    assert not store._notify_due
     got = await listener.marker(db)
     carried, separate = got.count(""), got.count("separate")
+    # Own NOTIFYs only where a store took longer than the notifier waits (a loaded
+    # machine); without carrying, every window's wake-up was one (and none carried).
     assert carried >= min(3, windows / 2), (got, windows)
-    assert separate <= 2, got
+    assert separate <= carried // 2 + 1, got
 
 
 async def test_an_owed_notify_is_sent_when_its_carrier_fails(
@@ -601,6 +605,7 @@ async def test_an_owed_notify_is_sent_when_its_carrier_fails(
     store._notified_at -= 3600.0  # the window ends
     with pytest.raises(asyncpg.CheckViolationError):
         await _store_one(store, db, -1, "owed")  # would carry it, but fails
+    store._notified_at -= 3600.0  # its window ends too: the notifier sends what is owed
     await listener.until("separate")
     assert await listener.marker(db) == ["", "separate"]
 

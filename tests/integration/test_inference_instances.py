@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,11 +14,10 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-import uvicorn
 
 from orchestrator.db import connect
 from orchestrator.inference import InProcessInference, ready_endpoints
-from tests.conftest import ADMIN_TOKEN, ServedApp, free_port
+from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.gguf import write_gguf
 from tests.sse import sse_frames
 
@@ -34,17 +32,7 @@ class InferenceApp(ServedApp):
         from deployments.api import create_app
 
         self.local = InProcessInference(settings)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            create_app(settings, local_inference=self.local),
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            lifespan="on",
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(settings, create_app(settings, local_inference=self.local))
 
 
 def _settings(make_settings, tmp_path: Path, **overrides: Any):

@@ -187,6 +187,50 @@ async def test_a_store_answers_before_its_copy_is_cached_and_reads_see_it(
     assert (await reader.get("ns", "k", ANN)).value == "v2"
 
 
+async def test_a_store_cancelled_after_its_commit_still_replaces_the_cached_copy(
+    stores: Stores,
+) -> None:
+    """The caller goes away once the entry is committed but before the store's mark has
+    reached Redis: the mark still runs (and the write-back after it), so no process is
+    served the older cached copy."""
+    writer, reader = stores.memory(), stores.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    await writer.settle()
+    assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
+    assert writer._writer is not None
+    gate = asyncio.Event()
+    real_now = writer._writer.now
+
+    async def held_now(*call: object) -> object:  # the mark, held until the gate opens
+        await gate.wait()
+        return await real_now(*call)  # type: ignore[arg-type]
+
+    writer._writer.now = held_now  # type: ignore[method-assign]
+    committed = asyncio.Event()
+    real_append = stores.events.append_with
+
+    async def append_with(*call: object) -> object:
+        done = await real_append(*call)  # type: ignore[arg-type]
+        # From here the store runs without awaiting until it waits for its mark.
+        committed.set()
+        return done
+
+    stores.events.append_with = append_with  # type: ignore[method-assign]
+    store = asyncio.ensure_future(writer.store("ns", "k", "v2", ANN))
+    await asyncio.wait_for(committed.wait(), 10)
+    store.cancel()  # while it waits for its mark
+    with pytest.raises(asyncio.CancelledError):
+        await store
+    gate.set()
+    key = writer._cache_key("ns", "ann", "k")
+    async with asyncio.timeout(10):  # the mark ran: the v1 copy is gone
+        while b'"v1"' in (await stores.cache.get(key) or b""):  # noqa: ASYNC110 - polling Redis
+            await asyncio.sleep(0.01)
+    await writer.settle()
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    assert (await stores.memory().get("ns", "k", ANN)).value == "v2"
+
+
 async def test_a_write_back_that_never_comes_only_costs_cache_hits(
     stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
