@@ -4,12 +4,27 @@ one; an app served without Ray runs its own."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+
 from orchestrator.events._feed import EventFeed
 from orchestrator.events._model import Event
 from orchestrator.events._projections import EventTypeCounts, ProjectionRunner
 from orchestrator.events._store import EventStore
 from orchestrator.observability import MetricsRecorder
 from orchestrator.runtime.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+# The projections catch up at most this often. Each catch-up is a transaction of its own (the
+# checkpoint row locked, the events read again, the counts and the checkpoint written): run
+# on every feed batch it cost more database round trips than the feed itself under load. The
+# counts (svc_event_total) lag the feed by at most this much, plus the catch-up.
+PROJECT_EVERY_S = 0.25
+# After a catch-up failed (the store unreachable), the next try.
+PROJECT_RETRY_S = 1.0
 
 
 class EventServices:
@@ -19,22 +34,54 @@ class EventServices:
         dsn: str,
         recorder: MetricsRecorder,
         supervisor: Supervisor | None = None,
+        project_every_s: float = PROJECT_EVERY_S,
     ) -> None:
         self.store = store
         self.projections = ProjectionRunner(store)
         self.projections.register(EventTypeCounts())
         self.recorder = recorder
         self.feed = EventFeed(store, dsn, on_batch=self._follow, supervisor=supervisor)
+        self._project_every_s = project_every_s
+        self._projected_at = -float("inf")
+        self._behind = False  # events the projections have not caught up with may exist
+        self._projecting: asyncio.Task[None] | None = None
 
     async def _follow(self, _batch: list[Event]) -> None:
+        """The feed's batch hook: marks the projections behind and makes sure one task
+        catches them up, right away or when the last catch-up is PROJECT_EVERY_S old."""
+        self._behind = True
+        if self._projecting is None or self._projecting.done():
+            self._projecting = asyncio.create_task(self._project_while_behind())
+
+    async def _project_while_behind(self) -> None:
+        while self._behind:
+            due = self._projected_at + self._project_every_s - time.monotonic()
+            if due > 0:
+                await asyncio.sleep(due)
+            # Cleared before the catch-up reads: a batch arriving during it marks it again.
+            self._behind = False
+            self._projected_at = time.monotonic()
+            try:
+                await self._project()
+            except Exception as exc:  # noqa: BLE001 - counted by a later catch-up
+                log.warning("event projections cannot catch up (tried again): %r", exc)
+                self._behind = True
+                self._projected_at = time.monotonic() + PROJECT_RETRY_S - self._project_every_s
+
+    async def _project(self) -> None:
         # Counted from the projection, not the batch: exactly once per committed event, also
         # across restarts (the checkpoint lives in Postgres, with the counts).
         for event in await self.projections.catch_up(EventTypeCounts.name):
             self.recorder.event(event.type)
 
     async def start(self) -> None:
-        await self._follow([])
+        await self._project()
+        self._projected_at = time.monotonic()
         await self.feed.start()
 
     async def stop(self) -> None:
         await self.feed.stop()
+        if self._projecting is not None:
+            self._projecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._projecting

@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from orchestrator._json import dumps
+from orchestrator._json import dumps, loads
 from orchestrator.auth import Principal
 from orchestrator.events._catalog import (
     InvalidEventData,
@@ -81,7 +81,7 @@ def _one_marks(n: int) -> str:
 
 def row_to_event(row: asyncpg.Record) -> Event:
     """A stored row as an Event; an older version of its type is upcast to the current one."""
-    data = json.loads(row["data"]) if isinstance(row["data"], str) else dict(row["data"])
+    data = loads(row["data"]) if isinstance(row["data"], str) else dict(row["data"])
     version = row["version"]
     try:
         current = event_type(row["type"]).version

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -15,9 +17,11 @@ from orchestrator.auth import Principal
 from orchestrator.db import Database, connect
 from orchestrator.errors import Forbidden
 from orchestrator.events import (
+    Event,
     EventFeed,
     EventQuery,
     EventRejected,
+    EventServices,
     EventStore,
     EventTypeCounts,
     NewEvent,
@@ -26,6 +30,7 @@ from orchestrator.events import (
     SubscriberTooSlow,
 )
 from orchestrator.events import _store as events_store
+from orchestrator.observability import MetricsRecorder
 
 ADMIN = Principal("test", is_admin=True)
 
@@ -212,6 +217,58 @@ async def test_projection_rebuild_gives_the_same_state(db: Database) -> None:
     assert await runner.catch_up(EventTypeCounts.name) == []  # nothing counted twice
     assert len(await runner.rebuild(EventTypeCounts.name)) == 41
     assert await EventTypeCounts.read(db.pool) == counts
+
+
+async def test_projections_catch_up_once_a_window_and_count_the_last_event(
+    db: Database, database_url: str
+) -> None:
+    """The feed hands on a batch per wake; the projections catch up at most once a window
+    (each catch-up is a transaction that reads the events again), and the events of the
+    last batches, after which nothing more comes, are still counted."""
+    store = EventStore(db.pool)
+    every = 0.3
+    services = EventServices(store, database_url, MetricsRecorder("test"), project_every_s=every)
+    catch_ups = 0
+    catch_up = services.projections.catch_up
+
+    async def counted(name: str) -> list[Event]:
+        nonlocal catch_ups
+        catch_ups += 1
+        return await catch_up(name)
+
+    services.projections.catch_up = counted  # type: ignore[method-assign]
+    await services.start()
+    batches: list[int] = []
+
+    async def follow() -> None:
+        async for batch in services.feed.subscribe(services.feed.head):
+            batches.append(len(batch))
+
+    follower = asyncio.create_task(follow())
+    try:
+        started = time.monotonic()
+        for i in range(40):
+            await store.append([task_event(f"c{i}")])
+            await asyncio.sleep(0.01)
+        deadline = time.monotonic() + 10
+        while (await EventTypeCounts.read(db.pool)).get("task.created", 0) < 40:
+            assert time.monotonic() < deadline, "the last events were never counted"
+            await asyncio.sleep(0.02)
+        elapsed = time.monotonic() - started
+        assert await EventTypeCounts.read(db.pool) == {"task.created": 40}
+        assert sum(batches) == 40
+        # The start's catch-up, then at most one a window (and the one a window ends with),
+        # however many batches the feed handed on.
+        assert catch_ups <= 2 + math.ceil(elapsed / every) < len(batches), (
+            catch_ups,
+            elapsed,
+            len(batches),
+        )
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await services.stop()
 
 
 async def test_feed_live_catch_up_and_slow_subscribers(db: Database, database_url: str) -> None:
