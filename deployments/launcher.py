@@ -299,11 +299,16 @@ def serve_forever(settings: Settings, progress: Callable[[str], None]) -> int:
 
         from actors import NAMESPACE
 
-        # Serve's environment is set: the app (ray.serve, FastAPI, ours) may be imported now,
-        # in the state layer's thread once its servers are up, while this one starts Ray.
-        state_up.may_import.set()
+        # Ray Serve and FastAPI (under deployments.logs) are imported here first: the same
+        # packages imported by two threads at once can hand one of them a partially
+        # initialised module (importlib breaks the deadlock that way), and a failed import
+        # there removes the package under the other.
         from deployments.logs import driver_logs_like_ours
 
+        # Serve's environment is set and its package loaded: the rest of the app may be
+        # imported now, in the state layer's thread once its servers are up, while this one
+        # starts Ray.
+        state_up.may_import.set()
         driver_logs_like_ours(settings)  # Ray's logger prints from ray.init on
         if stop.is_set():
             return 0
