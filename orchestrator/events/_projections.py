@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import asyncpg
@@ -50,8 +50,12 @@ class ProjectionRunner:
         )
         return int(value or 0)
 
-    async def catch_up(self, name: str) -> list[Event]:
-        """Apply every event after the checkpoint; return the events applied now."""
+    async def catch_up(
+        self, name: str, on_applied: Callable[[list[Event]], None] | None = None
+    ) -> list[Event]:
+        """Apply every event after the checkpoint; return the events applied now.
+        `on_applied` is given each batch once its transaction committed (a later batch that
+        fails does not take back the ones before it)."""
         projection = self._projections[name]
         applied: list[Event] = []
         while True:
@@ -74,6 +78,8 @@ class ProjectionRunner:
                     name,
                     batch[-1].position,
                 )
+            if on_applied is not None:
+                on_applied(batch)
             applied.extend(batch)
 
     async def catch_up_all(self) -> dict[str, list[Event]]:

@@ -9,6 +9,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -231,10 +232,10 @@ async def test_projections_catch_up_once_a_window_and_count_the_last_event(
     catch_ups = 0
     catch_up = services.projections.catch_up
 
-    async def counted(name: str) -> list[Event]:
+    async def counted(name: str, on_applied: Any = None) -> list[Event]:
         nonlocal catch_ups
         catch_ups += 1
-        return await catch_up(name)
+        return await catch_up(name, on_applied)
 
     services.projections.catch_up = counted  # type: ignore[method-assign]
     await services.start()
@@ -254,13 +255,13 @@ async def test_projections_catch_up_once_a_window_and_count_the_last_event(
         while (await EventTypeCounts.read(db.pool)).get("task.created", 0) < 40:
             assert time.monotonic() < deadline, "the last events were never counted"
             await asyncio.sleep(0.02)
-        elapsed = time.monotonic() - started
+        elapsed, made = time.monotonic() - started, catch_ups
         assert await EventTypeCounts.read(db.pool) == {"task.created": 40}
         assert sum(batches) == 40
         # The start's catch-up, then at most one a window (and the one a window ends with),
         # however many batches the feed handed on.
-        assert catch_ups <= 2 + math.ceil(elapsed / every) < len(batches), (
-            catch_ups,
+        assert made <= 2 + math.ceil(elapsed / every) < len(batches), (
+            made,
             elapsed,
             len(batches),
         )
@@ -269,6 +270,39 @@ async def test_projections_catch_up_once_a_window_and_count_the_last_event(
         with contextlib.suppress(asyncio.CancelledError):
             await follower
         await services.stop()
+
+
+async def test_stopping_counts_what_the_window_held_back(db: Database, database_url: str) -> None:
+    """Events the projections have not caught up with when the services stop (the window is
+    still open) are counted by the stop, in Postgres and in the process's metrics, and those
+    committed before the start, by the start."""
+    store = EventStore(db.pool)
+    await store.append([task_event("before")])
+    recorder = MetricsRecorder("test")
+    services = EventServices(store, database_url, recorder, project_every_s=60)
+    await services.start()
+    assert recorder.drain().events == {"task.created": 1}
+    seen: list[Event] = []
+
+    async def follow() -> None:
+        async for batch in services.feed.subscribe(services.feed.head):
+            seen.extend(batch)
+
+    follower = asyncio.create_task(follow())
+    try:
+        for i in range(3):
+            await store.append([task_event(f"s{i}", "task.dispatched")])
+        deadline = time.monotonic() + 10
+        while len(seen) < 3:  # the feed handed them on; the next catch-up is a minute away
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await services.stop()
+    assert await EventTypeCounts.read(db.pool) == {"task.created": 1, "task.dispatched": 3}
+    assert recorder.drain().events == {"task.dispatched": 3}
 
 
 async def test_feed_live_catch_up_and_slow_subscribers(db: Database, database_url: str) -> None:
