@@ -115,7 +115,25 @@ def harden(config: str, policy: ProxyPolicy) -> str:
     config, count = frontend.subn(lambda m: m.group(1) + "\n".join(rules) + "\n", config, 1)
     if count != 1:
         raise ValueError("HAProxy config: no http_frontend section")
+    # None yet in the configuration HAProxy starts with, before an application is deployed.
+    config = _APP_BACKEND.sub(lambda m: m.group(1) + _STICK_TO_CONNECTION, config)
     return config if policy.request_log else quiet(config)
+
+
+# Serve's backend of each application (`backend http-<app>`; its `default_backend` has no
+# servers). A client connection's requests stay on the replica its first one went to, while
+# that replica is up (`option redispatch` moves them otherwise); new connections are spread
+# by the backend's balance algorithm (leastconn). Balanced per request, a sequential client
+# alternated between replicas and each call found the other replica's caches: ~50-80 us of
+# a gateway call at concurrency 1 (docs/benchmarks.md). Entries outlive HAProxy's 90 s
+# keep-alive; a reused client port within that time goes to the same replica, harmlessly.
+_APP_BACKEND = re.compile(r"(?m)^(backend http-\S+\n)")
+_STICK_TO_CONNECTION = (
+    "    # Added by the orchestrator: a client connection stays on one replica.\n"
+    "    stick-table type string len 64 size 200k expire 2m\n"
+    "    http-request set-var(txn.orch_client_port) src_port\n"
+    "    stick on src,concat(:,txn.orch_client_port)\n"
+)
 
 
 PR_SET_PDEATHSIG = 1

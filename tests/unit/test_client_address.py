@@ -3,10 +3,13 @@ HAProxy hardening of Serve's rendered configuration, and the failed-auth throttl
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,8 +78,8 @@ frontend http_frontend
     log global
     log /tmp/oh-1/metrics.sock len 8192 format rfc5424 local1 debug
     log-format-sd "%{+Q,+E}o [serve@1 status=%ST latency_ms=%Ta]"
-    default_backend x
-backend x
+    default_backend http-x
+backend http-x
     log global
     server s1 127.0.0.1:30000 check
 listen stats
@@ -91,7 +94,7 @@ def test_hardened_config() -> None:
     assert "bind 127.0.0.1:9101" in out and "bind :9101" not in out
     assert "bind 127.0.0.1:8404" in out and "*:8404" not in out
     assert "timeout http-request 10s" in out and "timeout client 120s" in out
-    frontend = out.split("frontend http_frontend\n", 1)[1].split("backend x", 1)[0]
+    frontend = out.split("frontend http_frontend\n", 1)[1].split("backend http-x", 1)[0]
     assert "http-request set-header X-Forwarded-For %[src]" in frontend
     assert "sc0_conn_cur gt 256" in frontend and "track-sc0 src" in frontend
     assert "http-request del-header x-forwarded-proto" in frontend
@@ -120,6 +123,97 @@ def test_the_hardened_config_is_valid_for_haproxy(policy: ProxyPolicy, tmp_path:
     config.write_text(harden(RENDERED, policy))
     checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+class _Named(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+
+    def do_GET(self) -> None:
+        body = self.server.name.encode()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_a_keep_alive_client_stays_on_one_replica_and_new_ones_spread(tmp_path: Path) -> None:
+    """Through HAProxy with the hardened config and two replicas (loopback servers that say
+    their name): one connection's requests go to the replica that answered the last one
+    (leastconn alone alternates them); new connections are still spread over both."""
+    ok, binary = haproxy_usable()
+    assert ok, binary
+    servers = []
+    for name in ("r1", "r2"):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Named)
+        server.name = name  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    front, exporter, stats = _free_port(), _free_port(), _free_port()
+    r1, r2 = (s.server_address[1] for s in servers)
+    rendered = (
+        RENDERED.replace("/tmp/oh-1/", f"{tmp_path}/")
+        .replace("bind :9101", f"bind :{exporter}")
+        .replace("127.0.0.1:8000", f"127.0.0.1:{front}")
+        .replace("*:8404", f"*:{stats}")
+        .replace(
+            "    server s1 127.0.0.1:30000 check\n",
+            f"    balance leastconn\n    server s1 127.0.0.1:{r1}\n    server s2 127.0.0.1:{r2}\n",
+        )
+    )
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1")))
+    proxy = subprocess.Popen([binary, "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not _listening(front):
+            assert proxy.poll() is None and time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.05)
+
+        def ask(conn: http.client.HTTPConnection) -> str:
+            conn.request("GET", "/")
+            return conn.getresponse().read().decode()
+
+        conn = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
+        try:
+            answered = [ask(conn) for _ in range(20)]
+        finally:
+            conn.close()
+        assert len(set(answered)) == 1, answered
+        spread = set()
+        for _ in range(10):
+            fresh = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
+            try:
+                spread.add(ask(fresh))
+            finally:
+                fresh.close()
+        assert spread == {"r1", "r2"}
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        if proxy.stderr is not None:
+            proxy.stderr.close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_the_config_before_any_application_is_valid_for_haproxy(tmp_path: Path) -> None:
+    """HAProxy starts before the application is deployed: Serve's first configuration has
+    no application backend, and hardening it must not refuse it (HAProxy would not start)."""
+    ok, binary = haproxy_usable()
+    assert ok, binary
+    before = RENDERED.replace("    default_backend http-x\n", "").split("backend http-x\n")[0]
+    before += "listen stats\n  bind *:8404\n  stats enable\n"
+    out = harden(before, ProxyPolicy(binary, "127.0.0.1"))
+    assert "stick on" not in out
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(out)
+    checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "stick on src,concat(:,txn.orch_client_port)" in harden(RENDERED, ProxyPolicy("/x", "h"))
 
 
 def test_no_line_is_logged_per_request_unless_asked() -> None:
