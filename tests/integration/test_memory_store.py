@@ -387,6 +387,11 @@ async def test_the_filler_yields_to_a_burst_of_stores_but_not_past_its_longest_w
         )
         # It catches up with the whole burst.
         await embedder.wait_for({f"entry {i}" for i in range(n)})
+        # ... and has read a batch short of full since (while batches come full it keeps
+        # filling, past the quiet gap: a store in that window is filled at once).
+        async with asyncio.timeout(10):
+            while memory._unfilled_since is not None:  # noqa: ASYNC110 - the filler's state
+                await asyncio.sleep(0.01)
         # One more store on its own: filled once the quiet gap after it has passed.
         await memory.store("burst", f"k{n}", "after the burst", ANN)
         last = memory._last_store
