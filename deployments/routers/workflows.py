@@ -10,8 +10,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser, Offset
-from orchestrator.errors import Forbidden, NotFound
+from orchestrator.agents import tools_refused
+from orchestrator.errors import BadRequest, Forbidden, NotFound
 from orchestrator.workflows import (
     WorkflowSpec,
     WorkflowState,
@@ -162,6 +164,17 @@ ParentQ = Annotated[
 ]
 
 
+async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext) -> None:
+    """A step that names tools for a model whose server says it takes none is a 400 now,
+    not a failed step later (a model that nothing serves yet is judged when the step runs)."""
+    for i, step in enumerate(spec.steps):
+        model = step.model or spec.model or ctx.settings.default_model
+        if step.type == "task" and step.tools and model:
+            if await ctx.gateway.takes_tools(model) is False:
+                where = {"field": f"steps.{i}.tools", "message": f"{model} takes no tools"}
+                raise BadRequest(tools_refused(model), extra={"fields": [where]})
+
+
 @router.post("/workflows", response_model=Created)
 async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -> Created:
     """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once."""
@@ -169,6 +182,7 @@ async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -
     if "steps" in given:
         given["steps"] = [step.model_dump(exclude_none=True) for step in body.steps or []]
     spec = await resolve_request(ctx.workflows, given, caller.user_uuid)
+    await _check_step_tools(spec, ctx)
     workflow_id = await ctx.workflows.create(spec, caller.user_uuid)
     await ctx.workflow_runner.start(workflow_id)
     return Created(id=workflow_id, status="pending")

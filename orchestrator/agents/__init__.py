@@ -16,6 +16,7 @@ from orchestrator.agents._task import (
     TaskResult,
     TaskStatus,
     created_event,
+    tools_refused,
 )
 
 if TYPE_CHECKING:
@@ -72,4 +73,5 @@ __all__ = [
     "created_event",
     "default_registry",
     "evaluate_arithmetic",
+    "tools_refused",
 ]

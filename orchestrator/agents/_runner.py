@@ -3,7 +3,9 @@ the task's timeout or the turn limit.
 
 - System prompt per mode (`MODES`); the first user message holds the context (the original
   prompt and earlier step results, each labelled) and then the task's prompt.
-- Tools: those of the task's `tools` list (all registered ones when it has none) are offered;
+- Tools: those of the task's `tools` list (all registered ones when it has none) are offered,
+  none when the model's server takes no tools and the task names none (naming some for such a
+  model fails the task);
   a call to any other tool is refused to the model (an error tool result) and recorded as
   `audit.tool_denied`; an executed call is `audit.tool_executed` (with `ok` and duration).
 - Loops: the same tool with the same arguments `agent_loop_warn` times -> `agent.loop_warning`
@@ -33,6 +35,7 @@ from orchestrator.agents._task import (
     TaskStatus,
     created_event,
     task_payload,
+    tools_refused,
 )
 from orchestrator.agents._tools import ToolContext, ToolFailed, ToolRegistry
 from orchestrator.config import Settings
@@ -196,6 +199,12 @@ class _Loop:
         model = self.task.model or self.settings.default_model
         if not model:
             raise TaskFailed("no model: give the step a model or set default_model")
+        if self.offered and await self.runner._gateway.takes_tools(model) is False:
+            if self.task.tools:
+                raise TaskFailed(tools_refused(model))
+            # The step named no tools: its model's server takes none, so it gets none
+            # rather than a call its server refuses.
+            self.offered, self.allowed = [], set()
         for turn in range(1, self.settings.agent_max_turns + 1):
             self.turns = turn
             await self._fit_context()

@@ -104,3 +104,11 @@ def task_payload(task: AgentTask, type_: str, data: dict[str, Any]) -> dict[str,
         if task.step:
             payload.setdefault("step", task.step)
     return payload
+
+
+def tools_refused(model: str) -> str:
+    """Why a step that names tools cannot run on `model` (its server takes none)."""
+    return (
+        f"model {model!r} takes no tools (its server says so): name no tools for its "
+        "steps, or serve it with a server and chat template that take tools"
+    )

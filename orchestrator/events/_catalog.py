@@ -273,7 +273,7 @@ _TYPES: tuple[EventType, ...] = (
     _declare("model.started", "model_name", ModelData, pid=_opt(int)),
     _declare("model.stopped", "model_name", ModelData, reason=_opt(str)),
     _declare("model.failed", "model_name", (ModelData, Failure)),
-    _declare("model.ready", "model_name", ModelData, ctx_size=_opt(Count)),
+    _declare("model.ready", "model_name", ModelData, ctx_size=_opt(Count), tools=_opt(bool)),
     _declare("model.discovered", "model_name", ModelData, path=_opt(str), size_bytes=_opt(Count)),
     _declare("model.prepared", "model_name", ModelData, path=_opt(str)),
     _declare("model.start_failed", "model_name", (ModelData, Failure)),

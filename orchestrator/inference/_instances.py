@@ -92,6 +92,8 @@ class InstanceRecord:
     updated_at: int
     # The key its server requires (see `new_api_key`); never in `wire()`, logs or events.
     api_key: str = field(default="", repr=False)
+    # Whether its server takes `tools` (its /props says; None: it did not say).
+    tools: bool | None = None
 
     @property
     def base_url(self) -> str | None:
@@ -115,6 +117,7 @@ class InstanceRecord:
             "threads": self.threads,
             "user_uuid": self.user_uuid,
             "error": self.error,
+            "tools": self.tools,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
@@ -137,6 +140,7 @@ def _record(row: asyncpg.Record) -> InstanceRecord:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         api_key=row["api_key"],
+        tools=row["tools"],
     )
 
 
@@ -150,6 +154,7 @@ class LocalEndpoint:
     ctx_size: int
     state: str
     api_key: str = field(default="", repr=False)  # sent as `Authorization: Bearer`
+    tools: bool | None = None  # whether its server takes tools (None: it did not say)
 
 
 def new_api_key() -> str:
@@ -161,7 +166,8 @@ def new_api_key() -> str:
 async def ready_endpoints(pool: asyncpg.Pool) -> list[LocalEndpoint]:
     """Instances that are ready or running (one query on a partial index)."""
     rows = await pool.fetch(
-        """SELECT id, model_name, host, port, ctx_size, state, api_key FROM inference_instances
+        """SELECT id, model_name, host, port, ctx_size, state, api_key, tools
+           FROM inference_instances
            WHERE state IN ('ready', 'running') AND host IS NOT NULL AND port IS NOT NULL
            ORDER BY created_at, id"""
     )
@@ -176,6 +182,7 @@ async def ready_endpoints(pool: asyncpg.Pool) -> list[LocalEndpoint]:
                 ctx_size=row["ctx_size"],
                 state=row["state"],
                 api_key=row["api_key"],
+                tools=row["tools"],
             )
         )
     return out
@@ -296,10 +303,12 @@ class InstanceStore:
         port: int | None = None,
         host: str | None = None,
         error: str | None = None,
+        tools: bool | None = None,
     ) -> InstanceRecord:
         """Move an instance (checked against TRANSITIONS under a row lock) and append its
-        event, in one transaction. `pid`, `port`, `host` are recorded when given; `error` is
-        recorded on failed and cleared when the instance starts again."""
+        event, in one transaction. `pid`, `port`, `host`, `tools` are recorded when given;
+        `error` is recorded on failed and cleared when the instance starts again (and so is
+        `tools`: the server started again may be another binary)."""
         async with self._events.transaction() as tx:
             row = await tx.conn.fetchrow(
                 "SELECT * FROM inference_instances WHERE id = $1 FOR UPDATE", instance_id
@@ -315,6 +324,7 @@ class InstanceStore:
                        port = coalesce($4, port),
                        host = coalesce($5, host),
                        error = CASE WHEN $2 = 'starting' THEN NULL ELSE coalesce($6, error) END,
+                       tools = CASE WHEN $2 = 'starting' THEN NULL ELSE coalesce($8, tools) END,
                        updated_at = $7
                    WHERE id = $1 RETURNING *""",
                 instance_id,
@@ -324,6 +334,7 @@ class InstanceStore:
                 host,
                 error,
                 _now_ms(),
+                tools,
             )
             record = _record(row)
             if event is not None:

@@ -5,15 +5,15 @@ It accepts llama-server's flags (`-m`, `--host`, `--port`, `-c`, `-ngl`, `-t`, `
 `-b`, `--api-key`, whose default is `LLAMA_API_KEY` from the environment as llama-server's;
 others are ignored with a warning). With a key, every route but /health answers 401
 `Invalid API Key` unless the request carries `Authorization: Bearer <key>`. It serves what
-the orchestrator and
-OpenAI clients use: `GET /health` (503 while the model loads, as llama-server), `GET
-/v1/models`, `GET /slots` (`is_processing`), and `POST /v1/chat/completions`, plain or
-streamed as `chat.completion.chunk` SSE frames ending with `data: [DONE]` (bodies and chunks
-follow OpenAI's schemas; `response_format` json_object/json_schema is enforced by a grammar;
-`n` > 1 (as llama-server), tools (as llama-server without --jinja) and logprobs are a 400).
-One request is
-generated at a time (llama-server with one slot); others wait their turn. Generation runs
-in a thread, so the event loop keeps answering /health and /slots meanwhile.
+the orchestrator and OpenAI clients use: `GET /health` (503 while the model loads, as
+llama-server), `GET /v1/models`, `GET /slots` (`is_processing`), `GET /props`
+(`chat_template_caps`: no tools), and `POST /v1/chat/completions`, plain or streamed as
+`chat.completion.chunk` SSE frames ending with `data: [DONE]`, under llama-server's
+`Content-Type: text/event-stream` without a charset (bodies and chunks follow OpenAI's
+schemas; `response_format` json_object/json_schema is enforced by a grammar; `n` > 1 (as
+llama-server), tools (as llama-server without --jinja) and logprobs are a 400). One request
+is generated at a time (llama-server with one slot); others wait their turn. Generation
+runs in a thread, so the event loop keeps answering /health and /slots meanwhile.
 
 Run it as `python -m orchestrator.inference.llama_server` or `scripts/llama-server`.
 """
@@ -641,6 +641,7 @@ class LlamaServer:
             Route("/models", self._keyed(self.models)),
             Route("/v1/models", self._keyed(self.models)),
             Route("/slots", self._keyed(self.slots)),
+            Route("/props", self._keyed(self.props)),
             Route("/chat/completions", self._keyed(self.chat), methods=["POST"]),
             Route("/v1/chat/completions", self._keyed(self.chat), methods=["POST"]),
         ]
@@ -679,6 +680,25 @@ class LlamaServer:
     async def slots(self, _request: Request) -> Response:
         return JSONResponse(
             [{"id": 0, "n_ctx": self.engine.n_ctx, "is_processing": self._processing}]
+        )
+
+    async def props(self, _request: Request) -> Response:
+        """llama-server's /props, the fields its clients read: this server renders no tool
+        definitions or calls (as llama-server without --jinja), and says so."""
+        return JSONResponse(
+            {
+                "default_generation_settings": {"n_ctx": self.engine.n_ctx},
+                "total_slots": 1,
+                "model_path": self.options.model,
+                "chat_template_caps": {
+                    "supports_system_role": True,
+                    "supports_tools": False,
+                    "supports_tool_calls": False,
+                    "supports_parallel_tool_calls": False,
+                },
+                "modalities": {"vision": False, "audio": False},
+                "is_sleeping": False,
+            }
         )
 
     def _denied(self, request: Request) -> Response | None:
@@ -844,10 +864,15 @@ class _TurnStream(StreamingResponse):
     `finally`), and the turn would otherwise be held forever."""
 
     def __init__(self, body: AsyncIterator[bytes], claim: _TurnClaim) -> None:
+        # llama.cpp's server (cpp-httplib) names no charset: neither does this one, so every
+        # client of the bundled server meets what a real llama-server sends.
         super().__init__(
             body,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            },
         )
         self._claim = claim
 

@@ -140,11 +140,13 @@ class InstanceSupervisor:
                 failed = await self._wait_healthy(http, base, exited)
                 if failed is not None:
                     return failed
+                tools = await self._takes_tools(http, base)
                 self._record = await self._store.transition(
                     self._id,
                     InstanceState.READY,
                     event="model.ready",
-                    data={"port": port, "ctx_size": record.ctx_size},
+                    data={"port": port, "ctx_size": record.ctx_size, "tools": tools},
+                    tools=tools,
                 )
                 return await self._monitor(http, base, exited)
             finally:
@@ -212,6 +214,20 @@ class InstanceSupervisor:
                 except (asyncpg.PostgresError, OSError) as exc:
                     # The database is away for a moment: the server is fine, try next tick.
                     log.warning("%s: cannot record %s: %r", self._id, wanted, exc)
+
+    async def _takes_tools(self, http: httpx.AsyncClient, base: str) -> bool | None:
+        """Whether the server takes `tools`, as llama.cpp's server tells in its /props
+        (`chat_template_caps`: the model's chat template must render tool definitions and
+        tool calls); None when it does not say (an older build, another server)."""
+        try:
+            response = await http.get(f"{base}/props")
+            props = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        caps = props.get("chat_template_caps") if isinstance(props, dict) else None
+        if not isinstance(caps, dict) or "supports_tools" not in caps:
+            return None
+        return caps.get("supports_tools") is True and caps.get("supports_tool_calls") is True
 
     async def _busy(self, http: httpx.AsyncClient, base: str) -> bool | None:
         """Whether the server is processing a request; None when it does not answer."""

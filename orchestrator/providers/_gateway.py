@@ -82,6 +82,8 @@ class LocalTarget(Protocol):
     def base_url(self) -> str: ...
     @property
     def api_key(self) -> str: ...  # its server's key: `Authorization: Bearer` on each call
+    @property
+    def tools(self) -> bool | None: ...  # whether its server takes tools (None: unknown)
 
 
 LocalSource = Callable[[], Awaitable[Sequence[LocalTarget]]]
@@ -93,6 +95,9 @@ class Route:
     breaker_key: str  # the provider's name, or the instance id
     adapter: ProviderAdapter
     model: str  # the model name the upstream knows
+    # Whether the upstream takes `tools`: False only for a local server that said it takes
+    # none (a hosted provider's models are taken to; one that does not answers a 400).
+    tools: bool = True
 
 
 @dataclass
@@ -265,9 +270,19 @@ class Gateway:
             )
         return out
 
+    async def takes_tools(self, model: str) -> bool | None:
+        """Whether every route that serves `model` takes tools (an agent step offers them
+        only then: a call failing over to a route that takes none would fail); None when
+        nothing serves the model now."""
+        try:
+            routes = await self.routes(model)
+        except NotFound:
+            return None
+        return all(route.tools for route in routes)
+
     async def _routes_for(self, model: str) -> list[Route]:
         out = [
-            Route(LOCAL_PROVIDER, t.id, self._local_adapter(t), t.model)
+            Route(LOCAL_PROVIDER, t.id, self._local_adapter(t), t.model, t.tools is not False)
             for t in await self.local_targets()
             if t.model == model
         ]

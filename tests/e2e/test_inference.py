@@ -306,6 +306,52 @@ def test_binary_that_exits_at_once_ends_failed(service: Service) -> None:
     assert models["broken"]["status"] == "error"
 
 
+def test_a_two_step_workflow_on_the_bundled_model_with_default_steps(service: Service) -> None:
+    """The first workflow a newcomer runs: steps that name no tools, on the bundled model,
+    whose server takes none (its /props says so): they run without tools and complete. A
+    step that names tools for that model is a 400 naming it."""
+    r = service.post("/inference", headers=service.admin, json={"model": SMOL})
+    assert r.status_code == 200, r.text
+    iid = r.json()["id"]
+    ready = _wait_state(service, iid, {"ready"})
+    assert ready["tools"] is False  # read from the server's /props
+    steps = [
+        {"name": "plan", "prompt": "List three fruits."},
+        {"name": "pick", "prompt": "Pick one fruit of the list and name it."},
+    ]
+    r = service.post(
+        "/workflows", headers=service.admin, json={"name": "demo", "model": SMOL, "steps": steps}
+    )
+    assert r.status_code == 200, r.text
+    wid = r.json()["id"]
+    deadline = time.monotonic() + 240
+    while True:
+        detail = service.get(f"/workflows/{wid}", headers=service.admin).json()
+        if detail["status"] in ("completed", "failed", "cancelled"):
+            break
+        assert time.monotonic() < deadline, detail
+        time.sleep(0.5)
+    assert detail["status"] == "completed", detail
+    assert [s["status"] for s in detail["steps"]] == ["completed", "completed"]
+    assert all(s.get("result") for s in detail["steps"]), detail
+
+    named = [{"name": "clock", "prompt": "What time is it?", "tools": ["current_time"]}]
+    r = service.post(
+        "/workflows", headers=service.admin, json={"name": "tooled", "model": SMOL, "steps": named}
+    )
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert (
+        body["code"] == "bad_request"
+        and SMOL in body["error"]
+        and "takes no tools" in body["error"]
+    )
+    assert service.post("/stop", headers=service.admin, json={"id": iid}).json()["state"] == (
+        "stopped"
+    )
+    assert _gone(ready["pid"])
+
+
 def test_stopping_the_service_leaves_no_model_server(service: Service) -> None:
     r = service.post("/inference", headers=service.admin, json={"model": SMOL})
     ready = _wait_state(service, r.json()["id"], {"ready"})

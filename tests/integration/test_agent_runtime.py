@@ -127,3 +127,51 @@ async def test_modes_change_the_system_prompt(runtime: Any, llm: OpenAIFake) -> 
         seen.append(llm.chat_requests[-1].json["messages"][0]["content"])
     assert len(set(seen)) == 6
     assert json.dumps(seen).count("planning agent") == 1
+
+
+@pytest.mark.parametrize("takes", [False, None, True])
+async def test_a_local_server_that_takes_no_tools_gets_none(
+    make_settings: Any, llm: OpenAIFake, takes: bool | None
+) -> None:
+    """A step that names no tools, on a model whose local server says it takes none (its
+    /props), is sent without tools; one that names tools fails saying why. A server that
+    did not say (None) or takes them gets the tools as before."""
+    from orchestrator.inference import LocalEndpoint
+
+    settings = make_settings(provider_retries=0, agent_max_turns=2)
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    # The gateway's source of local instances (`ready_endpoints` reads these rows in the
+    # service): one instance of "local-smol" served by the loopback upstream.
+    target = LocalEndpoint("inf-1", "local-smol", llm.base_url, 2048, "ready", "sk-agent", takes)
+    gateway = Gateway(settings, MetricsRecorder("test"), local=lambda: _served([target]))
+    runner = AgentRunner(settings, gateway, EventStore(db.pool), default_registry())
+    try:
+        llm.script([FakeReply(text="three fruits")])
+        plain = AgentTask(f"t-plain-{takes}", "gus", "List three fruits.", model="local-smol")
+        result = await LocalDispatcher(runner).run(plain)
+        assert result.status == "completed" and result.result == "three fruits"
+        sent = llm.chat_requests[-1].json
+        assert ("tools" in sent) is (takes is not False)
+
+        llm.script([FakeReply(text="noon")])
+        named = AgentTask(
+            f"t-named-{takes}", "gus", "Time?", model="local-smol", tools=("current_time",)
+        )
+        result = await LocalDispatcher(runner).run(named)
+        if takes is False:
+            assert result.status == "failed"
+            assert result.error and "'local-smol' takes no tools" in result.error
+            assert len(llm.chat_requests) == 1  # no call was made for it
+        else:
+            assert result.status == "completed"
+            assert [t["function"]["name"] for t in llm.chat_requests[-1].json["tools"]] == [
+                "current_time"
+            ]
+    finally:
+        await gateway.aclose()
+        await db.close()
+
+
+async def _served(targets: list[Any]) -> list[Any]:
+    return targets

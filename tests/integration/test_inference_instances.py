@@ -111,6 +111,7 @@ async def test_smollm2_instance_lifecycle(make_settings, tmp_path: Path) -> None
         ready = await wait_state(c, iid, {"ready"})
         assert ready["model"] == SMOL and ready["ctx_size"] == 2048 and ready["threads"] == 2
         assert ready["gpu_layers"] == 99 and ready["user_uuid"] == "bob" and ready["error"] is None
+        assert ready["tools"] is False  # its /props: the bundled server takes no tools
         base_url = ready["base_url"]
         assert base_url == f"http://127.0.0.1:{ready['port']}/v1"
         pid = ready["pid"]
@@ -125,8 +126,8 @@ async def test_smollm2_instance_lifecycle(make_settings, tmp_path: Path) -> None
             endpoints = await ready_endpoints(db.pool)
         finally:
             await db.close()
-        assert [(e.id, e.model, e.base_url, e.ctx_size) for e in endpoints] == [
-            (iid, SMOL, base_url, 2048)
+        assert [(e.id, e.model, e.base_url, e.ctx_size, e.tools) for e in endpoints] == [
+            (iid, SMOL, base_url, 2048, False)
         ]
         key = endpoints[0].api_key
         assert len(key) >= 32 and key not in repr(endpoints)
