@@ -13,8 +13,10 @@ import logging
 import logging.handlers
 import re
 import sys
+import traceback
 from datetime import UTC, datetime
-from typing import Any, Literal, TextIO
+from types import TracebackType
+from typing import Any, Literal, TextIO, TypeAlias
 
 LogFormat = Literal["text", "json"]
 
@@ -49,6 +51,18 @@ def redact(text: str) -> str:
     return _SECRETS.sub(lambda m: (m.group("lead") or "") + "[redacted]", text)
 
 
+ExcInfo: TypeAlias = (
+    tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+)
+
+
+def traceback_text(exc_info: ExcInfo) -> str:
+    """The traceback as Python prints it, built without `print`: the logging module's own
+    `formatException` prints into a StringIO, and in a Serve replica `print` to any file
+    but stdout/stderr writes each line as a tuple repr (deployments/logs.py)."""
+    return "".join(traceback.format_exception(*exc_info)).rstrip("\n")
+
+
 def _plain(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
@@ -56,7 +70,11 @@ def _plain(value: Any) -> Any:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line (newlines inside are escaped)."""
+    """One JSON object per record, on one line (newlines inside are escaped); a record's
+    traceback is one string, `exc_info`."""
+
+    def formatException(self, ei: ExcInfo) -> str:
+        return traceback_text(ei)
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -72,14 +90,32 @@ class JsonFormatter(logging.Formatter):
         if isinstance(access, dict):
             entry.update(access)
         if record.exc_info:
-            entry["exc"] = redact(self.formatException(record.exc_info))
+            entry["exc_info"] = redact(self.formatException(record.exc_info))
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
         return json.dumps(entry, default=str)
 
 
+class RedactedText(logging.Formatter):
+    """Another formatter's text (Serve's, in a replica) with secrets masked, the message's
+    and the traceback's alike; the traceback is the usual multi-line one, built without
+    `print`."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info and not record.exc_text:
+            # logging.Formatter.format uses a traceback already formatted as it is.
+            record.exc_text = traceback_text(record.exc_info)
+        return redact(self.inner.format(record))
+
+
 def formatter(log_format: LogFormat) -> logging.Formatter:
-    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    if log_format == "json":
+        return JsonFormatter()
+    return RedactedText(logging.Formatter(TEXT_FORMAT))
 
 
 def configure_process_logs(

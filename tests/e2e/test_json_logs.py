@@ -4,6 +4,7 @@ access line (found by its request id) has the request fields."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import pytest
 
 from deployments.launcher import ACTORS_RUNNING
 from tests.conftest import free_port
-from tests.e2e.test_serve import ROOT, Service, _wait_for_ready_line
+from tests.e2e.test_serve import ROOT, Service, _wait_for_ready_line, answer_a_real_500
 
 pytestmark = pytest.mark.e2e
 _SESSION = re.compile(r"(/tmp/ray/session_[0-9_\-]+)")
@@ -147,6 +148,38 @@ def test_our_actors_write_json_lines(json_service: tuple[Service, Path]) -> None
                 entry = json.loads(line)  # raises on a line that is not JSON
                 assert BASE_FIELDS <= set(entry), f"{path.name}: {line[:300]}"
     assert {"WorkflowShard", "ChannelHub", "EventBus"} <= seen, seen
+
+
+def _error_record(session: Path, request_id: str) -> dict[str, object] | None:
+    for path in (session / "logs" / "serve").glob("replica_*Api*.log"):
+        for entry in _json_lines(path):
+            if entry.get("level") == "ERROR" and entry.get("request_id") == request_id:
+                return entry
+    return None
+
+
+async def test_a_500s_traceback_is_one_exc_info_string(
+    json_service: tuple[Service, Path],
+) -> None:
+    """A real 500's record in the replica's log is one JSON object whose `exc_info` is the
+    traceback as Python prints it (it was a run of tuple reprs under `exc`)."""
+    service, session = json_service
+    request_id = await answer_a_real_500(service)
+    deadline = time.monotonic() + 30
+    while (entry := await asyncio.to_thread(_error_record, session, request_id)) is None:
+        assert time.monotonic() < deadline, f"no ERROR record for {request_id}"
+        await asyncio.sleep(0.5)
+    assert entry["logger"] == "orchestrator.http" and "exc" not in entry
+    assert "GET /api/v1/marketplace/browse" in str(entry["message"])
+    trace = entry["exc_info"]
+    assert isinstance(trace, str) and trace.startswith("Traceback (most recent call last):\n")
+    lines = trace.split("\n")
+    assert any(
+        re.fullmatch(r'  File "/.+/deployments/routers/marketplace\.py", line \d+, in \w+', line)
+        for line in lines
+    ), trace
+    assert lines[-1] == "asyncpg.exceptions.UndefinedColumnError: column s.downloads does not exist"
+    assert "',)('" not in trace and not any(line.startswith("('") for line in lines)
 
 
 def test_the_driver_output_is_json_to_the_last_line(json_service: tuple[Service, Path]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -409,6 +410,52 @@ async def test_a_500_is_logged_with_its_request_id_and_traceback(service: Servic
     text = logged[0][logged[0].index(request_id) :][:5000]
     assert "GET /api/v1/marketplace/browse" in text and "Traceback" in text
     assert "downloads" in text  # the database's own error, for the operator
+
+
+async def answer_a_real_500(service: Service) -> str:
+    """A real internal error: a column the marketplace route reads is gone while it runs
+    (asyncpg's UndefinedColumnError). Returns the 500's request id."""
+    runtime = json.loads((service.data_dir / "runtime.json").read_text())
+    db = await connect(runtime["database_url"], migrate=False)
+    try:
+        await db.pool.execute("ALTER TABLE skills RENAME COLUMN downloads TO downloads_gone")
+        try:
+            r = await asyncio.to_thread(service.get, "/marketplace/browse", headers=service.admin)
+        finally:
+            await db.pool.execute("ALTER TABLE skills RENAME COLUMN downloads_gone TO downloads")
+    finally:
+        await db.close()
+    assert r.status_code == 500 and r.json()["code"] == "internal_error"
+    return str(r.json()["request_id"])
+
+
+# Where a record of Serve's text format starts: "ERROR 2026-11-27 17:14:08,398 ...".
+_TEXT_RECORD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\d ", re.M)
+
+
+async def test_a_500s_traceback_is_the_usual_multi_line_text(service: Service) -> None:
+    """The 500's record in the replica's Serve log carries the traceback as Python prints
+    it, one line per line (Serve's replacement of `print` wrote it as a run of tuple reprs,
+    `('Traceback (most recent call last):\\n',)('  File ...',)`), and the driver's output
+    holds no such run either."""
+    request_id = await answer_a_real_500(service)
+    head = f"unhandled error (request_id={request_id})"
+    deadline = time.monotonic() + 30
+    while not (logged := await asyncio.to_thread(_replica_logs_naming, head)):
+        assert time.monotonic() < deadline, f"no replica log holds {head!r}"
+        await asyncio.sleep(0.5)
+    content = logged[0]
+    start = content.rfind("\n", 0, content.index(head)) + 1
+    following = _TEXT_RECORD.search(content, content.index("\n", start) + 1)
+    record = content[start : following.start() if following else None].rstrip("\n")
+    first, *trace = record.split("\n")
+    assert first.startswith("ERROR ") and first.endswith("GET /api/v1/marketplace/browse")
+    assert trace and trace[0] == "Traceback (most recent call last):", record[:2000]
+    files = [line for line in trace if re.fullmatch(r'  File "/.+\.py", line \d+, in \S+', line)]
+    assert any("/deployments/routers/marketplace.py" in line for line in files), record
+    assert trace[-1] == "asyncpg.exceptions.UndefinedColumnError: column s.downloads does not exist"
+    assert "',)('" not in record and not any(line.startswith("('") for line in trace)
+    assert "('Traceback" not in service.log.read_text(errors="replace")
 
 
 def test_sigterm_stops_everything_it_started(service: Service) -> None:
