@@ -192,7 +192,12 @@ class Settings(BaseSettings):
     jwt_issuer: str | None = Field(None, description="Required JWT issuer (iss)")
     jwt_audience: str | None = Field(None, description="Required JWT audience (aud)")
     jwt_user_claim: str = Field("sub", description="JWT claim holding the user_uuid")
-    jwt_admin_claim: str = Field("admin", description="JWT claim that is true for admins")
+    jwt_admin_claim: str | None = Field(
+        None,
+        min_length=1,
+        description="JWT claim that, when exactly true, makes the bearer an admin (of every "
+        "tenant); unset = no JWT is ever an admin",
+    )
     auth_failures_per_address: int = Field(
         20,
         ge=0,

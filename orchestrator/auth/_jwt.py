@@ -14,6 +14,9 @@ _ASYMMETRIC = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256"]
 
 
 class JwtVerifier:
+    """Verifies JWT bearers. `admin_claim` names the claim whose JSON `true` makes the bearer
+    an admin; unset (the default), no JWT is ever an admin."""
+
     def __init__(
         self,
         *,
@@ -22,7 +25,7 @@ class JwtVerifier:
         issuer: str | None = None,
         audience: str | None = None,
         user_claim: str = "sub",
-        admin_claim: str = "admin",
+        admin_claim: str | None = None,
     ) -> None:
         self._secret = secret
         # PyJWKClient caches the key set and refetches on an unknown `kid`.
@@ -71,7 +74,10 @@ class JwtVerifier:
         # Identities from the identity provider live in their own namespace: a `sub` equal to
         # a token user's id, or to the configured admin ("admin"), is another person there.
         user_uuid = jwt_user_uuid(user)
-        return Principal(user_uuid, claims.get(self._admin_claim) is True, subject=user_uuid)
+        # An admin sees every tenant (each user is one), so the identity provider's word on it
+        # is trusted only when the operator names the claim, and only as JSON `true`.
+        admin = self._admin_claim is not None and claims.get(self._admin_claim) is True
+        return Principal(user_uuid, admin, subject=user_uuid)
 
 
 JWT_NAMESPACE = "jwt:"

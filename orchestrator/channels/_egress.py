@@ -35,23 +35,46 @@ _ALWAYS_BLOCKED = [
         "fd00:ec2::/32",  # AWS metadata over IPv6 (inside fc00::/7 too)
         "224.0.0.0/4",
         "ff00::/8",
+        # Reserved by the IETF: nothing in it is a public destination. The forms in it that
+        # carry an IPv4 address are judged by that address before this list is consulted
+        # (`_judged_as`); what remains (`64:ff9b::1:0:0`, `1::1`, ...) is refused. That
+        # includes the local-use NAT64 prefix 64:ff9b:1::/48 (RFC 8215): a NAT64 may use any
+        # /48 to /96 inside it, and RFC 6052 puts the IPv4 address at a different place for
+        # each length, so which IPv4 address such an address reaches cannot be known here.
+        "::/8",
     )
 ]
+
+_V4_COMPATIBLE = ipaddress.ip_network("::/96")  # `::a.b.c.d` (RFC 4291, deprecated)
+_SIIT = ipaddress.ip_network("::ffff:0:0:0/96")  # `::ffff:0:a.b.c.d` (RFC 2765)
+_NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the IPv4 is the last 32 bits
+_SELF = (ipaddress.IPv6Address("::"), ipaddress.IPv6Address("::1"))
 
 
 class DestinationNotAllowed(httpx.TransportError):
     """The destination resolves to an address outbound requests may not reach."""
 
 
-def _plain(ip: IPAddress) -> IPAddress:
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if ip.sixtofour is not None:
-            return ip.sixtofour
-        if ip.teredo is not None:
-            return ip.teredo[1]
-    return ip
+def _judged_as(ip: IPAddress) -> list[IPAddress]:
+    """The addresses `ip` is judged by: the IPv4 address(es) an IPv6 form carries, since a
+    packet to it ends up there (the host's own stack, a NAT64 gateway, a 6to4 or Teredo
+    relay), else `ip` itself. A Teredo address carries its server and its client (XOR-ed),
+    both of which receive packets; each must pass."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return [ip]
+    low32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip in _SIIT or ip in _NAT64_WELL_KNOWN:
+        return [low32]
+    if ip in _V4_COMPATIBLE and ip not in _SELF:  # `::` and `::1` are themselves
+        return [low32]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        server, client = ip.teredo
+        return [server, client]
+    return [ip]
 
 
 class EgressPolicy:
@@ -73,14 +96,21 @@ class EgressPolicy:
 
     def allows(self, address: str) -> bool:
         try:
-            ip = _plain(ipaddress.ip_address(address.split("%", 1)[0]))
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
         except ValueError:
             return False
-        if any(ip in n for n in self._allowed):
+        # A range the operator opened by its IPv6 form (their own NAT64 prefix, say) opens
+        # the address as written; otherwise each address it carries must pass on its own.
+        if self._opened(ip):
             return True
-        if any(ip in n for n in _ALWAYS_BLOCKED):
-            return False
-        return ip.is_global
+        return all(self._opened(a) or self._public(a) for a in _judged_as(ip))
+
+    def _opened(self, ip: IPAddress) -> bool:
+        return any(ip in n for n in self._allowed)
+
+    @staticmethod
+    def _public(ip: IPAddress) -> bool:
+        return ip.is_global and not any(ip in n for n in _ALWAYS_BLOCKED)
 
     def literal_refused(self, url: str) -> bool:
         """Whether `url` names (in any spelling the resolver accepts) an address that is
@@ -98,7 +128,7 @@ class EgressPolicy:
 class GuardedTransport(httpx.AsyncBaseTransport):
     """An httpx transport that connects only to allowed, already checked addresses."""
 
-    def __init__(self, policy: EgressPolicy, inner: httpx.AsyncHTTPTransport | None = None):
+    def __init__(self, policy: EgressPolicy, inner: httpx.AsyncBaseTransport | None = None):
         self._policy = policy
         self._inner = inner or httpx.AsyncHTTPTransport()
 

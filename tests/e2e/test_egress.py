@@ -139,3 +139,30 @@ def test_deliveries_reach_only_allowed_addresses(service: Orchestrator) -> None:
         assert "HTTP 302" in _last_error(c, ann, bounced["id"])
         assert bounce.seen == ["/bounce"]
         assert inside.seen == []
+
+
+def test_ipv6_forms_of_internal_addresses_are_refused(service: Orchestrator) -> None:
+    """Issue 29: IPv4-compatible, NAT64 (well-known and local-use) and SIIT spellings of
+    loopback and metadata addresses are refused when a channel is created."""
+    with Receiver("127.0.0.1") as inside, httpx.Client(base_url=service.url, timeout=30) as c:
+        made = c.post("/tokens", headers=service.admin, json={"user_uuid": "dee"}).json()
+        dee = {"Authorization": f"Bearer {made['token']}"}
+        for address in (
+            "::127.0.0.1",
+            "64:ff9b::7f00:1",
+            "::a9fe:a9fe",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a00:5",
+            "::ffff:0:7f00:1",
+        ):
+            url = f"http://[{address}]:{inside.port}/"
+            r = c.post(
+                "/channels",
+                headers=dee,
+                json={"type": "webhook", "name": "v6", "config": {"callback_url": url}},
+            )
+            assert r.status_code == 400, (url, r.text)
+            assert r.json()["code"] == "validation_error", r.text
+            assert "callback_url" in r.text and "not allowed" in r.text, (url, r.text)
+        assert c.get("/channels", headers=dee).json()["data"] == []
+        assert inside.seen == []

@@ -90,7 +90,7 @@ async def test_configured_admin_token(database_url: str) -> None:
 
 
 async def test_hs256_jwt(database_url: str) -> None:
-    verifier = JwtVerifier(secret=SECRET, audience="orch", user_claim="sub")
+    verifier = JwtVerifier(secret=SECRET, audience="orch", user_claim="sub", admin_claim="admin")
     ok = jwt.encode(
         {"sub": "bob", "admin": True, "aud": "orch", "exp": time.time() + 60},
         SECRET,
@@ -98,6 +98,8 @@ async def test_hs256_jwt(database_url: str) -> None:
     )
     principal = await verifier.verify(ok)
     assert principal.user_uuid == "jwt:bob" and principal.is_admin
+    # Unless the operator names the admin claim, no JWT is an admin.
+    assert not (await JwtVerifier(secret=SECRET, audience="orch").verify(ok)).is_admin
     for bad in (
         jwt.encode({"sub": "bob", "aud": "orch", "exp": time.time() - 5}, SECRET),
         jwt.encode({"sub": "bob", "aud": "other", "exp": time.time() + 60}, SECRET),

@@ -89,6 +89,44 @@ async def test_internal_destinations_are_refused_by_default(
         assert inside.requests == []
 
 
+# IPv6 spellings of internal IPv4 addresses (issue 29): IPv4-compatible, NAT64 well-known
+# and local-use prefixes, SIIT.
+IPV6_FORMS_OF_INSIDE = (
+    "::127.0.0.1",
+    "64:ff9b::7f00:1",
+    "::a9fe:a9fe",
+    "64:ff9b::a9fe:a9fe",
+    "64:ff9b:1::a00:5",
+    "::ffff:0:7f00:1",
+)
+
+
+async def test_ipv6_forms_of_internal_addresses_are_refused(
+    make_settings: Any, llm: Any, inside: Inside
+) -> None:
+    settings = _settings(make_settings, llm, outbound_allowed_cidrs=[])
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=f"{app.url}/api/v1") as api:
+        ann = await _user(api, "ann")
+        port = inside.url.rsplit(":", 1)[1]
+        # The same forms carrying a public address are accepted.
+        r = await _hook_channel(api, ann, f"http://[64:ff9b::8.8.8.8]:{port}/hook")
+        assert r.status_code == 200, r.text
+        made = r.json()["data"]
+        for address in IPV6_FORMS_OF_INSIDE:
+            url = f"http://[{address}]:{port}/hook"
+            r = await _hook_channel(api, ann, url)
+            assert r.status_code == 400, (url, r.text)
+            assert "callback_url" in r.text and "not allowed" in r.text, (url, r.text)
+            r = await api.put(
+                f"/channels/{made['id']}", headers=ann, json={"config": {"callback_url": url}}
+            )
+            assert r.status_code == 400, (url, r.text)
+            assert "callback_url" in r.text and "not allowed" in r.text, (url, r.text)
+        chan = (await api.get(f"/channels/{made['id']}", headers=ann)).json()
+        assert "64:ff9b::8.8.8.8" in chan["config"]["callback_url"]
+        assert inside.requests == []
+
+
 async def test_allowed_ranges_are_delivered_and_redirects_not_followed(
     make_settings: Any, llm: Any
 ) -> None:

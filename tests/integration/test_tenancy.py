@@ -1,5 +1,6 @@
 """Identities from different authenticators never meet: a JWT whose `sub` equals a token
-user's id, or "admin", is another user, and sees nothing of theirs."""
+user's id, or "admin", is another user, and sees nothing of theirs. A JWT is an admin (of
+every tenant) only when the operator names the claim (`jwt_admin_claim`) and it is `true`."""
 
 from __future__ import annotations
 
@@ -86,6 +87,39 @@ async def test_a_jwt_named_admin_is_not_the_admin(client: httpx.AsyncClient) -> 
     assert (
         await c.put(f"{API}/channels/{objs['channel']}", headers=impostor, json={"name": "x"})
     ).status_code == 404
+
+
+async def _is_admin(c: httpx.AsyncClient, who: dict[str, str], theirs: str) -> bool:
+    """Whether `who` acts as an admin: runs an admin-only operation and sees another
+    tenant's workflow (both or neither)."""
+    whoami = (await c.get(f"{API}/whoami", headers=who)).json()
+    stats = (await c.get(f"{API}/memory/stats", headers=who)).status_code
+    seen = (await c.get(f"{API}/workflows/{theirs}", headers=who)).status_code
+    assert (whoami["admin"], stats, seen) in ((True, 200, 200), (False, 403, 404))
+    return bool(whoami["admin"])
+
+
+async def _alices_workflow(c: httpx.AsyncClient) -> str:
+    made = await c.post(f"{API}/tokens", headers=ADMIN, json={"user_uuid": "alice"})
+    alice = {"Authorization": f"Bearer {made.json()['token']}"}
+    return (await _objects_of(c, alice, "alices"))["workflow"]
+
+
+async def test_a_jwt_admin_claim_is_not_trusted_by_default(client: httpx.AsyncClient) -> None:
+    theirs = await _alices_workflow(client)
+    assert not await _is_admin(client, _jwt("carol", admin=True), theirs)
+
+
+async def test_a_named_jwt_admin_claim_makes_a_global_admin(make_settings: Any) -> None:
+    settings = make_settings(
+        jwt_secret=SECRET, jwt_audience="orch", jwt_admin_claim="admin", rate_limit_per_minute=0
+    )
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url) as c:
+        theirs = await _alices_workflow(c)
+        assert await _is_admin(c, _jwt("carol", admin=True), theirs)
+        # Only JSON true: a string, a number or another claim is not.
+        for claims in ({"admin": "true"}, {"admin": 1}, {"admin": [True]}, {"is_admin": True}):
+            assert not await _is_admin(c, _jwt("dave", **claims), theirs), claims
 
 
 async def test_tokens_cannot_be_issued_in_reserved_identities(client: httpx.AsyncClient) -> None:

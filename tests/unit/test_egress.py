@@ -2,9 +2,56 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+from typing import Any
+
+import httpx
 import pytest
 
 from orchestrator.channels import EgressPolicy
+from orchestrator.channels._egress import DestinationNotAllowed, GuardedTransport
+
+# Every IPv6 form that carries an IPv4 address, each with a public and internal IPv4 inside:
+# (form, address, allowed). A form is judged by the IPv4 address it carries.
+EMBEDDED = [
+    # IPv4-compatible `::a.b.c.d` (::/96; `::` and `::1` are themselves)
+    ("compatible", "::8.8.8.8", True),
+    ("compatible", "::127.0.0.1", False),  # issue 29
+    ("compatible", "::a9fe:a9fe", False),  # 169.254.169.254, issue 29
+    ("compatible", "::10.0.0.5", False),
+    ("compatible", "::0.0.0.2", False),
+    # NAT64 well-known prefix 64:ff9b::/96 (RFC 6052): the last 32 bits
+    ("nat64", "64:ff9b::8.8.8.8", True),
+    ("nat64", "64:ff9b::7f00:1", False),  # issue 29
+    ("nat64", "64:ff9b::a9fe:a9fe", False),  # issue 29
+    ("nat64", "64:ff9b::192.168.1.1", False),
+    # Local-use NAT64 64:ff9b:1::/48 (RFC 8215): where the IPv4 sits depends on the prefix
+    # length the NAT64 uses (/48 to /96, RFC 6052 2.2), unknowable here: all refused.
+    ("nat64-local", "64:ff9b:1::a00:5", False),  # issue 29 (10.0.0.5 as a /96 suffix)
+    ("nat64-local", "64:ff9b:1::8.8.8.8", False),
+    ("nat64-local", "64:ff9b:1:808:8:800::", False),  # 8.8.8.8 placed for a /48 prefix
+    # Elsewhere in the IETF-reserved ::/8, outside those forms: no destination
+    ("reserved", "64:ff9b::1:808:808", False),
+    ("reserved", "1::8.8.8.8", False),
+    # SIIT IPv4-translated `::ffff:0:a.b.c.d` (RFC 2765)
+    ("siit", "::ffff:0:8.8.8.8", True),
+    ("siit", "::ffff:0:7f00:1", False),  # issue 29
+    ("siit", "::ffff:0:a9fe:a9fe", False),
+    # IPv4-mapped `::ffff:a.b.c.d`
+    ("mapped", "::ffff:8.8.8.8", True),
+    ("mapped", "::ffff:7f00:1", False),
+    ("mapped", "::ffff:169.254.169.254", False),
+    # 6to4 2002:V4::/48
+    ("6to4", "2002:808:808::1", True),
+    ("6to4", "2002:7f00:1::", False),
+    ("6to4", "2002:a9fe:a9fe::1", False),
+    # Teredo 2001:0:SERVER:flags:port:~CLIENT (the client XOR-ed with ones)
+    ("teredo", "2001:0:4136:e378:8000:63bf:f7f7:f7f7", True),  # client 8.8.8.8
+    ("teredo", "2001:0:4136:e378:8000:63bf:80ff:fffe", False),  # client 127.0.0.1
+    ("teredo", "2001:0:4136:e378:8000:63bf:5601:5601", False),  # client 169.254.169.254
+    ("teredo", "2001:0:a00:1:8000:63bf:f7f7:f7f7", False),  # server 10.0.0.1
+]
 
 
 @pytest.mark.parametrize(
@@ -38,10 +85,24 @@ def test_default_policy(address: str, allowed: bool) -> None:
     assert EgressPolicy().allows(address) is allowed
 
 
+@pytest.mark.parametrize(("form", "address", "allowed"), EMBEDDED)
+def test_ipv6_forms_are_judged_by_the_ipv4_they_carry(
+    form: str, address: str, allowed: bool
+) -> None:
+    assert EgressPolicy().allows(address) is allowed, form
+
+
 def test_allowed_ranges_open_only_what_they_name() -> None:
     policy = EgressPolicy(["127.0.0.0/8", "10.20.0.0/16"])
     assert policy.allows("127.0.0.1") and policy.allows("10.20.3.4")
     assert not policy.allows("10.21.0.1") and not policy.allows("169.254.169.254")
+    # An opened IPv4 range is open in the IPv6 forms that carry it, and only there.
+    assert policy.allows("::127.0.0.1") and policy.allows("64:ff9b::a14:304")
+    assert not policy.allows("64:ff9b::a15:1") and not policy.allows("::ffff:0:a9fe:a9fe")
+    # The local-use NAT64 prefix opens only by its IPv6 form (the operator's own NAT64).
+    assert not policy.allows("64:ff9b:1::a14:304")
+    nat64 = EgressPolicy(["64:ff9b:1:2::/96"])
+    assert nat64.allows("64:ff9b:1:2::a00:5") and not nat64.allows("64:ff9b:1:3::a00:5")
 
 
 @pytest.mark.parametrize(
@@ -61,3 +122,60 @@ def test_allowed_ranges_open_only_what_they_name() -> None:
 )
 def test_literal_addresses_in_urls(url: str, refused: bool) -> None:
     assert EgressPolicy().literal_refused(url) is refused
+
+
+@pytest.mark.parametrize(("form", "address", "allowed"), EMBEDDED)
+def test_ipv6_forms_in_urls(form: str, address: str, allowed: bool) -> None:
+    assert EgressPolicy().literal_refused(f"http://[{address}]:8080/hook") is not allowed, form
+
+
+class _Network(httpx.AsyncBaseTransport):
+    """Stands for the network behind the guard: records what would have been sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[httpx.URL] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request.url)
+        return httpx.Response(204)
+
+
+@pytest.mark.parametrize(("form", "address", "allowed"), EMBEDDED)
+async def test_the_transport_connects_only_to_allowed_forms(
+    form: str, address: str, allowed: bool
+) -> None:
+    network = _Network()
+    transport = GuardedTransport(EgressPolicy(), network)
+    async with httpx.AsyncClient(transport=transport) as client:
+        if allowed:
+            await client.post(f"http://[{address}]:8080/hook", json={})
+            # sent to the checked address itself
+            assert [ipaddress.ip_address(u.host) for u in network.sent] == [
+                ipaddress.ip_address(address)
+            ], form
+        else:
+            with pytest.raises(DestinationNotAllowed):
+                await client.post(f"http://[{address}]:8080/hook", json={})
+            assert network.sent == [], form
+
+
+async def test_a_name_resolving_to_a_nat64_form_of_metadata_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DNS64 synthesises `64:ff9b::a9fe:a9fe` for a name whose A record is 169.254.169.254:
+    the address the name resolves to is what is judged."""
+    real = socket.getaddrinfo
+
+    def dns64(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "metadata.dns64.test":
+            return [
+                (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("64:ff9b::a9fe:a9fe", port, 0, 0))
+            ]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns64)
+    network = _Network()
+    async with httpx.AsyncClient(transport=GuardedTransport(EgressPolicy(), network)) as client:
+        with pytest.raises(DestinationNotAllowed):
+            await client.get("http://metadata.dns64.test/latest/meta-data/")
+    assert network.sent == []
