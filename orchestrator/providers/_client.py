@@ -12,6 +12,12 @@ inference probes, channels) keeps the httpx API over the same pool.
 `UpstreamResponse` is the part of `httpx.Response` the adapters read: `status_code`,
 `headers` (case-insensitive `get`), `content`, `aread()`, `aiter_bytes()`, `aiter_lines()`
 (lines split on CRLF, LF or CR, without their ending, as httpx and the SSE spec do).
+
+Streamed text is always UTF-8 (`utf8_lines`): an event stream is UTF-8 by definition (the SSE
+specification), and so are NDJSON and JSON, whatever charset the Content-Type names or
+leaves out. The HTTP library is never asked for an encoding: aiohttp's `get_encoding()`
+raises on an unread body whose Content-Type has no charset (llama.cpp's server sends
+`text/event-stream` bare), and would guess or honour a wrong declared one.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import codecs
 import contextlib
 import functools
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -30,7 +36,7 @@ from httpx_aiohttp import AiohttpTransport
 from orchestrator.config import Settings
 from orchestrator.providers._types import ProviderError
 
-__all__ = ["UpstreamClient", "UpstreamResponse", "upstream_client"]
+__all__ = ["UpstreamClient", "UpstreamResponse", "upstream_client", "utf8_lines"]
 
 MAX_CONNECTIONS = 1000
 KEEPALIVE_S = 30.0
@@ -176,14 +182,23 @@ class UpstreamResponse:
             yield chunk
 
     async def aiter_lines(self) -> AsyncIterator[str]:
-        """Text lines, split on CRLF, LF or CR, without their ending."""
-        decoder = codecs.getincrementaldecoder(self._raw.get_encoding() or "utf-8")("replace")
-        lines = LineSplitter()
-        async for chunk in self.aiter_bytes():
-            for line in lines.feed(decoder.decode(chunk)):
-                yield line
-        for line in lines.feed(decoder.decode(b"", final=True)) + lines.close():
+        """UTF-8 text lines, split on CRLF, LF or CR, without their ending."""
+        async for line in utf8_lines(self.aiter_bytes()):
             yield line
+
+
+async def utf8_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
+    """The lines of a body that arrives in byte pieces cut anywhere (inside a multi-byte
+    character too), decoded as UTF-8 whatever the Content-Type says (see the module
+    docstring); an invalid byte becomes U+FFFD rather than failing the stream. A leading
+    byte-order mark is dropped, as the SSE specification's UTF-8 decode does."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")("replace")
+    lines = LineSplitter()
+    async for chunk in chunks:
+        for line in lines.feed(decoder.decode(chunk)):
+            yield line
+    for line in lines.feed(decoder.decode(b"", final=True)) + lines.close():
+        yield line
 
 
 class LineSplitter:

@@ -14,7 +14,7 @@ import httpx
 
 from orchestrator._json import dumps, loads
 from orchestrator.providers import _client
-from orchestrator.providers._client import UpstreamClient, UpstreamResponse
+from orchestrator.providers._client import UpstreamClient, UpstreamResponse, utf8_lines
 from orchestrator.providers._types import (
     Block,
     BlockDelta,
@@ -194,9 +194,11 @@ async def iter_sse(
     response: httpx.Response | UpstreamResponse,
 ) -> AsyncIterator[tuple[str, str]]:
     """(event, data) pairs of a text/event-stream body, per the WHATWG framing: `data:`
-    lines join with newlines, a blank line ends an event, comments are skipped."""
+    lines join with newlines, a blank line ends an event, comments are skipped. Decoded as
+    UTF-8 from the bytes, also under httpx (Gemini), which would honour a wrong declared
+    charset."""
     event, data = "", list[str]()
-    async for line in response.aiter_lines():
+    async for line in utf8_lines(response.aiter_bytes()):
         if line == "":
             if data:
                 yield event or "message", "\n".join(data)
@@ -215,7 +217,9 @@ async def iter_sse(
 
 
 async def iter_ndjson(response: httpx.Response | UpstreamResponse) -> AsyncIterator[Any]:
-    async for line in response.aiter_lines():
+    """The JSON values of an NDJSON body (Ollama's `application/x-ndjson`, no charset), one a
+    line, decoded as UTF-8 from the bytes."""
+    async for line in utf8_lines(response.aiter_bytes()):
         if line.strip():
             yield json.loads(line)
 

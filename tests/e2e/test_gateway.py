@@ -1,7 +1,8 @@
 """The official `openai` and `anthropic` SDKs against the service started as the README says
 (`scripts/serve` with a config file), each routed to an OpenAI-format and an Anthropic-format
-upstream (real loopback servers speaking those wire formats); and Bedrock signed with the
-temporary AWS keys (session token included) of the environment the service starts in."""
+upstream (real loopback servers speaking those wire formats); Bedrock signed with the
+temporary AWS keys (session token included) of the environment the service starts in; and
+streams from upstreams whose Content-Type names no charset (llama.cpp's server, Ollama)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import openai
@@ -23,6 +25,7 @@ from tests.conftest import free_port
 from tests.e2e.test_serve import _wait_for_ready_line
 from tests.fakes.anthropic_server import FakeAnthropic, text_reply, tool_reply
 from tests.fakes.bedrock_server import ACCESS_KEY, SECRET_KEY, BedrockFake, BedrockTurn
+from tests.fakes.ollama_server import OllamaFake, OllamaTurn
 from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +46,9 @@ ANT_TOOL = {
 }
 OPENAI_MODEL, ANTHROPIC_MODEL = "gpt-4o-mini", "claude-sonnet-4-5"
 BEDROCK_MODEL, AWS_TOKEN = "nova", "IQoJb3JpZ2luX2VjE2E2ESESSIONTOKEN"
+LLAMACPP_MODEL, OLLAMA_MODEL = "local-llama", "llama3.2"
+# 2-, 3- and 4-byte UTF-8 characters, which the upstreams below cut across chunks.
+MULTIBYTE = "Grüße, 你好世界 — café € 😀 𝄞 fin"
 
 
 @dataclass
@@ -52,6 +58,8 @@ class Gateway:
     oai: OpenAIFake
     ant: FakeAnthropic
     bedrock: BedrockFake
+    llamacpp: OpenAIFake  # llama-server's headers: `text/event-stream`, no charset
+    ollama: OllamaFake  # `application/x-ndjson`, no charset
     # The sync clients handed out, closed with the service (left to the garbage collector,
     # their pooled sockets are reported unclosed in a later test).
     clients: list[openai.OpenAI | anthropic.Anthropic] = field(default_factory=list)
@@ -77,6 +85,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         OpenAIFake(api_key="sk-o") as oai,
         FakeAnthropic(api_key="sk-a") as ant,
         BedrockFake(session_token=AWS_TOKEN) as bedrock,
+        OpenAIFake(profile="llamacpp", models=[LLAMACPP_MODEL]) as llamacpp,
+        OllamaFake() as ollama,
     ):
         config = work / "orchestrator.yaml"
         config.write_text(
@@ -99,7 +109,16 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
                             "models": [BEDROCK_MODEL],
                             "model_id": "amazon.nova-lite-v1:0",
                         },
+                        "ollama": {"base_url": ollama.url, "models": [OLLAMA_MODEL]},
                     },
+                    "custom_providers": [
+                        {
+                            "id": "llamacpp",
+                            "format": "openai",
+                            "base_url": llamacpp.base_url,
+                            "models": [LLAMACPP_MODEL],
+                        }
+                    ],
                     "rate_limit_per_minute": 0,
                 }
             )
@@ -137,7 +156,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         try:
             _wait_for_ready_line(proc, log)
             token = (data_dir / "admin_token").read_text().strip()
-            served = Gateway(f"http://127.0.0.1:{port}", token, oai, ant, bedrock)
+            served = Gateway(f"http://127.0.0.1:{port}", token, oai, ant, bedrock, llamacpp, ollama)
             yield served
             for client in served.clients:
                 client.close()
@@ -155,6 +174,8 @@ def fresh_upstreams(gateway: Gateway) -> None:
     gateway.oai.reset()
     gateway.ant.requests.clear()
     gateway.bedrock.requests.clear()
+    gateway.llamacpp.reset()
+    gateway.ollama.requests.clear()
 
 
 @pytest.mark.parametrize("model", [OPENAI_MODEL, ANTHROPIC_MODEL])
@@ -290,3 +311,41 @@ def test_bedrock_signs_with_the_session_token_of_the_environment(gateway: Gatewa
     # The model id holds ':', sent percent-encoded as the AWS SDKs do (and as signed).
     assert gateway.bedrock.model_ids == ["amazon.nova-lite-v1:0"] * 2
     assert "%3A" in gateway.bedrock.requests[0].raw_path
+
+
+def _script_multibyte(gateway: Gateway, model: str, n: int) -> None:
+    """`n` streamed answers of MULTIBYTE with CRLF line ends, the body cut every 3 bytes."""
+    if model == LLAMACPP_MODEL:
+        gateway.llamacpp.script(
+            [FakeReply(text=MULTIBYTE, line_end="\r\n", byte_chunk=3) for _ in range(n)]
+        )
+    else:
+        gateway.ollama.script(
+            *[OllamaTurn(content=MULTIBYTE, line_end="\r\n", byte_chunk=3) for _ in range(n)]
+        )
+
+
+@pytest.mark.parametrize("model", [LLAMACPP_MODEL, OLLAMA_MODEL])
+def test_streams_from_upstreams_that_name_no_charset(gateway: Gateway, model: str) -> None:
+    """Issue 28: llama-server answers `Content-Type: text/event-stream` and Ollama
+    `application/x-ndjson`, neither with a charset; every streamed call through them was a
+    500. Both SDKs stream the multi-byte text whole, through both endpoints."""
+    _script_multibyte(gateway, model, 3)
+    ask: Any = [{"role": "user", "content": "grüß dich"}]
+    with gateway.openai() as oai:
+        chunks = oai.chat.completions.create(model=model, messages=ask, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == MULTIBYTE
+        chunks = oai.chat.completions.create(
+            model=model, messages=ask, stream=True, stream_options={"include_usage": True}
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == MULTIBYTE
+    with (
+        gateway.anthropic() as ant,
+        ant.messages.stream(model=model, max_tokens=64, messages=ask) as stream,
+    ):
+        assert "".join(stream.text_stream) == MULTIBYTE
+        assert stream.get_final_message().stop_reason == "end_turn"
+    upstream = (
+        gateway.llamacpp.chat_requests if model == LLAMACPP_MODEL else gateway.ollama.chat_requests
+    )
+    assert len(upstream) == 3

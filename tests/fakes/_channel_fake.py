@@ -1,12 +1,10 @@
-"""What the Slack, Teams and Telegram fakes share on top of `LoopbackServer`: a synchronous
-lifecycle (for module-scoped fixtures) and scripted failures of the next requests."""
+"""What the Slack, Teams and Telegram fakes share on top of `LoopbackServer`: scripted
+failures of the next requests."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
-from typing import Any
 
 from tests.fakes._loopback import LoopbackServer
 
@@ -51,16 +49,3 @@ class ChannelFake(LoopbackServer):
     def reset(self) -> None:
         self.clear_failures()
         self.requests.clear()
-
-    def __enter__(self) -> Any:
-        self.thread.start()
-        deadline = time.monotonic() + 5
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the {self.label} server failed to start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)

@@ -1,24 +1,41 @@
 """What the Ollama, Gemini and Bedrock fakes share: a raw ASGI app under uvicorn in a thread
-on a free loopback port, a queue of scripted replies, and a record of every request."""
+on a free loopback port, a queue of scripted replies, and a record of every request.
+
+Each subclass answers as its peer does on the wire: `json_type` (the Content-Type of its JSON
+answers, charset or not, as the peer sends it), `json_text` (how the peer serialises JSON:
+raw UTF-8 unless the peer escapes non-ASCII), and the uvicorn options `http` / `server_header`
+/ `date_header`: under `http="h11"` header names keep the case the fake writes (uvicorn's
+httptools protocol lower-cases them; h11 title-cases only the framing headers it adds), for a
+peer whose names are not lower-case (Go's canonical `Content-Type`, cpp-httplib's)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import email.utils
 import json
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 from urllib.parse import unquote
 
 import uvicorn
 
 from tests.fakes._sockets import bound_socket
 
-__all__ = ["LoopbackServer", "RecordedRequest", "Send", "hashed_embedding", "pieces"]
+__all__ = [
+    "LoopbackServer",
+    "RecordedRequest",
+    "Send",
+    "hashed_embedding",
+    "http_date",
+    "pieces",
+    "reframe",
+]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -47,6 +64,26 @@ def pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def reframe(
+    frames: Iterable[bytes], *, line_end: str = "\n", byte_chunk: int | None = None
+) -> list[bytes]:
+    """The body pieces as a fake sends them. `line_end` replaces each LF of the frames (safe:
+    JSON text holds no raw newline); with `byte_chunk` the body goes out in slices of that
+    many bytes, which cut frames, line ends and multi-byte characters anywhere."""
+    out = (
+        [f.replace(b"\n", line_end.encode()) for f in frames] if line_end != "\n" else list(frames)
+    )
+    if not byte_chunk:
+        return out
+    body = b"".join(out)
+    return [body[i : i + byte_chunk] for i in range(0, len(body), byte_chunk)]
+
+
+def http_date() -> str:
+    """An HTTP Date header value (IMF-fixdate), for a fake that writes its own."""
+    return email.utils.formatdate(usegmt=True)
+
+
 def hashed_embedding(text: str, dim: int) -> list[float]:
     """The fakes' embedding model: words hashed into `dim` buckets, L2-normalised, so texts
     sharing words are close (the same function as the OpenAI fake's)."""
@@ -62,6 +99,16 @@ class LoopbackServer:
     `next_reply()` hands out in order."""
 
     label = "fake"
+    json_type: ClassVar[str] = "application/json; charset=utf-8"
+    http: ClassVar[Literal["auto", "h11", "httptools"]] = "auto"
+    server_header: ClassVar[bool] = True  # uvicorn's own `server: uvicorn`
+    date_header: ClassVar[bool] = True
+
+    @classmethod
+    def json_text(cls, obj: Any) -> str:
+        """`obj` serialised as the peer does: most send raw UTF-8 (a multi-byte character
+        then reaches the client as bytes that a chunk boundary can cut)."""
+        return json.dumps(obj, ensure_ascii=False)
 
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
@@ -84,6 +131,9 @@ class LoopbackServer:
             lifespan="off",
             interface="asgi3",
             timeout_graceful_shutdown=1,
+            http=self.http,
+            server_header=self.server_header,
+            date_header=self.date_header,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
@@ -119,6 +169,22 @@ class LoopbackServer:
         await asyncio.to_thread(self.thread.join, 10)
         self._socket.close()
 
+    def __enter__(self) -> Any:
+        """Started from synchronous code (a module-scoped or e2e fixture): served by its own
+        thread all the same."""
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.label} server failed to start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self._socket.close()
+
     # --- the ASGI app ---------------------------------------------------------------------
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -143,29 +209,36 @@ class LoopbackServer:
         raise NotImplementedError
 
     # --- answering ------------------------------------------------------------------------
-    @staticmethod
+    # Header names are passed as written (see the module docstring on their case).
+    @classmethod
+    def peer_headers(cls) -> list[tuple[str, str]]:
+        """Headers the peer's server adds to every answer (its Server, its Date)."""
+        return []
+
+    @classmethod
     async def send_body(
-        send: Send, status: int, body: bytes, headers: Sequence[tuple[str, str]]
+        cls, send: Send, status: int, body: bytes, headers: Sequence[tuple[str, str]]
     ) -> None:
         """A complete answer with a Content-Length."""
-        out = [(k.lower().encode(), v.encode()) for k, v in headers]
-        out.append((b"content-length", str(len(body)).encode()))
+        out = [(k.encode(), v.encode()) for k, v in [*cls.peer_headers(), *headers]]
+        out.append((b"Content-Length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": out})
         await send({"type": "http.response.body", "body": body})
 
-    @staticmethod
+    @classmethod
     async def send_json(
-        send: Send, status: int, obj: Any, headers: Sequence[tuple[str, str]] = ()
+        cls, send: Send, status: int, obj: Any, headers: Sequence[tuple[str, str]] = ()
     ) -> None:
-        await LoopbackServer.send_body(
+        await cls.send_body(
             send,
             status,
-            json.dumps(obj).encode(),
-            [("content-type", "application/json; charset=utf-8"), *headers],
+            cls.json_text(obj).encode(),
+            [("Content-Type", cls.json_type), *headers],
         )
 
-    @staticmethod
+    @classmethod
     async def send_stream(
+        cls,
         send: Send,
         headers: Sequence[tuple[str, str]],
         frames: Iterable[bytes],
@@ -176,12 +249,16 @@ class LoopbackServer:
         """A chunked 200 answer, one frame per chunk. With `fail_after`, only that many
         frames are sent and the body is left unfinished: uvicorn then drops the connection,
         as a dying upstream does."""
-        out = [(k.lower().encode(), v.encode()) for k, v in headers]
+        out = [(k.encode(), v.encode()) for k, v in [*cls.peer_headers(), *headers]]
         await send({"type": "http.response.start", "status": 200, "headers": out})
-        for n, frame in enumerate(frames):
-            if fail_after is not None and n >= fail_after:
+        sent = 0
+        for frame in frames:
+            if fail_after is not None and sent >= fail_after:
                 return
-            if delay_s and n:
+            if delay_s and sent:
                 await asyncio.sleep(delay_s)
             await send({"type": "http.response.body", "body": frame, "more_body": True})
+            sent += 1
+        if fail_after is not None and sent >= fail_after:
+            return  # all `fail_after` frames sent: still no end of the body
         await send({"type": "http.response.body", "body": b""})

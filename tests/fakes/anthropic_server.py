@@ -42,6 +42,15 @@ ends cleanly; `Reply.drop_after=n`: the connection is closed after n frames with
 the chunked body (the client sees a broken stream); `Reply.delay_s`: a pause before every
 frame. `message_events(reply, model, id)` returns the (event, data) list a stream sends.
 
+On the wire as api.anthropic.com answers (its Messages streaming and errors documentation,
+the rate-limit headers of its rate-limits page): the stream is `content-type:
+text/event-stream; charset=utf-8` with `cache-control: no-cache`; every answer carries
+`request-id`, `anthropic-organization-id`, the `anthropic-ratelimit-*` headers and the
+Cloudflare front's `server: cloudflare`, `cf-ray`, `cf-cache-status`, `via`, `x-robots-tag`;
+JSON answers are `application/json` (no charset); JSON is compact and raw UTF-8 in events,
+as Anthropic writes it. `Reply.line_end` (e.g. CRLF) and `Reply.byte_chunk` (the body cut
+every K bytes, inside multi-byte characters too) change how a stream goes out.
+
 The problem of each body refused by these checks is recorded in `fake.violations`. Every
 request is recorded in `fake.requests` (`Received`: method, path, lowercase headers, raw
 body, parsed JSON).
@@ -63,6 +72,8 @@ from typing import Any
 
 import uvicorn
 
+from tests.fakes._loopback import reframe
+
 __all__ = [
     "DEFAULT_MODELS",
     "ErrorReply",
@@ -80,6 +91,7 @@ __all__ = [
 ]
 
 DEFAULT_MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-1")
+ORGANIZATION = "5f2a0c1e-7d3b-4e8a-9c6f-1b2d3e4f5a6b"
 
 
 @dataclass
@@ -101,6 +113,8 @@ class Reply:
     error: tuple[str, str] = ("overloaded_error", "Overloaded")
     drop_after: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    line_end: str = "\n"
+    byte_chunk: int | None = None
 
 
 @dataclass
@@ -260,7 +274,31 @@ def message_events(reply: Reply, model: str, message_id: str) -> list[tuple[str,
 def _frame(name: str, data: Any) -> bytes:
     if name == "ping":
         return b'event: ping\ndata: {"type": "ping"}\n\n'
-    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return f"event: {name}\ndata: {_compact(data)}\n\n".encode()
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def _api_headers(request_id: str) -> dict[str, str]:
+    """What every api.anthropic.com answer carries besides its content type."""
+    reset = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+    headers = {"request-id": request_id, "anthropic-organization-id": ORGANIZATION}
+    for kind, limit in (("requests", 4000), ("input-tokens", 2000000), ("output-tokens", 400000)):
+        prefix = f"anthropic-ratelimit-{kind}"
+        headers |= {
+            f"{prefix}-limit": str(limit),
+            f"{prefix}-remaining": str(limit - 1),
+            f"{prefix}-reset": reset,
+        }
+    return headers | {
+        "via": "1.1 google",
+        "cf-cache-status": "DYNAMIC",
+        "x-robots-tag": "none",
+        "server": "cloudflare",
+        "cf-ray": f"{uuid.uuid4().hex[:16]}-SJC",
+    }
 
 
 def _echo(body: dict[str, Any]) -> Reply:
@@ -366,6 +404,7 @@ class FakeAnthropic:
             log_level="warning",
             lifespan="off",
             interface="asgi3",
+            server_header=False,  # Anthropic's front says `server: cloudflare`
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -476,7 +515,7 @@ class FakeAnthropic:
         message_id = reply.id or f"msg_{uuid.uuid4().hex[:24]}"
         if parsed.get("stream"):
             return await self._stream(receive, send, reply, model, message_id, request_id)
-        body = json.dumps(_message(reply, model, message_id)).encode()
+        body = json.dumps(_message(reply, model, message_id), ensure_ascii=False).encode()
         await self._respond(send, 200, body, "application/json", request_id, reply.headers)
 
     async def _respond(
@@ -488,7 +527,7 @@ class FakeAnthropic:
         request_id: str,
         extra: dict[str, str],
     ) -> None:
-        headers = {"content-type": content_type, "request-id": request_id, **extra}
+        headers = {"content-type": content_type, **_api_headers(request_id), **extra}
         await send(
             {
                 "type": "http.response.start",
@@ -576,7 +615,7 @@ class FakeAnthropic:
         headers = {
             "content-type": "text/event-stream; charset=utf-8",
             "cache-control": "no-cache",
-            "request-id": request_id,
+            **_api_headers(request_id),
             **reply.headers,
         }
         await send(
@@ -586,28 +625,28 @@ class FakeAnthropic:
                 "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
             }
         )
+        frames: list[bytes] = []
+        dropped = False
         for sent, (name, data) in enumerate(message_events(reply, model, message_id)):
             if reply.drop_after is not None and sent >= reply.drop_after:
-                # Returning without the final body message makes uvicorn close the
-                # connection mid-body: the client sees an unterminated chunked stream.
-                return
+                dropped = True
+                break
             if reply.error_after is not None and sent >= reply.error_after:
                 kind, text = reply.error
-                error = {"type": "error", "error": {"type": kind, "message": text}}
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": _frame("error", error),
-                        "more_body": True,
-                    }
+                frames.append(
+                    _frame("error", {"type": "error", "error": {"type": kind, "message": text}})
                 )
                 break
+            frames.append(_frame(name, data))
+        for piece in reframe(frames, line_end=reply.line_end, byte_chunk=reply.byte_chunk):
             if reply.delay_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(gone.wait(), reply.delay_s)
             if gone.is_set():
                 return
-            await send(
-                {"type": "http.response.body", "body": _frame(name, data), "more_body": True}
-            )
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        if dropped:
+            # Returning without the final body message makes uvicorn close the connection
+            # mid-body: the client sees an unterminated chunked stream.
+            return
         await send({"type": "http.response.body", "body": b""})

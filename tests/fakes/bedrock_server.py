@@ -5,6 +5,11 @@ checks every request's SigV4 signature the way AWS does.
         server.script(BedrockTurn(text="Hello!"))
         ...  # an adapter with base_url=server.url, region/keys = server's
 
+On the wire as AWS answers (the ConverseStream and event-stream encoding references of the
+Bedrock Runtime API, and botocore's `EventStreamBuffer` that parses it): `content-type:
+application/vnd.amazon.eventstream` (binary, no charset) with `x-amzn-requestid`; JSON payloads
+and answers are raw UTF-8, `application/json` without a charset.
+
 Routes:
 - `POST /model/{modelId}/converse-stream`: `application/vnd.amazon.eventstream`, binary
   frames (prelude with total and header lengths and its CRC32, typed headers
@@ -41,7 +46,6 @@ import binascii
 import hmac
 import json
 import struct
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -114,7 +118,7 @@ def event_frame(event_type: str, payload: dict[str, Any], *, pad: int = 0) -> by
             (":content-type", "application/json"),
             (":message-type", "event"),
         ],
-        json.dumps(body, separators=(",", ":")).encode(),
+        json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
     )
 
 
@@ -292,6 +296,7 @@ class BedrockTurn:
 
 class BedrockFake(LoopbackServer):
     label = "Bedrock"
+    json_type = "application/json"  # AWS names no charset
 
     def __init__(
         self,
@@ -307,20 +312,6 @@ class BedrockFake(LoopbackServer):
         self.model_ids: list[str] = []
         self.rejected: list[tuple[str, str]] = []  # (error type, message) of 403s sent
         self.models_status = 200
-
-    def __enter__(self) -> BedrockFake:
-        """Started from synchronous code (an e2e fixture): served by its own thread."""
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the Bedrock server failed to start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
     async def handle(self, request: RecordedRequest, send: Send) -> None:
         problem = verify_sigv4(
@@ -353,9 +344,9 @@ class BedrockFake(LoopbackServer):
         else:
             await self._error(send, 404, "UnknownOperationException", "Unknown operation")
 
-    @staticmethod
-    async def _error(send: Send, status: int, error_type: str, message: str) -> None:
-        await LoopbackServer.send_json(
+    @classmethod
+    async def _error(cls, send: Send, status: int, error_type: str, message: str) -> None:
+        await cls.send_json(
             send,
             status,
             {"message": message},

@@ -19,6 +19,17 @@ Routes (under `/v1beta`):
   body is checked with `gemini_embed_problems`; a scripted failing turn answers instead.
 - `GET /models`: `{models: [{name, version, displayName, ..., supportedGenerationMethods}]}`.
 
+On the wire as Google's front end answers (checked against a recorded
+`streamGenerateContent?alt=sse` exchange, google/adk-go
+`agent/llmagent/testdata/TestLLMAgentStreamingModeSSE.httprr`): the stream is
+`content-type: text/event-stream` with no charset, `content-disposition: attachment`,
+`server: scaffolding on HTTPServer2`, `vary: Origin` / `X-Origin` / `Referer`,
+`x-content-type-options: nosniff`, `x-frame-options: SAMEORIGIN`, `x-xss-protection: 0`,
+`server-timing`; each event's JSON written with a bare `,` between members and `": "` after keys,
+raw UTF-8. JSON answers are `application/json; charset=UTF-8`, indented by two spaces as
+Google's APIs print them. `GeminiTurn.line_end` (default CRLF) and `byte_chunk` (the body cut
+every K bytes, inside multi-byte characters too) change how a stream goes out.
+
 The key must come in `x-goog-api-key` (or `?key=`): none is a 403 PERMISSION_DENIED, a wrong
 one Google's 400 INVALID_ARGUMENT with ErrorInfo `API_KEY_INVALID`. Errors are
 `{"error": {"code", "message", "status", "details"?}}`; `GeminiTurn.rate_limited()` adds a
@@ -34,7 +45,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send, hashed_embedding
+from tests.fakes._loopback import (
+    LoopbackServer,
+    RecordedRequest,
+    Send,
+    hashed_embedding,
+    reframe,
+)
 from tests.fakes._wire_checks import gemini_embed_problems, gemini_problems
 
 __all__ = ["GeminiFake", "GeminiTurn", "google_error"]
@@ -78,6 +95,8 @@ class GeminiTurn:
     error: dict[str, Any] | None = None
     fail_after: int | None = None
     error_after: int | None = None
+    line_end: str = "\r\n"
+    byte_chunk: int | None = None
 
     @classmethod
     def rate_limited(cls, retry_delay: str = "37s") -> GeminiTurn:
@@ -97,6 +116,24 @@ class GeminiTurn:
 
 class GeminiFake(LoopbackServer):
     label = "Gemini"
+    json_type = "application/json; charset=UTF-8"
+    server_header = False  # Google's, below
+
+    @classmethod
+    def json_text(cls, obj: Any) -> str:
+        return json.dumps(obj, ensure_ascii=False, indent=2)
+
+    @classmethod
+    def peer_headers(cls) -> list[tuple[str, str]]:
+        return [
+            ("vary", "Origin"),
+            ("vary", "X-Origin"),
+            ("vary", "Referer"),
+            ("server", "scaffolding on HTTPServer2"),
+            ("x-xss-protection", "0"),
+            ("x-frame-options", "SAMEORIGIN"),
+            ("x-content-type-options", "nosniff"),
+        ]
 
     def __init__(self, *, api_key: str = "test-gemini-key", prefix: str = "/v1beta") -> None:
         super().__init__()
@@ -118,7 +155,7 @@ class GeminiFake(LoopbackServer):
 
     async def handle(self, request: RecordedRequest, send: Send) -> None:
         query = parse_qs(request.query)
-        key = request.headers.get("x-goog-api-key") or (query.get("key") or [None])[0]
+        key = request.headers.get("x-goog-api-key") or (query.get("key") or [""])[0]
         if not key:
             msg = (
                 "Method doesn't allow unregistered callers (callers without established "
@@ -232,20 +269,23 @@ class GeminiFake(LoopbackServer):
         if not sse:
             await self.send_json(send, 200, chunks)
             return
-        frames = [
-            b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\r\n\r\n" for c in chunks
-        ]
+        frames = [b"data: " + _event_json(c).encode() + b"\n\n" for c in chunks]
         if turn.error_after is not None:
             err = google_error(500, "An internal error has occurred. Please retry.")
-            frames = [
-                *frames[: turn.error_after],
-                b"data: " + json.dumps(err).encode() + b"\r\n\r\n",
-            ]
+            frames = [*frames[: turn.error_after], b"data: " + _event_json(err).encode() + b"\n\n"]
+        drop = turn.fail_after is not None
+        if turn.fail_after is not None:
+            frames = frames[: turn.fail_after]
+        frames = reframe(frames, line_end=turn.line_end, byte_chunk=turn.byte_chunk)
         await self.send_stream(
             send,
-            [("content-type", "text/event-stream"), ("x-content-type-options", "nosniff")],
+            [
+                ("content-type", "text/event-stream"),
+                ("content-disposition", "attachment"),
+                ("server-timing", "gfet4t7; dur=1312"),
+            ],
             frames,
-            fail_after=turn.fail_after,
+            fail_after=len(frames) if drop else None,
         )
 
     @staticmethod
@@ -320,6 +360,12 @@ class GeminiFake(LoopbackServer):
             "modelVersion": turn.model_version,
             "responseId": turn.response_id,
         }
+
+
+def _event_json(obj: Any) -> str:
+    """A stream event's JSON as Google writes it: `,` alone between members and items, `": "`
+    after keys, raw UTF-8."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ": "))
 
 
 def _echo(body: Any) -> GeminiTurn:

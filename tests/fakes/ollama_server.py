@@ -24,6 +24,15 @@ Routes:
   capabilities}` for a model of `models` (`name`, or without `:latest`), `model_info` holding
   `general.architecture` and `<arch>.context_length`; another is a 404 `model 'x' not found`.
 
+On the wire as Ollama's Go server (gin, net/http) answers, checked against ollama
+`server/routes.go` (`streamResponse`: `c.Header("Content-Type", "application/x-ndjson")`, one
+`json.Marshal` value and `\n` per write, flushed: chunked) and gin's `c.JSON`
+(`application/json; charset=utf-8`): the NDJSON stream names no charset; header names in Go's
+canonical case (`Content-Type`, `Date`, no `Server`); JSON as Go's encoder writes it (raw
+UTF-8, `<`, `>`, `&`, U+2028 and U+2029 escaped as `\u003c`...). `OllamaTurn.line_end` and
+`byte_chunk` change how a stream goes out (CRLF line ends; the body cut every K bytes, inside
+multi-byte characters too).
+
 Errors are Ollama's `{"error": "<message>"}` with the turn's status. Mid-stream:
 `fail_after=N` sends N lines then drops the connection; `error_after=N` sends N lines then an
 `{"error": ...}` line (how Ollama reports a failure after the 200). With `api_key` set a
@@ -43,7 +52,9 @@ from tests.fakes._loopback import (
     RecordedRequest,
     Send,
     hashed_embedding,
+    http_date,
     pieces,
+    reframe,
 )
 from tests.fakes._wire_checks import ollama_embed_problems, ollama_problems
 
@@ -71,6 +82,20 @@ class OllamaTurn:
     headers: dict[str, str] = field(default_factory=dict)
     fail_after: int | None = None
     error_after: int | None = None
+    line_end: str = "\n"
+    byte_chunk: int | None = None
+
+
+# What Go's encoding/json escapes besides what Python's json.dumps(ensure_ascii=False) does.
+_GO_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def go_json(obj: Any) -> str:
+    """`obj` as Go's json.Marshal writes it: compact, raw UTF-8, HTML-safe escapes (only
+    inside strings can these characters occur, so escaping them in the text is exact)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).translate(_GO_ESCAPES)
 
 
 @dataclass
@@ -84,6 +109,17 @@ class OllamaModel:
 
 class OllamaFake(LoopbackServer):
     label = "Ollama"
+    http = "h11"  # header names as Go writes them
+    server_header = False  # Go's net/http sends no Server header
+    date_header = False  # its own, in Go's case (below)
+
+    @classmethod
+    def json_text(cls, obj: Any) -> str:
+        return go_json(obj)
+
+    @classmethod
+    def peer_headers(cls) -> list[tuple[str, str]]:
+        return [("Date", http_date())]
 
     def __init__(self, *, api_key: str | None = None) -> None:
         super().__init__()
@@ -111,7 +147,7 @@ class OllamaFake(LoopbackServer):
         elif request.method == "POST" and request.path == "/api/show":
             await self._show(request, send)
         else:
-            await self.send_body(send, 404, b"404 page not found", [("content-type", "text/plain")])
+            await self.send_body(send, 404, b"404 page not found", [("Content-Type", "text/plain")])
 
     async def _tags(self, send: Send) -> None:
         if self.tags_status >= 400:
@@ -234,15 +270,20 @@ class OllamaFake(LoopbackServer):
             return
         lines = self.lines(turn, model)
         if turn.error_after is not None:
-            error = json.dumps(
+            error = go_json(
                 {"error": turn.error or "an error was encountered while running the model"}
             )
             lines = [*lines[: turn.error_after], error]
+        frames = [line.encode() + b"\n" for line in lines]
+        drop = turn.fail_after is not None
+        if turn.fail_after is not None:
+            frames = frames[: turn.fail_after]
+        frames = reframe(frames, line_end=turn.line_end, byte_chunk=turn.byte_chunk)
         await self.send_stream(
             send,
-            [("content-type", "application/x-ndjson")],
-            [line.encode() + b"\n" for line in lines],
-            fail_after=turn.fail_after,
+            [("Content-Type", "application/x-ndjson")],
+            frames,
+            fail_after=len(frames) if drop else None,
         )
 
     @staticmethod
@@ -289,7 +330,7 @@ class OllamaFake(LoopbackServer):
                 "message": {"role": "assistant", **message},
                 "done": False,
             }
-            return json.dumps(obj, separators=(",", ":"))
+            return go_json(obj)
 
         out = [line({"content": "", "thinking": p}) for p in pieces(turn.thinking, turn.chunk)]
         out += [line({"content": p}) for p in pieces(turn.content, turn.chunk)]
@@ -300,7 +341,7 @@ class OllamaFake(LoopbackServer):
             "message": {"role": "assistant", "content": ""},
             **self._stats(turn),
         }
-        out.append(json.dumps(final, separators=(",", ":")))
+        out.append(go_json(final))
         return out
 
 

@@ -30,6 +30,27 @@ Routes (`prefix` defaults to "/v1"):
 - `GET /health` and `GET {prefix}/health`: llama-server's `{"status": "ok"}`, or with
   `health_status` 503 its `{"error": {"code": 503, "message": "Loading model", ...}}`.
 
+`profile` picks which OpenAI-compatible server the fake is on the wire, headers included
+(each checked against that server's source or a recorded exchange; docs/design-notes.md):
+- `"openai"` (default): api.openai.com behind Cloudflare. Streams `text/event-stream;
+  charset=utf-8`; JSON `application/json` (no charset), indented by two spaces, chunked (no
+  Content-Length); `openai-organization`, `openai-processing-ms`, `openai-project`,
+  `openai-version`, `x-ratelimit-*`, `x-request-id`, `access-control-expose-headers`,
+  `strict-transport-security`, `set-cookie: __cf_bm=...`, `server: cloudflare`, `cf-ray`,
+  `cf-cache-status`, `x-content-type-options`, `alt-svc`; lower-case names (HTTP/2's).
+- `"llamacpp"`: llama.cpp's `llama-server` (cpp-httplib; tools/server/server-http.cpp,
+  server-common.cpp). Streams `Content-Type: text/event-stream` with NO charset,
+  `X-Accel-Buffering: no`, `Server: llama.cpp`, `Access-Control-Allow-Origin` (the request's
+  Origin, empty without one), `Keep-Alive: timeout=5, max=100`, `Transfer-Encoding: chunked`,
+  no Date; names in that case (served by h11, which keeps it); JSON `application/json;
+  charset=utf-8` with Content-Length, `Connection: close` on errors; its own 401/404 bodies.
+- `"vllm"`: vLLM's OpenAI server (FastAPI `StreamingResponse(media_type="text/event-stream")`
+  under uvicorn, so Starlette adds `; charset=utf-8`; `JSONResponse`): uvicorn's `date`,
+  `server: uvicorn`, lower-case names, compact JSON with Content-Length.
+All of them write JSON as raw UTF-8 (compact in stream events). `FakeReply.line_end` (e.g.
+CRLF) and `FakeReply.byte_chunk` (the stream cut every K bytes, inside multi-byte characters
+too) change how a stream goes out, whatever the profile.
+
 With `api_key` set, a request without `Authorization: Bearer <api_key>` gets OpenAI's 401
 (`invalid_api_key`). Errors are `{"error": {"message", "type", "param", "code"}}` with the
 reply's status and headers (`FakeReply.rate_limited` sets `Retry-After`). Failing mid-stream:
@@ -45,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import json
 import threading
 import time
@@ -56,14 +78,17 @@ from typing import Any, Literal
 
 import uvicorn
 
+from tests.fakes._loopback import http_date, reframe
 from tests.fakes._sockets import bound_socket
 from tests.openai_schema import errors as schema_errors
 
-__all__ = ["FakeReply", "FakeToolCall", "OpenAIFake", "RecordedRequest", "echo_reply"]
+__all__ = ["FakeReply", "FakeToolCall", "OpenAIFake", "Profile", "RecordedRequest", "echo_reply"]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+Profile = Literal["openai", "llamacpp", "vllm"]
+Headers = list[tuple[str, str]]
 
 _ERRORS: dict[int, dict[str, Any]] = {
     400: {"message": "Invalid request.", "type": "invalid_request_error", "code": None},
@@ -126,7 +151,7 @@ class FakeReply:
     completion_tokens: int = 7
     status: int = 200
     error: dict[str, Any] | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)  # replace the profile's by name
     model: str | None = None  # default: the request's model
     id: str | None = None
     text_chunk: int = 3
@@ -136,6 +161,8 @@ class FakeReply:
     fail_with: Literal["close", "error_chunk"] = "close"
     delay_s: float = 0.0  # before the answer and between stream chunks
     body: bytes | None = None  # sent verbatim instead of a generated body
+    line_end: str = "\n"  # "\r\n": the stream's lines end with CRLF
+    byte_chunk: int | None = None  # the stream's body cut every K bytes
 
     @classmethod
     def rate_limited(cls, retry_after: float = 1, message: str | None = None) -> FakeReply:
@@ -203,6 +230,51 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _openai_headers() -> Headers:
+    """What every api.openai.com answer carries besides its content type (a recorded
+    answer's set, the values made up)."""
+    ray = uuid.uuid4().hex[:16]
+    return [
+        ("access-control-expose-headers", "X-Request-ID"),
+        ("openai-organization", "user-fakeorg0000000000000000"),
+        ("openai-processing-ms", "212"),
+        ("openai-project", "proj_fake000000000000000000"),
+        ("openai-version", "2020-10-01"),
+        ("x-ratelimit-limit-requests", "10000"),
+        ("x-ratelimit-limit-tokens", "30000000"),
+        ("x-ratelimit-remaining-requests", "9999"),
+        ("x-ratelimit-remaining-tokens", "29999985"),
+        ("x-ratelimit-reset-requests", "6ms"),
+        ("x-ratelimit-reset-tokens", "0s"),
+        ("x-request-id", f"req_{uuid.uuid4().hex}"),
+        ("strict-transport-security", "max-age=31536000; includeSubDomains; preload"),
+        ("cf-cache-status", "DYNAMIC"),
+        (
+            "set-cookie",
+            f"__cf_bm={ray}; path=/; expires={http_date()}; domain=.api.openai.com; "
+            "HttpOnly; Secure; SameSite=None",
+        ),
+        ("x-content-type-options", "nosniff"),
+        ("server", "cloudflare"),
+        ("cf-ray", f"{ray}-SJC"),
+        ("alt-svc", 'h3=":443"; ma=86400'),
+    ]
+
+
+# The Origin of the request being answered (llama-server echoes it); per request task.
+_ORIGIN: contextvars.ContextVar[str] = contextvars.ContextVar("origin", default="")
+
+# llama-server's own error bodies (server-http.cpp), not OpenAI's.
+_LLAMACPP_ERRORS = {
+    401: {"message": "Invalid API Key", "type": "authentication_error", "code": 401},
+    404: {"message": "File Not Found", "type": "not_found_error", "code": 404},
+}
+
+
 class OpenAIFake:
     """The server; see the module docstring. Use as `async with OpenAIFake() as server`."""
 
@@ -214,7 +286,9 @@ class OpenAIFake:
         models: Iterable[str] = ("gpt-4o-mini", "gpt-4o"),
         default_reply: Callable[[Any], FakeReply] = echo_reply,
         embedding_dim: int = 1536,
+        profile: Profile = "openai",
     ) -> None:
+        self.profile: Profile = profile
         self.api_key = api_key
         self.embedding_dim = embedding_dim
         self.embeddings_status = 200
@@ -245,6 +319,11 @@ class OpenAIFake:
             lifespan="off",
             interface="asgi3",
             timeout_graceful_shutdown=1,
+            # h11 writes header names in the case given (httptools lower-cases them), and
+            # llama-server sends neither uvicorn's Server nor a Date; vLLM is uvicorn.
+            http="h11" if profile == "llamacpp" else "auto",
+            server_header=profile == "vllm",
+            date_header=profile != "llamacpp",
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
@@ -327,12 +406,20 @@ class OpenAIFake:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         method, path = scope["method"], scope["path"]
         self.requests.append(RecordedRequest(method, path, headers, raw))
+        _ORIGIN.set(headers.get("origin", ""))
 
         if method == "GET" and path in ("/health", f"{self.prefix}/health"):
             await self._health(send)
             return
-        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
-            await self._json(send, 401, {"error": error_object(401)})
+        llamacpp = self.profile == "llamacpp"
+        public = llamacpp and method == "GET" and path in ("/models", f"{self.prefix}/models")
+        if (
+            self.api_key is not None
+            and not public
+            and headers.get("authorization") != f"Bearer {self.api_key}"
+        ):
+            error = _LLAMACPP_ERRORS[401] if llamacpp else error_object(401)
+            await self._json(send, 401, {"error": error})
             return
         if method == "GET" and path == f"{self.prefix}/models":
             await self._list_models(send)
@@ -343,6 +430,8 @@ class OpenAIFake:
             await self._chat(send, raw)
         elif method == "POST" and path == f"{self.prefix}/embeddings":
             await self._embeddings(send, raw)
+        elif llamacpp:
+            await self._json(send, 404, {"error": _LLAMACPP_ERRORS[404]})
         else:
             await self._json(
                 send, 404, {"error": error_object(404, f"Invalid URL ({method} {path})")}
@@ -373,18 +462,40 @@ class OpenAIFake:
     async def _json(
         self, send: Send, status: int, obj: Any, extra: Mapping[str, str] | None = None
     ) -> None:
-        await self._bytes(send, status, json.dumps(obj).encode(), extra)
+        if self.profile == "openai":
+            text = json.dumps(obj, ensure_ascii=False, indent=2)  # OpenAI prints its JSON
+        else:
+            text = _compact(obj)
+        await self._bytes(send, status, text.encode(), extra)
+
+    def _headers(self, content_type: str, status: int, length: int | None) -> Headers:
+        """The answer's headers as the profile's server writes them (`length`: a whole
+        body's, None for a stream)."""
+        if self.profile == "llamacpp":
+            connection = (
+                ("Connection", "close") if status >= 400 else ("Keep-Alive", "timeout=5, max=100")
+            )
+            headers = [("Server", "llama.cpp"), ("Access-Control-Allow-Origin", _ORIGIN.get())]
+            if length is None:
+                headers.append(("X-Accel-Buffering", "no"))
+            headers += [("Content-Type", content_type), connection]
+            if length is not None:
+                headers.append(("Content-Length", str(length)))
+            return headers
+        if self.profile == "vllm":
+            headers = [("content-type", content_type)]
+            return headers if length is None else [*headers, ("content-length", str(length))]
+        # api.openai.com answers chunked even when the body is whole
+        return [("content-type", content_type), *_openai_headers()]
 
     async def _bytes(
         self, send: Send, status: int, body: bytes, extra: Mapping[str, str] | None = None
     ) -> None:
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", f"req_{uuid.uuid4().hex}".encode()),
-        ]
-        headers += [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        json_type = (
+            "application/json; charset=utf-8" if self.profile == "llamacpp" else "application/json"
+        )
+        headers = _merged(self._headers(json_type, status, len(body)), extra or {})
+        await send({"type": "http.response.start", "status": status, "headers": _encoded(headers)})
         await send({"type": "http.response.body", "body": body})
 
     async def _health(self, send: Send) -> None:
@@ -543,29 +654,43 @@ class OpenAIFake:
         completion_id: str,
         include_usage: bool,
     ) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", f"req_{uuid.uuid4().hex}".encode()),
-        ]
-        headers += [(k.lower().encode(), v.encode()) for k, v in reply.headers.items()]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        stream_type = "text/event-stream"
+        if self.profile != "llamacpp":
+            stream_type += "; charset=utf-8"
+        headers = _merged(self._headers(stream_type, 200, None), reply.headers)
+        await send({"type": "http.response.start", "status": 200, "headers": _encoded(headers)})
+        frames: list[bytes] = []
+        dropped = False
         for n, c in enumerate(self.chunks(reply, model, completion_id, include_usage)):
             if reply.fail_after is not None and n >= reply.fail_after:
                 if reply.fail_with == "close":
-                    # Returning without the final empty body leaves the chunked response
-                    # unfinished; uvicorn then drops the connection, as a dying upstream does.
-                    return
+                    dropped = True
+                    break
                 err = error_object(500, "The server had an error while responding.")
-                frame = b"data: " + json.dumps({"error": err}).encode() + b"\n\n"
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                frames.append(b"data: " + _compact({"error": err}).encode() + b"\n\n")
                 break
+            frames.append(b"data: " + _compact(c).encode() + b"\n\n")
+        else:
+            frames.append(b"data: [DONE]\n\n")
+        for n, piece in enumerate(
+            reframe(frames, line_end=reply.line_end, byte_chunk=reply.byte_chunk)
+        ):
             if reply.delay_s and n:
                 await asyncio.sleep(reply.delay_s)
-            frame = b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
-        else:
-            await send(
-                {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True}
-            )
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        if dropped:
+            # Returning without the final empty body leaves the chunked response unfinished;
+            # uvicorn then drops the connection, as a dying upstream does.
+            return
         await send({"type": "http.response.body", "body": b""})
+
+
+def _merged(headers: Headers, extra: Mapping[str, str]) -> Headers:
+    """`headers` with a reply's own: one of the same name replaces the profile's (a test can
+    give a stream another Content-Type)."""
+    names = {k.lower() for k in extra}
+    return [h for h in headers if h[0].lower() not in names] + list(extra.items())
+
+
+def _encoded(headers: Headers) -> list[tuple[bytes, bytes]]:
+    return [(k.encode(), v.encode()) for k, v in headers]

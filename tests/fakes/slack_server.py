@@ -15,6 +15,10 @@ Routes:
   or `"invalid_auth"` (another token); no `channel`: `channel_not_found`; no `text`: `no_text`.
   Otherwise `{"ok": true, "channel", "ts", "message": {...}}`.
 
+Web API answers are `application/json; charset=utf-8` with the JSON escaped as Slack's
+servers write it (non-ASCII as `\\uXXXX`, `/` as `\\/`); webhook answers `text/html`, no
+charset (api.slack.com/messaging/webhooks#handling_errors).
+
 Failures: `fail_next(n, status, retry_after=, error=)` makes the next n requests (either
 route) fail: 429 answers with `Retry-After`; on the Web API a 4xx/5xx carries
 `{"ok": false, "error": <error>}`, and `status=200` gives Slack's `{"ok": false, "error"}`
@@ -191,6 +195,10 @@ def bot_message_event(text: str, *, channel: str = "C0CHAN0001", own: bool = Tru
 
 class SlackFake(ChannelFake):
     label = "Slack"
+
+    @classmethod
+    def json_text(cls, obj: Any) -> str:
+        return json.dumps(obj).replace("/", "\\/")
 
     def __init__(self, *, bot_token: str = "xoxb-0000000000-0000000000000-test") -> None:
         super().__init__()

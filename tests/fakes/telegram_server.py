@@ -115,6 +115,10 @@ def _units(text: str) -> int:
 
 class TelegramFake(ChannelFake):
     label = "Telegram"
+    # The Bot API server's answers (tdlib/telegram-bot-api HttpConnection.cpp send_response):
+    # `Content-Type: application/json` with no charset, a Content-Length, keep-alive, and
+    # `Retry-After` besides `parameters.retry_after` when it limits.
+    json_type = "application/json"
 
     def __init__(self, *, bot_token: str = TOKEN) -> None:
         super().__init__()
@@ -126,12 +130,15 @@ class TelegramFake(ChannelFake):
         super().reset()
         self.sent.clear()
 
-    @staticmethod
-    async def _error(send: Send, code: int, description: str, **parameters: Any) -> None:
+    @classmethod
+    async def _error(cls, send: Send, code: int, description: str, **parameters: Any) -> None:
         body: dict[str, Any] = {"ok": False, "error_code": code, "description": description}
+        headers: list[tuple[str, str]] = []
         if parameters:
             body["parameters"] = parameters
-        await TelegramFake.send_json(send, code, body)
+        if parameters.get("retry_after"):
+            headers.append(("Retry-After", str(parameters["retry_after"])))
+        await cls.send_json(send, code, body, headers)
 
     async def handle(self, request: RecordedRequest, send: Send) -> None:
         prefix, _, method = request.path.rpartition("/")
@@ -148,7 +155,7 @@ class TelegramFake(ChannelFake):
         failure = await self.next_failure()
         if failure is not None:
             if failure.status == 502:
-                await self.send_body(send, 502, _NGINX_502, [("content-type", "text/html")])
+                await self.send_body(send, 502, _NGINX_502, [("Content-Type", "text/html")])
             elif failure.status == 429:
                 after = failure.retry_after or 1
                 description = failure.error or f"Too Many Requests: retry after {after}"
