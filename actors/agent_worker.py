@@ -1,6 +1,13 @@
 """The AgentWorker pool: `<generation>-AgentWorker-<i>` actors (worker ids `agent-worker-<i>`),
 each running many agent tasks at once (async), with fractional CPU. The caller's side,
-`RayDispatcher`, is in actors/dispatch.py (it loads without the agent loop and the providers)."""
+`RayDispatcher`, is in actors/dispatch.py (it loads without the agent loop and the providers).
+
+Admission (issue 29): a worker runs at most `agent_worker_max_running` tasks at once, at most
+`agent_worker_tenant_share` of them one tenant's (the task's user_uuid); the others wait in
+per-tenant FIFO queues served fairly (orchestrator/runtime/fair_queue.py), so one tenant's
+backlog does not delay another tenant's task behind it. Ray's own queue (past
+`agent_worker_concurrency` calls) is first come, first served: it is set far above the running
+bound so that calls reach the fair queue."""
 
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
 
     from orchestrator.agents import AgentRunner
     from orchestrator.providers import Gateway
+    from orchestrator.runtime.fair_queue import FairAdmission
 
 # The agent loop, the providers, memory, the workspace and the Redis client are imported in
 # `_start_once`, in the worker's own process. Not here: every dispatcher (the scheduler, the
@@ -57,17 +65,21 @@ class AgentWorker:
         # the control: when the CPUs are short, the workers wait (a burst of scheduled runs
         # no longer delays the next dispatches: docs/benchmarks.md). Imported here, in the
         # worker, as the agent loop is (see above).
+        from orchestrator.runtime.fair_queue import FairAdmission, tenant_ceiling
         from orchestrator.runtime.priority import lower_process_priority
 
         lower_process_priority(settings.agent_worker_niceness)
+        slots = settings.agent_worker_max_running
+        self._admission: FairAdmission = FairAdmission(
+            slots, tenant_ceiling(slots, settings.agent_worker_tenant_share)
+        )
         self._settings = settings
         self._generation = generation
         self._draining = False
-        self._idle = asyncio.Event()  # no task running here
+        self._idle = asyncio.Event()  # no task running here (waiting ones do not count)
         self._idle.set()
         self._redis: aioredis.Redis | None = None
         self._id = worker_name(index)
-        self._active = 0
         self._completed = 0
         self._db: Database | None = None
         self._runner: AgentRunner | None = None
@@ -80,7 +92,11 @@ class AgentWorker:
         self._boot = asyncio.get_running_loop().create_task(self._start())
 
     def __repr__(self) -> str:
-        return f"AgentWorker(id={self._id}, active={self._active}, completed={self._completed})"
+        a = self._admission
+        return (
+            f"AgentWorker(id={self._id}, running={a.running}, queued={a.queued}, "
+            f"completed={self._completed})"
+        )
 
     async def _start(self) -> AgentRunner:
         return await until_started(self._id, self._start_once, self._undo_start)
@@ -164,7 +180,7 @@ class AgentWorker:
     async def _flush(self, pusher: MetricsPusher) -> None:
         while True:
             await asyncio.sleep(METRICS_FLUSH_S)
-            self._recorder.active_workers(1 if self._active else 0)
+            self._recorder.active_workers(1 if self._admission.running else 0)
             with contextlib.suppress(Exception):  # the Metrics actor may be restarting
                 await pusher.flush()
 
@@ -181,25 +197,42 @@ class AgentWorker:
             "resources": ray.get_runtime_context().get_assigned_resources(),  # type: ignore[no-untyped-call]
         }
 
+    async def load(self) -> dict[str, int]:
+        """Tasks running here and waiting for a slot, and the bounds."""
+        a = self._admission
+        return {
+            "running": a.running,
+            "queued": a.queued,
+            "slots": a.slots,
+            "per_tenant": a.per_tenant,
+        }
+
     async def drain(self) -> int:
         """Take no new task; return once the running ones have ended (the caller bounds the
-        wait): the generation is being replaced. Returns how many ran to their end here."""
+        wait): the generation is being replaced. Tasks still waiting for a slot are refused
+        (WorkerDraining: nothing of them ran). Returns how many ran to their end here."""
         self._draining = True
+        self._admission.close(self._refusal)
         await self._idle.wait()
         return self._completed
 
+    def _refusal(self) -> WorkerDraining:
+        # A RayTaskError at the caller: it sends the task to another worker.
+        return WorkerDraining(f"{self._id} is draining (its generation is being replaced)")
+
     async def run(self, task: AgentTask) -> TaskResult:
         if self._draining:
-            # A RayTaskError at the caller: it sends the task to another worker.
-            raise WorkerDraining(f"{self._id} is draining (its generation is being replaced)")
+            raise self._refusal()
         runner = await self._boot
-        self._active += 1
+        # Waits here while the slots are full or this tenant holds its share; a caller
+        # cancelled meanwhile (ray.cancel) leaves the queue at once. Refused on drain.
+        await self._admission.acquire(task.user_uuid)
         self._idle.clear()
         self._recorder.active_workers(1)
         try:
             return await runner.run(task, self._id)
         finally:
-            self._active -= 1
+            self._admission.release(task.user_uuid)
             self._completed += 1
-            if not self._active:
+            if not self._admission.running:
                 self._idle.set()

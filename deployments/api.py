@@ -39,6 +39,7 @@ from orchestrator.channels import (
     ChannelRunner,
     ChannelStore,
     EgressPolicy,
+    InboundLimits,
     LocalChannels,
     channel_egress,
     secret_box,
@@ -123,6 +124,7 @@ async def build_context(
     )
     if started_at is not None:
         ctx.started_at = started_at
+    ctx.channel_limits = InboundLimits(redis, settings)
     ctx.gateway = Gateway(settings, ctx.recorder, local=lambda: ready_endpoints(db.pool))
     stack.push_async_callback(ctx.gateway.aclose)
     ctx.inference_log = InferenceLog(
@@ -322,6 +324,8 @@ def create_app(
         stack.push_async_callback(last_uses)
         if ctx.rate_limiter.enabled:
             supervisor.spawn("rate-limit-sync", ctx.rate_limiter.run)
+        if ctx.channel_limits.enabled:
+            supervisor.spawn("channel-limit-sync", ctx.channel_limits.run)
         if ctx.memory.embedder:
             supervisor.spawn("memory-filler", ctx.memory.run_filler)
 

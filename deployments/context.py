@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 
 from orchestrator.auth import Authenticator, FailedAuthThrottle, RateLimiter, TokenStore
-from orchestrator.channels import ChannelRunner, ChannelStore
+from orchestrator.channels import ChannelRunner, ChannelStore, InboundLimits
 from orchestrator.config import Settings
 from orchestrator.db import Database
 from orchestrator.events import EventStore, Fanout
@@ -99,6 +99,7 @@ class AppContext:
     marketplace: Marketplace = field(init=False)
     channels: ChannelStore = field(init=False)
     channel_runner: ChannelRunner = field(init=False)
+    channel_limits: InboundLimits = field(init=False)
     teams_verifiers: dict[Any, Any] = field(default_factory=dict)
     workflow_runner: WorkflowRunner = field(init=False)
     worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)

@@ -303,7 +303,24 @@ class Settings(BaseSettings):
         0.1, ge=0, description="Ray CPUs reserved by each AgentWorker (its tasks are async)"
     )
     agent_worker_concurrency: int = Field(
-        256, ge=1, description="Agent tasks one AgentWorker runs at once"
+        10_000,
+        ge=1,
+        description="Calls one AgentWorker accepts at once (Ray's max_concurrency): agent "
+        "tasks running or waiting for admission, and its control calls; past it Ray queues "
+        "calls in arrival order, without fairness between tenants",
+    )
+    agent_worker_max_running: int = Field(
+        256,
+        ge=1,
+        description="Agent tasks one AgentWorker runs at once; more wait in per-tenant "
+        "queues, served fairly across tenants",
+    )
+    agent_worker_tenant_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of agent_worker_max_running one tenant may hold on a worker "
+        "(at least one task); 1 lets one tenant take every slot",
     )
     agent_worker_niceness: int = Field(
         4,
@@ -414,6 +431,18 @@ class Settings(BaseSettings):
     channel_retry_base_s: float = Field(1.0, gt=0, description="First retry delay (doubles)")
     channel_sync_timeout_s: float = Field(
         120.0, gt=0, description="Longest wait for a synchronous generic-webhook answer"
+    )
+    channel_inbound_per_minute: int = Field(
+        300,
+        ge=0,
+        description="Inbound messages one channel may relay per minute (each runs an agent "
+        "task); 429 with Retry-After beyond; 0 = off",
+    )
+    channel_inbound_per_owner_per_minute: int = Field(
+        600,
+        ge=0,
+        description="Inbound messages all of one owner's channels may relay per minute; "
+        "429 with Retry-After beyond; 0 = off",
     )
     outbound_allowed_cidrs: list[str] = Field(
         default_factory=list,

@@ -11,6 +11,7 @@
     python scripts/bench.py coldstart [--json] [--runs 1]
     python scripts/bench.py telemetry [--json] [--requests 200000]
     python scripts/bench.py mixed [--json] [--duration 15] [--alone]
+    python scripts/bench.py fairness [--json] [--flood 500] [--slow-s 10] [--fifo]
     python scripts/bench.py all [--report bench-report.json] [--skip a,b]
 
 `ingress` starts `orchestrator serve` (Ray Serve, HAProxy unless --no-haproxy) and, next to
@@ -48,6 +49,10 @@ data directory and on a restart, against importing the service's modules.
 `telemetry` measures in-process what request telemetry costs per request: the request metrics
 (counter, SLO buckets, per-route histogram) and the access line as JSON and as text into a
 buffered file, against the counter and SLO buckets alone.
+
+`fairness` measures tenant B's one-step workflow latency through `orchestrator serve` while
+idle and while tenant A's 500 one-step workflows on a slow model are in flight (issue 29);
+`--fifo` adds the configuration before fair admission, in the same run.
 
 `mixed` runs workflows, chat completions, memory writes/reads and a live event stream at once
 on one service (with `--alone`, each alone first, for the ratio); `all` runs every benchmark
@@ -90,6 +95,7 @@ for _module in (
     "memory",
     "coldstart",
     "telemetry",
+    "fairness",
     "suite",
 ):
     importlib.import_module(f"benchmarks.{_module}")

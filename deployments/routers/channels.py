@@ -208,7 +208,14 @@ async def _teams_verifier(ctx: Any, channel: Channel) -> TeamsVerifier:
 @router.post(
     "/channels/webhook/{token}",
     response_model=WebhookAck,
-    responses={401: {"description": "verification failed"}, 404: {"description": "no channel"}},
+    responses={
+        401: {"description": "verification failed"},
+        404: {"description": "no channel"},
+        429: {
+            "description": "the channel's or its owner's inbound messages per minute "
+            "(channel_inbound_per_minute, channel_inbound_per_owner_per_minute); Retry-After"
+        },
+    },
 )
 async def receive(
     request: Request,
@@ -221,7 +228,8 @@ async def receive(
     """A platform's delivery: verified by the channel's type (Slack v0 signature, Teams JWT,
     Telegram source IP and secret token, generic: the token), then accepted at once. 401 and
     nothing relayed when verification fails; duplicates (a platform's retries) are accepted
-    and not relayed again."""
+    and not relayed again. 429 with Retry-After, nothing relayed, past the channel's or its
+    owner's inbound messages per minute."""
     channel = await ctx.channels.by_token(token)
     if channel is None:
         raise NotFound("channel not found")
@@ -257,6 +265,10 @@ async def receive(
         return JSONResponse(WebhookAck(accepted=False, ignored="not a message").model_dump())
     if channel.status == "paused":
         return JSONResponse(WebhookAck(accepted=False, ignored="channel paused").model_dump())
+    # Each message relayed runs an agent task as the owner, and no bearer token limits
+    # these requests: the channel's and the owner's budgets do (after verification, so a
+    # forger cannot spend them).
+    await ctx.channel_limits.admit(channel)
     wait = sync and channel.type == "webhook"
     inbox_id = await ctx.channels.enqueue(
         channel.id,

@@ -8,6 +8,7 @@ from orchestrator.channels._egress import (
     channel_egress,
     egress_client,
 )
+from orchestrator.channels._limits import InboundLimits
 from orchestrator.channels._platforms import (
     Challenge,
     DeliveryFailed,
@@ -52,6 +53,7 @@ __all__ = [
     "DestinationNotAllowed",
     "EgressPolicy",
     "Inbound",
+    "InboundLimits",
     "InboxItem",
     "LocalChannels",
     "TeamsVerifier",

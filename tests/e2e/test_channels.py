@@ -2,7 +2,9 @@
 Postgres), every platform a loopback server speaking its wire format: for each type an inbound
 message becomes an agent task run as the channel owner and its answer is delivered to the
 platform; duplicates once; a disallowed address is 401; a ChannelHub killed with SIGKILL is
-restarted and delivers what was waiting; no secret appears in any answer or in the log."""
+restarted and delivers what was waiting; no secret appears in any answer or in the log; a
+burst to one channel past its inbound messages per minute gets 429s and runs no more agent
+tasks than the limit (issue 29)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 SIGNING_SECRET = "e2e-signing-secret-0123456789abcdef"
 TG_SECRET = "e2e_tg_secret"
+INBOUND_PER_MINUTE = 10
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +52,8 @@ def service(
             trusted_proxies=["127.0.0.1/32"],
             outbound_allowed_cidrs=["127.0.0.0/8"],
             channel_retry_base_s=0.2,
+            # Small, so a burst past it is quick (the other tests send a few per channel).
+            channel_inbound_per_minute=INBOUND_PER_MINUTE,
         )
         with running(work, settings) as orch:
             yield orch
@@ -165,3 +170,36 @@ def test_a_killed_hub_delivers_what_waited(
         time.sleep(1)
         assert len([m for m in g.sent if m.get("text") == "survived"]) == 1
         assert all(h.pid not in {p.pid for p in _actors("ChannelHub", service)} for h in hubs)
+
+
+def test_a_burst_past_the_channels_inbound_limit_is_refused(service: Orchestrator) -> None:
+    """Issue 29 item 7: 700 messages to one generic webhook were all accepted in 3 s, each an
+    agent task. Past `channel_inbound_per_minute`, 429 with Retry-After naming the limit, and
+    nothing of those runs."""
+    with service.client() as c:
+        dee = _token(c, "dee")
+        hook = f"/channels/webhook/{_create(c, dee, 'webhook', {})['webhook_token']}"
+        # The limit counts per wall-clock minute: not across a minute's end.
+        left = 60 - time.time() % 60
+        if left < 5:
+            time.sleep(left + 0.05)
+        sent = INBOUND_PER_MINUTE + 5
+        answers = [
+            c.post(hook, json={"text": f"[answer n{i}]", "metadata": {"message_id": f"n{i}"}})
+            for i in range(sent)
+        ]
+        accepted = [r for r in answers if r.status_code == 200 and r.json()["accepted"]]
+        refused = [r for r in answers if r.status_code == 429]
+        assert len(accepted) == INBOUND_PER_MINUTE, [r.text for r in answers]
+        assert len(refused) == sent - INBOUND_PER_MINUTE
+        for r in refused:
+            assert 1 <= int(r.headers["Retry-After"]) <= 61
+            assert r.json()["limit"] == "channel_inbound_per_minute"
+
+        def tasks(kind: str) -> list[str]:
+            data = c.get("/events", headers=dee, params={"types": kind}).json()["data"]
+            return [e["aggregate_id"] for e in data if e["aggregate_id"].startswith("chan-")]
+
+        _wait(lambda: len(tasks("task.completed")) >= INBOUND_PER_MINUTE)
+        # The refused messages never reached the inbox: no task of theirs can appear later.
+        assert len(set(tasks("task.created"))) == INBOUND_PER_MINUTE

@@ -408,3 +408,88 @@ async def test_two_relays_never_answer_one_message_twice(
             assert item is not None and item.state == "done"
     finally:
         await db.close()
+
+
+async def _fresh_window(need_s: float = 20.0) -> None:
+    """The limits count per wall-clock minute: start a burst with `need_s` left in the
+    current one, so a new window cannot open in the middle of it (and admit more)."""
+    left = 60 - time.time() % 60
+    if left < need_s:
+        await asyncio.sleep(left + 0.05)
+
+
+async def test_inbound_messages_are_limited_per_channel_and_per_owner(
+    make_settings: Any, llm: OpenAIFake, callback: Callback
+) -> None:
+    """Issue 29 item 7: a tenant's own webhook took 700 messages in 3 s, each an agent task.
+    Past its channel's budget, and then its owner's over all their channels, a message is a
+    429 with Retry-After naming the limit, and is neither written nor run; another owner's
+    channel is not affected."""
+    settings = _settings(
+        make_settings,
+        llm,
+        channel_inbound_per_minute=5,
+        channel_inbound_per_owner_per_minute=8,
+    )
+    async with ServedApp(settings) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as api:
+            ann, bob = await _user(api, "ann"), await _user(api, "bob")
+
+            async def hook(h: dict[str, str]) -> str:
+                made = await api.post(
+                    "/channels",
+                    headers=h,
+                    json={"type": "webhook", "name": "h", "config": {"callback_url": callback.url}},
+                )
+                return f"/channels/webhook/{made.json()['data']['webhook_token']}"
+
+            first, second, bobs = await hook(ann), await hook(ann), await hook(bob)
+
+            async def burst(path: str, n: int, tag: str) -> list[httpx.Response]:
+                return list(
+                    await asyncio.gather(
+                        *(
+                            api.post(
+                                path,
+                                json={
+                                    "text": f"[answer {tag}{i}]",
+                                    "metadata": {"message_id": f"{tag}{i}"},
+                                },
+                            )
+                            for i in range(n)
+                        )
+                    )
+                )
+
+            await _fresh_window()
+            one = await burst(first, 8, "a")
+            two = await burst(second, 5, "b")
+            other = await burst(bobs, 1, "c")
+
+            def split(rs: list[httpx.Response]) -> tuple[int, list[httpx.Response]]:
+                ok = [r for r in rs if r.status_code == 200 and r.json()["accepted"] is True]
+                return len(ok), [r for r in rs if r.status_code != 200]
+
+            accepted, refused = split(one)
+            assert accepted == 5 and len(refused) == 3, [r.text for r in one]
+            for r in refused:
+                assert r.status_code == 429
+                assert 1 <= int(r.headers["Retry-After"]) <= 61
+                body = r.json()
+                assert body["code"] == "rate_limited"
+                assert body["limit"] == "channel_inbound_per_minute"
+            accepted, refused = split(two)  # the owner had 8: 5 spent on the first channel
+            assert accepted == 3 and len(refused) == 2, [r.text for r in two]
+            assert {r.json()["limit"] for r in refused} == {"channel_inbound_per_owner_per_minute"}
+            assert split(other) == (1, [])
+
+            # Only what was admitted is in the inbox, and only that runs agent tasks.
+            db = await asyncpg.connect(settings.database_url)
+            try:
+                assert await db.fetchval("SELECT count(*) FROM channel_inbox") == 9
+            finally:
+                await db.close()
+            await _until(lambda: _has(callback, 9))
+            answered = sorted(r.json["text"][0] for r in callback.requests)
+            assert answered == ["a"] * 5 + ["b"] * 3 + ["c"]
+            assert len(llm.chat_requests) == 9

@@ -1,0 +1,85 @@
+"""Inbound channel messages per minute, per channel and per owner (issue 29, item 7).
+
+A webhook delivery carries no bearer token, so the per-token limit of the API never saw it:
+a tenant's own generic webhook took 700 messages in 3 s, each an agent task run as the
+tenant. Every message a receiver would relay (verified, parsed, channel active) now counts
+against its channel (`channel_inbound_per_minute`) and then its owner, over all their
+channels (`channel_inbound_per_owner_per_minute`). Over either: 429 with Retry-After (the
+platforms retry later: Slack and Telegram re-deliver on a non-2xx), nothing written to the
+inbox, no agent task. The counting is the API's own limiter (orchestrator/auth/_ratelimit.py:
+a fixed one-minute window in Redis, leased to replicas in shares), under its own key
+namespaces; like it, it fails open while Redis is unreachable.
+
+Verification comes first: a forger who knows a channel's URL but not its secret cannot spend
+that channel's budget. The channel is counted before its owner, so messages refused for one
+busy channel do not use up the owner's other channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from orchestrator.auth import RateLimiter
+from orchestrator.channels._store import Channel
+from orchestrator.config import Settings
+from orchestrator.errors import RateLimited
+
+__all__ = ["InboundLimits"]
+
+
+class InboundLimits:
+    """The two budgets of an inbound message; `admit` counts one or raises RateLimited."""
+
+    def __init__(self, redis: aioredis.Redis, settings: Settings) -> None:
+        sync_s = settings.rate_limit_sync_s
+        self._per_channel = settings.channel_inbound_per_minute
+        self._per_owner = settings.channel_inbound_per_owner_per_minute
+        self._channel = RateLimiter(redis, self._per_channel, "rl-ch", sync_s)
+        self._owner = RateLimiter(redis, self._per_owner, "rl-chown", sync_s)
+
+    @property
+    def enabled(self) -> bool:
+        return self._channel.enabled or self._owner.enabled
+
+    async def admit(self, channel: Channel) -> None:
+        """Count one inbound message of `channel`; RateLimited (naming the limit) when its
+        channel or its owner has had its minute's budget."""
+        if self._channel.enabled:
+            try:
+                await self._channel.hit(channel.id)
+            except RateLimited as exc:
+                raise _named(
+                    exc,
+                    f"channel {channel.id} received more than {self._per_channel} messages "
+                    "this minute",
+                    "channel_inbound_per_minute",
+                ) from None
+        if self._owner.enabled:
+            try:
+                await self._owner.hit(channel.user_uuid)
+            except RateLimited as exc:
+                raise _named(
+                    exc,
+                    f"this channel's owner received more than {self._per_owner} channel "
+                    "messages this minute",
+                    "channel_inbound_per_owner_per_minute",
+                ) from None
+
+    async def run(self) -> None:
+        """Both limiters' syncs (leases given back, replicas counted), forever."""
+        # A TaskGroup: if one loop fails, the other is cancelled with it (the supervisor
+        # restarts both), instead of running on orphaned.
+        async with asyncio.TaskGroup() as group:
+            for limiter in (self._channel, self._owner):
+                if limiter.enabled:
+                    group.create_task(limiter.run())
+
+
+def _named(exc: RateLimited, message: str, setting: str) -> RateLimited:
+    return RateLimited(
+        f"{message} ({setting}); retry later",
+        retry_after=int(exc.extra.get("retry_after", 1)),
+        extra={"limit": setting},
+    )
