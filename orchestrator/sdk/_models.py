@@ -616,6 +616,7 @@ class Instance(ApiModel):
     threads: int | None = None
     user_uuid: str | None = None
     error: str | None = None
+    tools: bool | None = None  # whether its server takes tools (None: it did not say)
     created_at: int
     updated_at: int
 
