@@ -348,6 +348,52 @@ class Settings(BaseSettings):
     workflow_max_steps: int = Field(
         200, ge=1, description="Steps one workflow may execute (guards branch loops)"
     )
+    # Tenant-controlled amplifications of workflows (docs/security.md): each is checked when
+    # a request is admitted, and the refusal names its setting.
+    workflow_max_live_per_user: int = Field(
+        200,
+        ge=1,
+        description="Workflows one user may have pending or running, children included: a "
+        "create past it is a 429 (Retry-After), a spawn step past it fails",
+    )
+    workflow_max_descendants: int = Field(
+        100,
+        ge=0,
+        description="Workflows one created workflow may start below it through spawn steps, "
+        "counted through nested templates while they are resolved; 400 above",
+    )
+    workflow_max_depth: int = Field(
+        5, ge=1, le=32, description="Levels of a workflow tree, the root included; 400 above"
+    )
+    workflow_max_children: int = Field(
+        50, ge=1, description="Child workflows of one spawn step; 400 above"
+    )
+    workflow_max_declared_steps: int = Field(
+        100, ge=1, description="Steps one workflow (or template) may declare; 400 above"
+    )
+    workflow_max_template_expansions: int = Field(
+        100,
+        ge=1,
+        description="Templates filled for one create (the root's and its descendants'); 400 above",
+    )
+    workflow_max_spec_chars: int = Field(
+        2_000_000,
+        ge=1000,
+        description="Characters of text (prompts, conditions, names...) in one created "
+        "workflow tree once templates and variables are filled; 400 above",
+    )
+    workflow_pattern_max_program: int = Field(
+        500,
+        ge=10,
+        description="RE2 program size (instructions) of a branch pattern or matches "
+        "expression: a search costs up to input length x this; 400 above",
+    )
+    workflow_pattern_budget_ms: int = Field(
+        1000,
+        ge=1,
+        description="CPU time one workflow's regular-expression searches may take in all "
+        "(run off the shard's event loop); past it the workflow fails",
+    )
     workflow_list_limit: int = Field(50, ge=1, le=1000, description="Default workflow list page")
     workflow_claim_ttl_ms: int = Field(
         15000,

@@ -15,11 +15,13 @@ from deployments.deps import Ctx, CurrentUser, Offset
 from orchestrator.agents import tools_refused
 from orchestrator.errors import BadRequest, Forbidden, NotFound
 from orchestrator.workflows import (
+    SpecLimits,
     WorkflowSpec,
     WorkflowState,
     fill_template,
     resolve_request,
     template_variables,
+    tree_size,
 )
 
 router = APIRouter(tags=["workflows"])
@@ -177,13 +179,20 @@ async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext) -> None:
 
 @router.post("/workflows", response_model=Created)
 async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -> Created:
-    """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once."""
+    """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once.
+    Past a limit of docs/security.md: 400, or 429 for the user's live workflows, naming it."""
     given = body.model_dump(exclude_none=True)
     if "steps" in given:
         given["steps"] = [step.model_dump(exclude_none=True) for step in body.steps or []]
-    spec = await resolve_request(ctx.workflows, given, caller.user_uuid)
+    limits = SpecLimits.from_settings(ctx.settings)
+    spec = await resolve_request(ctx.workflows, given, caller.user_uuid, limits=limits)
     await _check_step_tools(spec, ctx)
-    workflow_id = await ctx.workflows.create(spec, caller.user_uuid)
+    workflow_id = await ctx.workflows.create_within(
+        spec,
+        caller.user_uuid,
+        starts=tree_size(spec),
+        ceiling=ctx.settings.workflow_max_live_per_user,
+    )
     await ctx.workflow_runner.start(workflow_id)
     return Created(id=workflow_id, status="pending")
 
@@ -219,9 +228,12 @@ async def save_template(body: TemplateIn, ctx: Ctx, caller: CurrentUser) -> Temp
     if body.shared and not caller.is_admin:
         raise Forbidden("only admins publish shared templates")
     steps = [step.model_dump(exclude_none=True) for step in body.steps]
-    # A template must make a valid workflow once its variables have values.
+    # A template must make a valid workflow once its variables have values, within the
+    # limits a workflow is created under (its children are counted when it is used).
+    limits = SpecLimits.from_settings(ctx.settings)
     probe = {v: "x" for v in template_variables(steps)}
-    WorkflowSpec.parse(body.name, fill_template(steps, probe), where="")
+    filled = fill_template(steps, probe, max_chars=limits.max_chars)
+    WorkflowSpec.parse(body.name, filled, where="", limits=limits)
     await ctx.workflows.save_template(body.name, steps, caller, shared=body.shared)
     return TemplateSaved(name=body.name)
 

@@ -2,10 +2,11 @@
 the engine. No Ray here: `actors/workflow_shard.py` hosts engines in shards."""
 
 from orchestrator.workflows._engine import WorkflowEngine
-from orchestrator.workflows._resolve import resolve_request
+from orchestrator.workflows._resolve import resolve_request, tree_size
 from orchestrator.workflows._spec import (
     BranchRule,
     Condition,
+    SpecLimits,
     StepSpec,
     WorkflowSpec,
     choose_branch,
@@ -37,6 +38,7 @@ __all__ = [
     "WORKFLOW_TRANSITIONS",
     "BranchRule",
     "Condition",
+    "SpecLimits",
     "StepRecord",
     "StepSpec",
     "StepState",
@@ -53,4 +55,5 @@ __all__ = [
     "resolve_request",
     "shard_of",
     "template_variables",
+    "tree_size",
 ]

@@ -16,7 +16,11 @@ through the store's transitions, and runs each task step on the agent runtime (a
   original prompt (the first step's) and every earlier completed result); a branch step
   jumps; a spawn step starts child workflows and waits for them: a child's end commits
   with `NOTIFY orch_workflows 'done:<id>'`, which wakes the parent (a re-check every
-  CHILD_RECHECK_S covers a notification lost while the listener reconnects).
+  CHILD_RECHECK_S covers a notification lost while the listener reconnects). Children
+  that would take their user past `workflow_max_live_per_user` fail the spawn step.
+- A condition or branch that searches a regular expression is evaluated off the event
+  loop, metered per workflow (`PatternRunner`, _patterns.py): past
+  `workflow_pattern_budget_ms` the workflow fails.
 - Each step attempt has the idempotency key `<workflow>:<step>:<attempt>` (also the task's
   id); its outcome is recorded once. After a crash, the step that was running is dispatched
   again as a new attempt (at-least-once per step, at most once per attempt); a late result
@@ -51,12 +55,20 @@ import asyncpg
 
 from orchestrator.agents import AgentTask, TaskDispatcher, created_event
 from orchestrator.config import Settings
-from orchestrator.errors import Conflict, NotFound
+from orchestrator.errors import Conflict, NotFound, RateLimited
 from orchestrator.events import NewEvent
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.workflows._patterns import PatternBudgetSpent, PatternRunner
 from orchestrator.workflows._resolve import resolve_child
-from orchestrator.workflows._spec import Condition, StepSpec, choose_branch, fill_refs
+from orchestrator.workflows._spec import (
+    BranchRule,
+    Condition,
+    StepSpec,
+    branch_uses_patterns,
+    choose_branch,
+    fill_refs,
+)
 from orchestrator.workflows._states import FINISHED, StepState, WorkflowState
 from orchestrator.workflows._store import (
     CLAIM_KIND,
@@ -111,6 +123,7 @@ class WorkflowEngine:
         self._progress: dict[str, int] = {}
         # Drivers that began with the workflow already ending: a cancel needs no interrupt.
         self._knows_ending: set[str] = set()
+        self._patterns = PatternRunner(settings.workflow_pattern_budget_ms)
         self._listening = asyncio.Event()
         self._loops_started = False
         self._closed = False
@@ -239,6 +252,7 @@ class WorkflowEngine:
             for task in ours:
                 task.cancel()
             await asyncio.gather(*ours, return_exceptions=True)
+        self._patterns.close()
 
     async def close(self) -> None:
         await self.shutdown()
@@ -343,6 +357,7 @@ class WorkflowEngine:
             await asyncio.gather(renewer, return_exceptions=True)
             self._fences.pop(workflow_id, None)
             self._progress.pop(workflow_id, None)
+            self._patterns.forget(workflow_id)
             self._knows_ending.discard(workflow_id)
             with contextlib.suppress(Exception):
                 # Shielded: a cancelled driver (shutdown) still hands its claim back.
@@ -467,7 +482,23 @@ class WorkflowEngine:
             )
             return
         if step.status == StepState.PENDING and spec.condition is not None:
-            if not Condition(spec.condition).evaluate(record.lookup):
+            condition = Condition(spec.condition)
+            try:
+                holds = (
+                    await self._patterns.run(
+                        record.id,
+                        record.user_uuid,
+                        lambda search: condition.evaluate(record.lookup, search),
+                    )
+                    if condition.uses_patterns
+                    else condition.evaluate(record.lookup)
+                )
+            except PatternBudgetSpent as exc:
+                await self._store.begin_ending(
+                    record.id, "failed", f"step {spec.name}: {exc}", spec.name, fence
+                )
+                return
+            if not holds:
                 await self._store.skip_steps(record.id, (idx,), idx + 1, fence)
                 return
         if spec.type == "branch":
@@ -585,25 +616,27 @@ class WorkflowEngine:
                 )
             return
 
+    async def _choose(self, record: WorkflowRecord, spec: StepSpec) -> BranchRule | str:
+        """The branch entry to follow, or why the branch step fails."""
+        try:
+            rule = (
+                await self._patterns.run(
+                    record.id,
+                    record.user_uuid,
+                    lambda search: choose_branch(spec, record.lookup, search),
+                )
+                if branch_uses_patterns(spec)
+                else choose_branch(spec, record.lookup)
+            )
+        except PatternBudgetSpent as exc:
+            return str(exc)
+        return rule or "no branch condition matched and there is no fallback"
+
     async def _branch(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
         _, key = await self._store.start_step(record.id, idx, fence=fence)
-        rule = choose_branch(spec, record.lookup)
-        if rule is None:
-            error = "no branch condition matched and there is no fallback"
-            if await self._store.finish_step(
-                record.id,
-                idx,
-                key,
-                ok=False,
-                result=None,
-                error=error,
-                duration_ms=0,
-                next_cursor=idx,
-                fence=fence,
-            ):
-                await self._store.begin_ending(
-                    record.id, "failed", f"step {spec.name}: {error}", spec.name, fence
-                )
+        rule = await self._choose(record, spec)
+        if isinstance(rule, str):
+            await self._fail_step(record, idx, key, rule, fence)
             return
         target = record.spec.step_index[rule.then]
         await self._store.finish_step(
@@ -620,6 +653,26 @@ class WorkflowEngine:
             fence=fence,
         )
 
+    async def _fail_step(
+        self, record: WorkflowRecord, idx: int, key: str, error: str, fence: Fence
+    ) -> None:
+        """The running step attempt failed with `error` (recorded once): so does the workflow."""
+        name = record.spec.steps[idx].name
+        if await self._store.finish_step(
+            record.id,
+            idx,
+            key,
+            ok=False,
+            result=None,
+            error=error,
+            duration_ms=0,
+            next_cursor=idx,
+            fence=fence,
+        ):
+            await self._store.begin_ending(
+                record.id, "failed", f"step {name}: {error}", name, fence
+            )
+
     async def _spawn(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
         started = time.monotonic()
         _, key = await self._store.start_step(record.id, idx, fence=fence)
@@ -629,18 +682,11 @@ class WorkflowEngine:
                 await resolve_child(self._store, child, record.user_uuid, f"{spec.name}[{i}]")
                 for i, child in enumerate(spec.workflows)
             ]
-            async with self._store.pool.acquire() as conn, conn.transaction():
-                await fence.check(conn)  # a zombie creates no children
-                children = [
-                    await self._store.create(
-                        s,
-                        record.user_uuid,
-                        parent_id=record.id,
-                        parent_step=spec.name,
-                        conn=conn,
-                    )
-                    for s in specs
-                ]
+            try:
+                children = await self._create_children(record, spec, specs, fence)
+            except RateLimited as exc:  # the user's live ceiling: the step fails
+                await self._fail_step(record, idx, key, exc.message, fence)
+                return
         for child_id in children:
             await self._starter(child_id)
         # Woken by each child's `done` NOTIFY (no polling); the renewer keeps our claim.
@@ -671,6 +717,22 @@ class WorkflowEngine:
             await self._store.begin_ending(
                 record.id, "failed", f"step {spec.name} failed: {error}", spec.name, fence
             )
+
+    async def _create_children(
+        self, record: WorkflowRecord, spec: StepSpec, specs: list[Any], fence: Fence
+    ) -> list[str]:
+        async with self._store.pool.acquire() as conn, conn.transaction():
+            await fence.check(conn)  # a zombie creates no children
+            # Admitted with their root, but the user may have started others since.
+            await self._store.check_live_room(
+                conn, record.user_uuid, len(specs), self._settings.workflow_max_live_per_user
+            )
+            return [
+                await self._store.create(
+                    s, record.user_uuid, parent_id=record.id, parent_step=spec.name, conn=conn
+                )
+                for s in specs
+            ]
 
     async def _compensate(self, record: WorkflowRecord, fence: Fence) -> None:
         for step in reversed(record.steps):

@@ -36,6 +36,13 @@ Spawn steps: `workflows` lists child workflows, each `{name, steps}` or `{templa
 variables}`; they start in parallel with this workflow as their parent, and the step's
 result is JSON `{"children": [{"id", "name", "status", "result"}]}` (a child's result is its
 last completed step's result). A child that fails or is cancelled fails the step.
+
+Limits (`SpecLimits`, from the settings): what a tenant's request may make the service hold
+and run is checked when it is admitted (POST /workflows, POST /workflows/templates), each a
+400 naming its setting: steps per workflow, children per spawn step, RE2 program size of
+each pattern, and (in _resolve) the tree's depth, descendants, template expansions and
+characters. Specs read back from the database are not held to them (the settings may have
+changed since they were admitted).
 """
 
 from __future__ import annotations
@@ -44,25 +51,59 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ValidationFailed
-from orchestrator.workflows._patterns import PatternError, check_pattern, pattern_found
+from orchestrator.workflows._patterns import PatternError, Search, check_pattern, pattern_found
+
+if TYPE_CHECKING:
+    from orchestrator.config import Settings
 
 MODES = ("build", "plan", "explore", "review", "general", "coordinate")
 STEP_TYPES = ("task", "branch", "spawn")
 STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
 REF = re.compile(r"\{\{\s*([A-Za-z0-9_][A-Za-z0-9_.\-]*?)\.(result|status)\s*\}\}")
-MAX_STEPS = 100
 MAX_TEXT = 100_000
-MAX_CHILDREN = 50
 
 
-def _bad(field_name: str, message: str) -> ValidationFailed:
-    return ValidationFailed(
-        f"{field_name}: {message}", extra={"fields": [{"field": field_name, "error": message}]}
-    )
+def _bad(field_name: str, message: str, limit: str | None = None) -> ValidationFailed:
+    """A 400 naming the field; `limit` names the setting of a limit the input went past."""
+    extra: dict[str, Any] = {"fields": [{"field": field_name, "error": message}]}
+    if limit is not None:
+        extra["limit"] = limit
+    return ValidationFailed(f"{field_name}: {message}", extra=extra)
+
+
+@dataclass(frozen=True, slots=True)
+class SpecLimits:
+    """What one request may make the service hold and run, checked at admission; each
+    field is the setting named in its 400 (see Settings for the meaning and default)."""
+
+    max_steps: int  # workflow_max_declared_steps
+    max_children: int  # workflow_max_children
+    max_depth: int  # workflow_max_depth
+    max_descendants: int  # workflow_max_descendants
+    max_templates: int  # workflow_max_template_expansions
+    max_chars: int  # workflow_max_spec_chars
+    max_pattern_program: int  # workflow_pattern_max_program
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> SpecLimits:
+        """The configured limits; without settings, their defaults."""
+        if settings is None:
+            from orchestrator.config import Settings
+
+            settings = Settings.model_construct()  # the defaults, no environment read
+        return cls(
+            max_steps=settings.workflow_max_declared_steps,
+            max_children=settings.workflow_max_children,
+            max_depth=settings.workflow_max_depth,
+            max_descendants=settings.workflow_max_descendants,
+            max_templates=settings.workflow_max_template_expansions,
+            max_chars=settings.workflow_max_spec_chars,
+            max_pattern_program=settings.workflow_pattern_max_program,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,16 +161,29 @@ class WorkflowSpec:
     step_index: dict[str, int] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def parse(cls, name: Any, steps: Any, *, model: Any = None, where: str = "") -> WorkflowSpec:
-        """Check a workflow given inline (after template filling)."""
+    def parse(
+        cls,
+        name: Any,
+        steps: Any,
+        *,
+        model: Any = None,
+        where: str = "",
+        limits: SpecLimits | None = None,
+    ) -> WorkflowSpec:
+        """Check a workflow given inline (after template filling); with `limits` (admission),
+        also its size limits."""
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise _bad(f"{where}name", "a non-empty string of at most 200 characters")
         if model is not None and (not isinstance(model, str) or not model):
             raise _bad(f"{where}model", "a model name")
         if not isinstance(steps, list) or not steps:
             raise _bad(f"{where}steps", "a non-empty array of steps")
-        if len(steps) > MAX_STEPS:
-            raise _bad(f"{where}steps", f"at most {MAX_STEPS} steps")
+        if limits is not None and len(steps) > limits.max_steps:
+            raise _bad(
+                f"{where}steps",
+                f"{len(steps)} steps, at most {limits.max_steps} (workflow_max_declared_steps)",
+                "workflow_max_declared_steps",
+            )
         names: list[str] = []
         for i, raw in enumerate(steps):
             step_name = raw.get("name") if isinstance(raw, dict) else None
@@ -142,7 +196,7 @@ class WorkflowSpec:
                 raise _bad(f"{where}steps[{i}].name", f"duplicate step name {step_name!r}")
             names.append(step_name)
         parsed = tuple(
-            _parse_step(raw, f"{where}steps[{i}]", names, i) for i, raw in enumerate(steps)
+            _parse_step(raw, f"{where}steps[{i}]", names, i, limits) for i, raw in enumerate(steps)
         )
         return cls(name.strip(), parsed, model, {s.name: i for i, s in enumerate(parsed)})
 
@@ -157,7 +211,9 @@ class WorkflowSpec:
         return cls.parse(data["name"], data["steps"], model=data.get("model"))
 
 
-def _parse_step(raw: Any, where: str, names: list[str], index: int) -> StepSpec:
+def _parse_step(
+    raw: Any, where: str, names: list[str], index: int, limits: SpecLimits | None
+) -> StepSpec:
     assert isinstance(raw, dict)
     known = {
         "name",
@@ -201,24 +257,34 @@ def _parse_step(raw: Any, where: str, names: list[str], index: int) -> StepSpec:
         or not 0 < timeout <= 86_400
     ):
         raise _bad(f"{where}.timeout", "seconds, more than 0 and at most 86400")
+    max_program = limits.max_pattern_program if limits is not None else None
     condition = raw.get("condition")
     if condition is not None:
         if not isinstance(condition, str) or not condition.strip():
             raise _bad(f"{where}.condition", "an expression (a non-empty string)")
         try:
-            Condition(condition, names)
+            Condition(condition, names, max_program=max_program)
         except ValueError as exc:
-            raise _bad(f"{where}.condition", str(exc)) from exc
+            raise _bad(f"{where}.condition", str(exc), _limit_named(str(exc))) from exc
     rules: tuple[BranchRule, ...] = ()
     if kind == "branch":
-        rules = _parse_rules(raw.get("conditions"), f"{where}.conditions", names, index)
+        rules = _parse_rules(
+            raw.get("conditions"), f"{where}.conditions", names, index, max_program
+        )
     elif raw.get("conditions") is not None:
         raise _bad(f"{where}.conditions", "only branch steps (type: branch) have conditions")
     children: tuple[dict[str, Any], ...] = ()
     if kind == "spawn":
         given = raw.get("workflows")
-        if not isinstance(given, list) or not given or len(given) > MAX_CHILDREN:
-            raise _bad(f"{where}.workflows", f"1 to {MAX_CHILDREN} child workflows")
+        if not isinstance(given, list) or not given:
+            raise _bad(f"{where}.workflows", "a non-empty array of child workflows")
+        if limits is not None and len(given) > limits.max_children:
+            raise _bad(
+                f"{where}.workflows",
+                f"{len(given)} child workflows, at most {limits.max_children}"
+                " (workflow_max_children)",
+                "workflow_max_children",
+            )
         for j, child in enumerate(given):
             if not isinstance(child, dict) or not (
                 ("steps" in child and "name" in child) or "template" in child
@@ -254,7 +320,9 @@ def _parse_step(raw: Any, where: str, names: list[str], index: int) -> StepSpec:
     )
 
 
-def _parse_rules(raw: Any, where: str, names: list[str], index: int) -> tuple[BranchRule, ...]:
+def _parse_rules(
+    raw: Any, where: str, names: list[str], index: int, max_program: int | None
+) -> tuple[BranchRule, ...]:
     if not isinstance(raw, dict) or not raw:
         raise _bad(where, "a branch step needs a non-empty conditions object")
     rules = []
@@ -283,15 +351,19 @@ def _parse_rules(raw: Any, where: str, names: list[str], index: int) -> tuple[Br
             if not isinstance(pattern, str):
                 raise _bad(f"{at}.pattern", "a regular expression")
             try:
-                check_pattern(pattern)
+                check_pattern(pattern, max_program)
             except PatternError as exc:
-                raise _bad(f"{at}.pattern", str(exc)) from exc
+                raise _bad(f"{at}.pattern", str(exc), _limit_named(str(exc))) from exc
         for extra in set(entry) - {"match", "pattern", "then"}:
             raise _bad(f"{at}.{extra}", "unknown field")
         rules.append(BranchRule(str(key), then, ref, pattern))
     if fallbacks > 1:
         raise _bad(where, "at most one entry without match (the fallback)")
     return tuple(rules)
+
+
+def _limit_named(message: str) -> str | None:
+    return "workflow_pattern_max_program" if "(workflow_pattern_max_program)" in message else None
 
 
 def _check_refs(text: str, where: str, names: list[str]) -> None:
@@ -321,24 +393,52 @@ def template_variables(value: Any) -> list[str]:
     return sorted(found)
 
 
-def fill_template(value: Any, variables: Mapping[str, Any], where: str = "steps") -> Any:
+def fill_template(
+    value: Any,
+    variables: Mapping[str, Any],
+    where: str = "steps",
+    *,
+    max_chars: int | None = None,
+) -> Any:
     """Fill `{{var}}` everywhere in `value` (strings inside dicts and lists); a variable with
-    no value is a 400 naming it. Step references ({{step.result}}) are left for run time."""
-    if isinstance(value, str):
+    no value is a 400 naming it. Step references ({{step.result}}) are left for run time.
+    With `max_chars`, the filled strings may hold that many characters in all: a variable
+    used many times multiplies its value, so the size is counted before a string is built
+    (400 naming workflow_max_spec_chars past it)."""
+    rendered: dict[str, str] = {}
+    total = 0
 
-        def sub(found: re.Match[str]) -> str:
-            name = found.group(1)
+    def value_of(name: str, at: str) -> str:
+        if name not in rendered:
             if name not in variables:
-                raise _bad(f"variables.{name}", f"missing value for {{{{{name}}}}} in {where}")
+                raise _bad(f"variables.{name}", f"missing value for {{{{{name}}}}} in {at}")
             given = variables[name]
-            return given if isinstance(given, str) else json.dumps(given)
+            rendered[name] = given if isinstance(given, str) else json.dumps(given)
+        return rendered[name]
 
-        return VAR.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: fill_template(v, variables, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, list):
-        return [fill_template(v, variables, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
+    def fill(text: str, at: str) -> str:
+        nonlocal total
+        found = list(VAR.finditer(text))
+        total += len(text) + sum(len(value_of(m.group(1), at)) - len(m.group(0)) for m in found)
+        if max_chars is not None and total > max_chars:
+            raise _bad(
+                "variables" if found else at,
+                f"the filled template holds more than {max_chars} characters"
+                " (workflow_max_spec_chars)",
+                "workflow_max_spec_chars",
+            )
+        return VAR.sub(lambda m: rendered[m.group(1)], text) if found else text
+
+    def walk(v: Any, at: str) -> Any:
+        if isinstance(v, str):
+            return fill(v, at)
+        if isinstance(v, dict):
+            return {k: walk(item, f"{at}.{k}") for k, item in v.items()}
+        if isinstance(v, list):
+            return [walk(item, f"{at}[{i}]") for i, item in enumerate(v)]
+        return v
+
+    return walk(value, where)
 
 
 def fill_refs(text: str, lookup: Callable[[str, str], str]) -> str:
@@ -367,9 +467,12 @@ MAX_CONDITION_DEPTH = 32  # parentheses and `not`s: the parser and evaluator rec
 
 
 class Condition:
-    """A parsed condition; `evaluate(lookup)` with `lookup(step, "result"|"status")`."""
+    """A parsed condition; `evaluate(lookup)` with `lookup(step, "result"|"status")`.
+    `max_program` (admission) bounds the RE2 program of each `matches` pattern."""
 
-    def __init__(self, text: str, step_names: list[str] | None = None) -> None:
+    def __init__(
+        self, text: str, step_names: list[str] | None = None, *, max_program: int | None = None
+    ) -> None:
         if len(text) > 2000:
             raise ValueError("condition too long (2000 characters at most)")
         self.text = text
@@ -377,6 +480,8 @@ class Condition:
         self._pos = 0
         self._depth = 0
         self._names = step_names
+        self._max_program = max_program
+        self.uses_patterns = False  # any `matches`: evaluated off the shard's event loop
         self._tree = self._or()
         if self._pos != len(self._tokens):
             raise ValueError(f"unexpected {self._tokens[self._pos][1]!r}")
@@ -444,7 +549,8 @@ class Condition:
             if token[1] == "matches":
                 if right[0] != "lit":
                     raise ValueError("matches takes a quoted regular expression")
-                check_pattern(str(right[1]))  # PatternError is a ValueError
+                check_pattern(str(right[1]), self._max_program)  # PatternError: a ValueError
+                self.uses_patterns = True
             return ("cmp", token[1], left, right)
         return ("truthy", left)
 
@@ -472,28 +578,30 @@ class Condition:
             return ("ref", step, attr)
         raise ValueError(f"expected a value, got {value!r}")
 
-    def evaluate(self, lookup: Lookup) -> bool:
-        return bool(self._eval(self._tree, lookup))
+    def evaluate(self, lookup: Lookup, search: Search = pattern_found) -> bool:
+        """`search(pattern, text)` runs `matches` (a metered one in the engine)."""
+        return bool(self._eval(self._tree, lookup, search))
 
-    def _value(self, node: Any, lookup: Lookup) -> Any:
+    def _value(self, node: Any, lookup: Lookup, search: Search) -> Any:
         if node[0] == "lit":
             return node[1]
         if node[0] == "ref":
             return lookup(node[1], node[2])
-        return self._eval(node[1], lookup)
+        return self._eval(node[1], lookup, search)
 
-    def _eval(self, node: Any, lookup: Lookup) -> bool:
+    def _eval(self, node: Any, lookup: Lookup, search: Search) -> bool:
         op = node[0]
         if op == "or":
-            return self._eval(node[1], lookup) or self._eval(node[2], lookup)
+            return self._eval(node[1], lookup, search) or self._eval(node[2], lookup, search)
         if op == "and":
-            return self._eval(node[1], lookup) and self._eval(node[2], lookup)
+            return self._eval(node[1], lookup, search) and self._eval(node[2], lookup, search)
         if op == "not":
-            return not self._eval(node[1], lookup)
+            return not self._eval(node[1], lookup, search)
         if op == "truthy":
-            return _truthy(self._value(node[1], lookup))
+            return _truthy(self._value(node[1], lookup, search))
         _, cmp, left_node, right_node = node
-        left, right = self._value(left_node, lookup), self._value(right_node, lookup)
+        left = self._value(left_node, lookup, search)
+        right = self._value(right_node, lookup, search)
         if cmp == "==":
             return _text(left) == _text(right)
         if cmp == "!=":
@@ -501,7 +609,7 @@ class Condition:
         if cmp == "contains":
             return _text(right) in _text(left)
         if cmp == "matches":
-            return pattern_found(_text(right), _text(left))
+            return search(_text(right), _text(left))
         a, b = _number(left), _number(right)
         if a is None or b is None:
             return False
@@ -537,9 +645,15 @@ def evaluate_condition(expression: str, lookup: Lookup) -> bool:
     return Condition(expression).evaluate(lookup)
 
 
-def choose_branch(step: StepSpec, lookup: Lookup) -> BranchRule | None:
+def branch_uses_patterns(step: StepSpec) -> bool:
+    return any(rule.pattern is not None for rule in step.conditions)
+
+
+def choose_branch(
+    step: StepSpec, lookup: Lookup, search: Search = pattern_found
+) -> BranchRule | None:
     """The branch entry to follow: the first matching entry with `match`, else the
-    fallback, else None."""
+    fallback, else None. `search(pattern, text)` runs the patterns."""
     fallback = None
     for rule in step.conditions:
         if rule.match is None:
@@ -549,6 +663,6 @@ def choose_branch(step: StepSpec, lookup: Lookup) -> BranchRule | None:
         if rule.pattern is None:
             if _truthy(value):
                 return rule
-        elif pattern_found(rule.pattern, value):
+        elif search(rule.pattern, value):
             return rule
     return fallback

@@ -1,12 +1,13 @@
 """Workflows in Postgres. Every transition updates the rows and appends its events in one
 transaction (the state machine tables are checked first); reads are tenant-scoped: another
-user's workflow is a 404, admins see every one."""
+user's workflow is a 404, admins see every one. A user has at most
+`workflow_max_live_per_user` workflows pending or running (`check_live_room`, 429)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from orchestrator.auth import Principal
-from orchestrator.errors import Conflict, NotFound
+from orchestrator.errors import Conflict, NotFound, RateLimited, ValidationFailed
 from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.runtime.claims import ClaimStore, Fence
 from orchestrator.workflows._spec import WorkflowSpec, template_variables
@@ -36,6 +37,12 @@ def now_ms() -> int:
 # running step) on this channel, sent by the transaction that commits the change.
 NOTIFY_CHANNEL = "orch_workflows"
 CLAIM_KIND = "workflow"
+# With hashtext(user_uuid): serialises one user's creations, so the live ceiling holds
+# under concurrency (other modules use 947735-947742).
+LIVE_LOCK = 947744
+# Live workflows end at their own pace: a client over its ceiling is told to look again
+# after this many seconds.
+LIVE_RETRY_AFTER_S = 10
 
 
 def shard_of(workflow_id: str, shards: int) -> int:
@@ -124,6 +131,43 @@ class WorkflowStore:
         return self._pool
 
     # --- creating and reading ---------------------------------------------------------------
+
+    async def check_live_room(
+        self, conn: asyncpg.Connection, user_uuid: str, adding: int, ceiling: int
+    ) -> None:
+        """Within `conn`'s transaction (which then creates them): room for `adding` more
+        pending or running workflows of `user_uuid` under `ceiling`, or a 429 naming the
+        setting (a 400 when `adding` alone is over it: waiting would not help). Holds the
+        user's creation lock until that transaction ends."""
+        if adding > ceiling:
+            raise ValidationFailed(
+                f"this request starts {adding} workflows, more than the {ceiling} a user may"
+                " have pending or running (workflow_max_live_per_user)",
+                extra={"limit": "workflow_max_live_per_user"},
+            )
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LIVE_LOCK, user_uuid)
+        live = await conn.fetchval(
+            "SELECT count(*) FROM (SELECT 1 FROM workflows WHERE user_uuid = $1"
+            " AND status IN ('pending', 'running') LIMIT $2) t",
+            user_uuid,
+            ceiling + 1,
+        )
+        if live + adding > ceiling:
+            raise RateLimited(
+                f"{live} of your workflows are pending or running and this would start"
+                f" {adding} more: at most {ceiling} (workflow_max_live_per_user)",
+                retry_after=LIVE_RETRY_AFTER_S,
+                extra={"limit": "workflow_max_live_per_user", "live": live},
+            )
+
+    async def create_within(
+        self, spec: WorkflowSpec, user_uuid: str, *, starts: int, ceiling: int
+    ) -> str:
+        """Create a root workflow that will start `starts` workflows in all (its tree), if
+        its user has room for them under `ceiling` (check_live_room)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await self.check_live_room(conn, user_uuid, starts, ceiling)
+            return await self.create(spec, user_uuid, conn=conn)
 
     async def create(
         self,
@@ -789,14 +833,36 @@ def _template(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=4096)
-def _spec(text: str) -> WorkflowSpec:
-    """A workflow's spec never changes after creation: parse (and check) it once."""
-    return WorkflowSpec.from_json(json.loads(text))
+class _SpecCache:
+    """Parsed specs by their text. A workflow's spec never changes after creation: parse
+    (and check) it once. Bounded by characters, not entries: a tenant's large specs (up to
+    workflow_max_spec_chars each) cannot grow a shard past `max_chars`."""
+
+    def __init__(self, max_chars: int) -> None:
+        self._max = max_chars
+        self._chars = 0
+        self._items: OrderedDict[str, WorkflowSpec] = OrderedDict()
+
+    def get(self, text: str) -> WorkflowSpec:
+        spec = self._items.get(text)
+        if spec is not None:
+            self._items.move_to_end(text)
+            return spec
+        spec = WorkflowSpec.from_json(json.loads(text))
+        if len(text) <= self._max // 8:
+            self._items[text] = spec
+            self._chars += len(text)
+            while self._chars > self._max:
+                old, _ = self._items.popitem(last=False)
+                self._chars -= len(old)
+        return spec
+
+
+_SPECS = _SpecCache(64 << 20)
 
 
 def _record(row: asyncpg.Record) -> WorkflowRecord:
-    spec = _spec(row["spec"])
+    spec = _SPECS.get(row["spec"])
     steps = json.loads(row["steps"] or "[]")
     return WorkflowRecord(
         id=row["id"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -234,6 +235,98 @@ def test_one_tenants_expressions_do_not_stall_the_shards_and_workers(
         assert {bodies[i]["status"] for i in ids + plain} == {"completed"}, bodies
         assert bodies[ids[0]]["steps"][1]["result"] == "fallback -> c"
         assert "too large" in bodies[ids[1]]["steps"][0]["result"]
+
+
+def _as(c: httpx.Client, user: str) -> dict[str, str]:
+    """Headers of a new token for `user` (made with the admin's client `c`)."""
+    made = c.post("/tokens", json={"user_uuid": user})
+    assert made.status_code == 200, made.text
+    return {"Authorization": f"Bearer {made.json()['token']}"}
+
+
+def _refused(r: httpx.Response, status: int, limit: str) -> None:
+    assert r.status_code == status, r.text
+    assert r.json()["limit"] == limit and limit in r.json()["error"], r.text
+
+
+def test_a_tenants_patterns_are_bounded_in_size_and_cpu(service: Orchestrator) -> None:
+    """Issue 29, with the default settings: the issue's 73-character pattern (16,005 RE2
+    instructions, ~9 s per search of 64 KiB) is a 400 naming its setting; a pattern under
+    the bound in a branch that loops back is searched off the shard's loop and stops at the
+    workflow's CPU budget, while another tenant's workflows complete promptly."""
+    issue = "a{0,1000}" * 8 + "x"
+    text = "".join(random.Random(29).choices("ab", k=65_536))
+
+    def looping(pattern: str) -> dict[str, Any]:
+        return {
+            "name": "loop",
+            "steps": [
+                {"name": "a", "prompt": f"[answer {text}]"},
+                {
+                    "name": "b",
+                    "type": "branch",
+                    "conditions": {
+                        "hit": {"match": "{{a.result}}", "pattern": pattern, "then": "c"},
+                        "again": {"then": "a"},
+                    },
+                },
+                {"name": "c", "prompt": "p"},
+            ],
+        }
+
+    with service.client() as c:
+        mallory, victim = _as(c, "mallory"), _as(c, "victim")
+        _refused(
+            c.post("/workflows", headers=mallory, json=looping(issue)),
+            400,
+            "workflow_pattern_max_program",
+        )
+        # ~0.1 s of CPU per search of this text (246 RE2 instructions, under the bound).
+        r = c.post("/workflows", headers=mallory, json=looping("a[ab]{240}c"))
+        assert r.status_code == 200, r.text
+        loop = r.json()["id"]
+        started = time.monotonic()
+        plain = [
+            c.post(
+                "/workflows",
+                headers=victim,
+                json={"name": f"v{i}", "steps": [{"name": "x", "prompt": "hi"}]},
+            ).json()["id"]
+            for i in range(4)
+        ]
+        bodies = _wait_all(c, plain, 60)
+        assert {b["status"] for b in bodies.values()} == {"completed"}, bodies
+        assert time.monotonic() - started < 20  # the issue: 14-47 s behind the pattern
+        body = _wait_all(c, [loop], 120)[loop]
+        assert body["status"] == "failed", body
+        assert "workflow_pattern_budget_ms" in body["error"], body
+
+
+def test_a_template_bomb_is_refused_at_admission(service: Orchestrator) -> None:
+    """Issue 29: bomb1 spawns 50 leaves, bomb2 50 bomb1, bomb3 50 bomb2. Each template is
+    accepted; creating from bomb2 (2,551 workflows) or bomb3 (127,551) is a 400 naming
+    workflow_max_descendants, answered at once, and nothing is started."""
+    leaf = {"name": "leaf", "steps": [{"name": "x", "prompt": "hi"}]}
+    children = {
+        "bomb1": [leaf] * 50,
+        "bomb2": [{"template": "bomb1"}] * 50,
+        "bomb3": [{"template": "bomb2"}] * 50,
+    }
+    with service.client() as c:
+        bomber = _as(c, "bomber")
+        for name, kids in children.items():
+            r = c.post(
+                "/workflows/templates",
+                headers=bomber,
+                json={"name": name, "steps": [{"name": "s", "type": "spawn", "workflows": kids}]},
+            )
+            assert r.status_code == 200, r.text
+        for bomb in ("bomb3", "bomb2"):
+            started = time.monotonic()
+            r = c.post("/workflows", headers=bomber, json={"template": bomb})
+            _refused(r, 400, "workflow_max_descendants")
+            assert time.monotonic() - started < 2  # the issue: 3.7 s resolving bomb3
+        assert c.get("/workflows", headers=bomber).json()["total"] == 0
 
 
 def test_kill_shards_and_a_worker_while_20_workflows_run(service: Orchestrator) -> None:

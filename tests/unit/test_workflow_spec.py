@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from orchestrator.workflows import (
     STEP_TRANSITIONS,
     WORKFLOW_TRANSITIONS,
     Condition,
+    SpecLimits,
     StepState,
     WorkflowSpec,
     WorkflowState,
@@ -21,6 +24,7 @@ from orchestrator.workflows import (
     fill_refs,
     fill_template,
     template_variables,
+    tree_size,
 )
 from orchestrator.workflows._resolve import resolve_request
 
@@ -263,3 +267,105 @@ async def test_spawn_children_are_kept_resolved() -> None:
     assert again.steps[0].prompt == "hello ann"
     stored = WorkflowSpec.from_json(spec.to_json())
     assert stored.steps[0].workflows[0]["steps"][0]["prompt"] == "hello ann"
+
+
+# --- admission limits (issue 29): nested templates, depth, size ------------------------------
+
+
+class Bombs:
+    """Templates of the issue: bomb1 spawns 50 one-step leaves, bomb2 50 bomb1, bomb3 50
+    bomb2. Counts the lookups."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+        leaf = {"name": "leaf", "steps": [{"name": "x", "prompt": "hi"}]}
+        self.templates: dict[str, list[dict[str, Any]]] = {
+            "bomb1": [{"name": "s", "type": "spawn", "workflows": [leaf] * 50}],
+            "bomb2": [{"name": "s", "type": "spawn", "workflows": [{"template": "bomb1"}] * 50}],
+            "bomb3": [{"name": "s", "type": "spawn", "workflows": [{"template": "bomb2"}] * 50}],
+        }
+
+    async def get_template(self, name: str, user_uuid: str) -> dict[str, Any] | None:
+        self.lookups += 1
+        steps = self.templates.get(name)
+        return {"steps": steps} if steps is not None else None
+
+
+LIMITS = SpecLimits.from_settings()
+
+
+async def test_a_template_is_resolved_within_the_limits() -> None:
+    spec = await resolve_request(Bombs(), {"template": "bomb1"}, "u", limits=LIMITS)
+    assert tree_size(spec) == 51
+
+
+@pytest.mark.parametrize("bomb", ["bomb2", "bomb3"])
+async def test_a_template_bomb_stops_at_the_descendant_limit(bomb: str) -> None:
+    source = Bombs()
+    started = time.perf_counter()
+    with pytest.raises(ValidationFailed) as caught:
+        await resolve_request(source, {"template": bomb}, "u", limits=LIMITS)
+    assert caught.value.extra["limit"] == "workflow_max_descendants"
+    assert "workflow_max_descendants" in caught.value.message
+    # Stopped at the limit, not after materialising 2,551 (127,551) specs: each template
+    # read once.
+    assert source.lookups <= 3
+    assert time.perf_counter() - started < 0.5
+
+
+async def test_template_expansions_and_depth_are_limited() -> None:
+    source = Bombs()
+    source.templates["one"] = [{"name": "x", "prompt": "hi"}]
+    fan = {"name": "fan", "steps": [{"name": "s", "type": "spawn", "workflows": []}]}
+    fan["steps"][0]["workflows"] = [{"template": "one"}] * 30
+    assert tree_size(await resolve_request(source, fan, "u", limits=LIMITS)) == 31
+    few = replace(LIMITS, max_templates=20)
+    with pytest.raises(ValidationFailed) as caught:
+        await resolve_request(source, fan, "u", limits=few)
+    assert caught.value.extra["limit"] == "workflow_max_template_expansions"
+
+    def nested(levels: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": "leaf", "steps": [{"name": "x", "prompt": "hi"}]}
+        for _ in range(levels - 1):
+            body = {"name": "n", "steps": [{"name": "s", "type": "spawn", "workflows": [body]}]}
+        return body
+
+    spec = await resolve_request(source, nested(LIMITS.max_depth), "u", limits=LIMITS)
+    assert tree_size(spec) == LIMITS.max_depth
+    with pytest.raises(ValidationFailed) as caught:
+        await resolve_request(source, nested(LIMITS.max_depth + 1), "u", limits=LIMITS)
+    assert caught.value.extra["limit"] == "workflow_max_depth"
+
+
+async def test_a_variable_cannot_multiply_past_the_character_limit() -> None:
+    source = Bombs()
+    source.templates["echo"] = [{"name": "s", "prompt": "{{v}} " * 1000}]
+    body = {"template": "echo", "variables": {"v": "x" * 10_000}}  # 10 million characters
+    started = time.perf_counter()
+    with pytest.raises(ValidationFailed) as caught:
+        await resolve_request(source, body, "u", limits=LIMITS)
+    assert caught.value.extra["limit"] == "workflow_max_spec_chars"
+    assert time.perf_counter() - started < 0.5
+    body["variables"] = {"v": "x" * 50}
+    assert (await resolve_request(source, body, "u", limits=LIMITS)).steps[0].prompt
+
+
+@pytest.mark.parametrize(
+    ("steps", "limit"),
+    [
+        ([{"name": f"s{i}", "prompt": "p"} for i in range(101)], "workflow_max_declared_steps"),
+        (
+            [{"name": "s", "type": "spawn", "workflows": [{"template": "t"}] * 51}],
+            "workflow_max_children",
+        ),
+    ],
+)
+def test_declared_sizes_are_limited_at_admission_only(
+    steps: list[dict[str, Any]], limit: str
+) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        WorkflowSpec.parse("w", steps, limits=LIMITS)
+    assert caught.value.extra["limit"] == limit and limit in caught.value.message
+    # A spec read back from the database (admitted under other settings) still loads.
+    stored = WorkflowSpec.parse("w", steps)
+    assert WorkflowSpec.from_json(stored.to_json()) == stored
