@@ -330,6 +330,12 @@ class Settings(BaseSettings):
         "contention the scheduler, shards, event bus and API replicas run first",
     )
     agent_max_turns: int = Field(20, ge=1, le=1000, description="LLM turns before a task fails")
+    agent_max_tool_calls: int = Field(
+        100,
+        ge=1,
+        description="Tool calls one agent task may make in all; a turn that asks for more "
+        "fails the task before any of its calls runs",
+    )
     agent_task_timeout_s: float = Field(
         300.0, gt=0, description="Task timeout when a step gives none"
     )

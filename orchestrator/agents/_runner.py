@@ -8,6 +8,8 @@ the task's timeout or the turn limit.
   model fails the task);
   a call to any other tool is refused to the model (an error tool result) and recorded as
   `audit.tool_denied`; an executed call is `audit.tool_executed` (with `ok` and duration).
+- Tool calls: at most `agent_max_tool_calls` in all; a turn asking for more fails the task
+  before any of its calls runs.
 - Loops: the same tool with the same arguments `agent_loop_warn` times -> `agent.loop_warning`
   (and the model is told); `agent_loop_limit` times -> `agent.loop_detected`, the task fails.
 - Context: when the conversation's estimate (4 characters a token) passes `agent_ctx_tokens`,
@@ -180,6 +182,7 @@ class _Loop:
         self.emitter = emitter
         self.settings = runner._settings
         self.turns = 0
+        self.tool_calls = 0
         self.calls: Counter[str] = Counter()
         self.warned: set[str] = set()
         self.messages: list[Message] = [Message("user", (TextBlock(self._opening()),))]
@@ -229,6 +232,13 @@ class _Loop:
             )
             if not uses:
                 return "".join(b.text for b in response.content if isinstance(b, TextBlock))
+            self.tool_calls += len(uses)
+            if self.tool_calls > self.settings.agent_max_tool_calls:
+                # One turn may ask for any number of calls: bounded before any runs.
+                raise TaskFailed(
+                    f"tool call limit reached ({self.tool_calls} asked, at most "
+                    f"{self.settings.agent_max_tool_calls}: agent_max_tool_calls)"
+                )
             self.messages.append(Message("assistant", response.content))
             results = [await self._call(use, turn) for use in uses]
             self.emitter.flush_soon()

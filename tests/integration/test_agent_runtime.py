@@ -175,3 +175,45 @@ async def test_a_local_server_that_takes_no_tools_gets_none(
 
 async def _served(targets: list[Any]) -> list[Any]:
     return targets
+
+
+async def test_tool_calls_past_the_tasks_limit_fail_it_before_any_runs(
+    make_settings: Any, llm: OpenAIFake
+) -> None:
+    """One turn may ask for any number of tool calls: past `agent_max_tool_calls` in all,
+    the task fails naming the setting, and none of that turn's calls runs."""
+    settings = make_settings(
+        providers={"openai": {"base_url": llm.base_url, "api_key": "sk-agent", "models": [MODEL]}},
+        default_model=MODEL,
+        provider_retries=0,
+        agent_max_tool_calls=5,
+    )
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    events = EventStore(db.pool)
+    gateway = Gateway(settings, MetricsRecorder("test"))
+    ran: list[int] = []
+    tools = default_registry()
+
+    async def count(ctx: ToolContext, args: dict[str, Any]) -> str:
+        ran.append(args["n"])
+        return "ok"
+
+    tools.register(Tool("count", "Counts", {"type": "object"}, count))
+    runner = AgentRunner(settings, gateway, events, tools)
+    try:
+        llm.script(
+            [
+                FakeReply(tool_calls=[FakeToolCall("count", {"n": n}) for n in range(3)]),
+                FakeReply(tool_calls=[FakeToolCall("count", {"n": n}) for n in range(3, 6)]),
+            ]
+        )
+        result = await LocalDispatcher(runner).run(AgentTask("t-calls", "hal", "go"))
+        assert result.status == "failed"
+        assert result.error == "tool call limit reached (6 asked, at most 5: agent_max_tool_calls)"
+        assert ran == [0, 1, 2]  # the second turn's three never ran
+        executed = [e for e in await _events(events, "t-calls") if e.type == "audit.tool_executed"]
+        assert len(executed) == 3
+    finally:
+        await gateway.aclose()
+        await db.close()
