@@ -351,6 +351,7 @@ def create_app(
         + [app.openapi_url or "", app.docs_url or ""]
         + ["/ui", "/ui/", "/ui/{file:path}"]  # the console's files: one label, not one a file
     )
+    app.state.route_templates = templates  # also for the edge's 500s (deployments/app.py)
     app.add_middleware(
         RequestContextMiddleware,
         ctx_getter=lambda: holder["ctx"],

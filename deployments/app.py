@@ -70,6 +70,15 @@ class Api:
         async for item in serve_request(app, request, key.get_secret_value() if key else None):
             yield item
 
+    async def record_edge_error(self, method: str, path: str, duration_s: float) -> None:
+        """A 500 answered before the app saw its request (deployments/edge.py, in Serve's
+        proxy or a replica's HTTP server): counted as the app counts its own, in
+        svc_http_requests_total{status="500"} and the SLO's error rate. Async: the recorder
+        is this replica's event loop's."""
+        state = self.app.state  # type: ignore[attr-defined]
+        route = state.route_templates.match(path)
+        state.ctx.recorder.http_request(method, route, 500, duration_s)
+
     def __repr__(self) -> str:
         return f"Api(port={self._settings.port})"
 

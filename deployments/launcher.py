@@ -59,6 +59,12 @@ def haproxy_usable() -> tuple[bool, str]:
     return True, binary
 
 
+# Serve's hook for middlewares around its HTTP servers (its proxy, the replicas' direct
+# ingress): our edge there (deployments/edge.py). Set, not defaulted: without it a header
+# Serve cannot decode is an unlogged 500 and a client's X-Request-ID is the request's id.
+EDGE_HOOK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+
+
 class HAProxyFailed(RuntimeError):
     """The deployment failed with HAProxy on: the caller restarts with the standard proxy."""
 
@@ -76,6 +82,7 @@ def _configure_serve_env(settings: Settings, progress: Callable[[str], None]) ->
         return False
     for key, value in haproxy_env(settings, detail).items():
         os.environ.setdefault(key, value)
+    os.environ[EDGE_HOOK] = "deployments.edge:behind_our_haproxy"
     progress("throughput-optimized Serve with HAProxy")
     return True
 
@@ -83,8 +90,10 @@ def _configure_serve_env(settings: Settings, progress: Callable[[str], None]) ->
 def _configure_standard_proxy_env() -> None:
     """Serve's own proxy is the first hop: its uvicorn must not take a client's
     X-Forwarded-For for the client address (uvicorn trusts it from loopback by default).
-    Our own fronting proxies are handled in the app (`trusted_proxies`)."""
+    Our own fronting proxies are handled in the app (`trusted_proxies`). Serve's proxy is
+    also the first hop for request ids (deployments/edge.py)."""
     os.environ["FORWARDED_ALLOW_IPS"] = "0.0.0.0/32"
+    os.environ[EDGE_HOOK] = "deployments.edge:first_hop"
 
 
 def _ensure_port_free(host: str, port: int) -> None:

@@ -6,15 +6,14 @@ Pure ASGI (not BaseHTTPMiddleware) because it sits on every request's path.
 from __future__ import annotations
 
 import hmac
-import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.client_address import scope_client_address
+from deployments.edge import request_ids
 from deployments.errors import domain_error_response, internal_error_response
 from deployments.input_guard import check_json, check_target, is_json
 from orchestrator._json import loads
@@ -32,7 +31,6 @@ from orchestrator.observability import RouteTemplates, log_access
 DirectRoute = Callable[[Any, Principal, str, dict[str, Any]], Awaitable[ASGIApp]]
 
 CLIENT_CLOSED = 499
-_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 WEBHOOK_PREFIX = "/api/v1/channels/webhook/"
@@ -98,21 +96,20 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        incoming = _header(scope, b"x-request-id")
-        if not self._echo and incoming:
-            # Under Serve the proxy assigned this id and echoes it itself: use it as is, so the
-            # header, the error body and the logs agree.
-            request_id = incoming[:200]
-        elif incoming and _SAFE_REQUEST_ID.match(incoming):
-            request_id = incoming
-        else:
-            request_id = uuid.uuid4().hex
+        # Under Serve, X-Request-ID was made by a hop of ours (deployments/edge.py, our
+        # HAProxy) and is echoed by Serve: kept when well-formed, so the header, the error
+        # body and the logs agree. Served alone, this is the first hop: a client's id is
+        # never ours, only kept apart (`client_request_id`) when well-formed.
+        request_id, client_request_id = request_ids(
+            scope.get("headers", ()), trusted=not self._echo
+        )
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
+        state["client_request_id"] = client_request_id
         # Stays None when the client went away before any answer (recorded as 499, as nginx
         # does), so a cancelled request is not counted as a server error.
         status: int | None = None
-        rid_header = (b"x-request-id", request_id.encode("latin-1", "replace"))
+        rid_header = (b"x-request-id", request_id.encode("ascii"))
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -188,6 +185,7 @@ class RequestContextMiddleware:
                 principal = state.get("principal")
                 log_access(
                     request_id=request_id,
+                    client_request_id=client_request_id,
                     user=principal.user_uuid if principal is not None else None,
                     method=scope["method"],
                     route=route,

@@ -174,25 +174,24 @@ def log_access(
     route: str,
     status: int,
     duration_ms: float,
+    client_request_id: str | None = None,
     logger: logging.Logger | None = None,
 ) -> None:
     """The request's access line: method, route template (never the raw path, which can
-    carry ids), status and duration; never a header."""
+    carry ids), status and duration; never a header. `client_request_id`: the client's own
+    X-Request-ID, when well-formed (deployments/edge.py), never the line's request id."""
     fields = {
         "request_id": request_id,
+        "client_request_id": client_request_id,
         "user": user,
         "method": method,
         "route": route,
         "status": status,
         "duration_ms": round(duration_ms, 3),
     }
-    (logger or logging.getLogger(ACCESS_LOGGER)).info(
-        "%s %s %d %.1fms request_id=%s user=%s",
-        method,
-        route,
-        status,
-        duration_ms,
-        request_id,
-        user,
-        extra={_ACCESS_ATTR: fields},
-    )
+    text = "%s %s %d %.1fms request_id=%s user=%s"
+    args: tuple[object, ...] = (method, route, status, duration_ms, request_id, user)
+    if client_request_id is not None:
+        text += " client_request_id=%s"
+        args += (client_request_id,)
+    (logger or logging.getLogger(ACCESS_LOGGER)).info(text, *args, extra={_ACCESS_ATTR: fields})

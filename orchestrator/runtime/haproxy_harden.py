@@ -6,7 +6,8 @@ Serve's template (ray/serve/_private/haproxy_templates.py) has no setting for wh
   header from 127.0.0.1 (where HAProxy connects from), so a client could name any address;
 - no `timeout http-request`, `timeout client 3600s` and `maxconn 4096`: a few thousand
   sockets that never finish their headers hold every slot (slowloris);
-- the stats page and the Prometheus exporter bind every interface, the admin socket is 0666.
+- the stats page and the Prometheus exporter bind every interface, the admin socket is 0666;
+- a client's X-Request-ID goes to Serve as the request's id (echoed, logged as is).
 
 Serve starts HAProxy as `<binary> -db -f <config> [-sf pids] [-x socket]` on every start and
 reload, so the wrapper rewrites `<config>` into `<config>.hardened` and execs the real binary
@@ -37,6 +38,21 @@ class ProxyPolicy:
     ingress_key: str = ""
     # HAProxy's log line per request (see `quiet`).
     request_log: bool = False
+
+
+# The one form of a request id (deployments/edge.py REQUEST_ID, the same text).
+REQUEST_ID_PATTERN = r"[A-Za-z0-9._:-]{1,128}"
+
+# HAProxy is the first hop: the request's id is always made here (Serve keeps a well-formed
+# X-Request-ID it is given, so the replica's edge and the app take this one); the client's
+# own, if well-formed, travels apart as X-Client-Request-ID, one they sent themselves is
+# dropped. Anything else a client wrote there (spaces, markup, bytes outside ASCII) is gone.
+REQUEST_ID_RULES = [
+    "    http-request del-header x-client-request-id",
+    "    http-request set-header x-client-request-id %[req.fhdr(x-request-id)] "
+    f"if {{ req.fhdr(x-request-id) -m reg ^{REQUEST_ID_PATTERN}$ }}",
+    "    http-request set-header x-request-id %[uuid]",
+]
 
 
 def _bind_host(host: str) -> str:
@@ -91,6 +107,7 @@ def harden(config: str, policy: ProxyPolicy) -> str:
         "    stick-table type ipv6 size 200k expire 60s store conn_cur",
         "    tcp-request connection track-sc0 src",
         f"    tcp-request connection reject if {{ sc0_conn_cur gt {policy.max_conns_per_source} }}",
+        *REQUEST_ID_RULES,  # before any rule of Serve's template that reads the id
         "    http-request del-header forwarded",
     ]
     if policy.ingress_key:

@@ -8,11 +8,16 @@
 - failed authentications are throttled per real client address, in both proxy modes;
 - two services on one host never answer each other's requests, also while one's replicas
   are dead, and a replica refuses requests that did not come through its own HAProxy;
-- a second service on a port in use refuses to start (instead of sharing it).
+- a second service on a port in use refuses to start (instead of sharing it);
+- bytes outside ASCII in any header never crash a request, and a client's X-Request-ID is
+  never our request id (a well-formed one is kept apart as `client_request_id`), in both
+  proxy modes.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import resource
@@ -22,6 +27,7 @@ import socket
 import stat
 import subprocess
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +38,7 @@ import psutil
 import pytest
 import yaml
 
+from tests.e2e.test_json_logs import _session_dir
 from tests.e2e.test_serve import ROOT, START_TIMEOUT_S
 from tests.e2e.test_workflows import Orchestrator, running
 from tests.fakes import telegram_server as telegram
@@ -45,6 +52,7 @@ SETTINGS = {
     # A burst of 20 failures, then one per 30 s: nothing refills while a test runs.
     "auth_failures_per_address": 20,
     "auth_failure_window_s": 600,
+    "access_log": True,
 }
 
 
@@ -375,3 +383,123 @@ def test_a_second_service_on_the_same_port_refuses_to_start(
     assert f"cannot listen on 127.0.0.1:{first.port}" in text, text[-3000:]
     with httpx.Client(base_url=first.url, headers=first.admin, timeout=30) as c:
         assert c.get("/whoami").json()["user_uuid"] == "admin"
+
+
+# The one form a request id has (docs/security.md, "The network edge").
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _raw(
+    orch: Orchestrator,
+    method: str,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes = b"",
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One request written byte for byte (httpx refuses header values outside ASCII)."""
+    head = [
+        f"{method} {path} HTTP/1.1".encode(),
+        b"Host: 127.0.0.1",
+        b"Connection: close",
+        f"Content-Length: {len(body)}".encode(),
+        *(name + b": " + value for name, value in headers),
+    ]
+    with socket.create_connection(("127.0.0.1", orch.port), timeout=30) as s:
+        s.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        response = http.client.HTTPResponse(s)
+        response.begin()
+        return response.status, response.headers, response.read()
+
+
+# Each header Serve reads (and decoded as UTF-8 before the app ran: a 500 nobody logged),
+# and two it does not, each with bytes that are not UTF-8.
+NOT_UTF8 = [
+    (b"X-Request-ID", b"caf\xe9"),
+    (b"X-Client-Request-ID", b"caf\xe9"),
+    (b"X-Session-ID", b"\xff\xfe"),
+    (b"serve_multiplexed_model_id", b"caf\xe9"),
+    (b"serve-multiplexed-model-id", b"caf\xe9"),
+    (b"X-Request-Timeout-Seconds", b"1\xe9"),
+    (b"X-Request-Disconnect-Disabled", b"?\xe9"),
+    (b"traceparent", b"00-\xe9"),
+    (b"User-Agent", b"caf\xe9"),
+]
+
+
+@pytest.mark.parametrize("mode", ["haproxy", "serve-proxy"])
+def test_bytes_outside_ascii_in_headers_never_crash_a_request(
+    mode: str, request: pytest.FixtureRequest
+) -> None:
+    orch: Orchestrator = request.getfixturevalue(
+        "haproxy_service" if mode == "haproxy" else "serve_proxy_service"
+    )
+    token = orch.admin["Authorization"].encode()
+    json_body = [(b"Content-Type", b"application/json")]
+    routes = [
+        ("GET", "/api/v1/health", [], b"", 200),
+        ("GET", "/api/v1/workflows", [], b"", 401),
+        ("GET", "/api/v1/workflows", [(b"Authorization", token)], b"", 200),
+        ("POST", "/api/v1/channels/webhook/no-such-token", json_body, b"{}", 404),
+        ("GET", "/ui/", [], b"", 200),
+    ]
+    for method, path, headers, body, expected in routes:
+        for sent in ([NOT_UTF8[0]], NOT_UTF8):
+            status, answer, content = _raw(orch, method, path, [*headers, *sent], body)
+            assert status == expected, (method, path, sent, status, content[:300])
+            ids = answer.get_all("X-Request-ID") or []
+            assert len(ids) == 1 and REQUEST_ID.fullmatch(ids[0]), (path, ids)
+            if path.startswith("/api/") and status != 200:
+                error = json.loads(content)
+                assert error["ok"] is False and error["request_id"] == ids[0], error
+
+
+def _replica_lines(orch: Orchestrator) -> str:
+    logs = _session_dir(orch.proc.pid if orch.proc else 0) / "logs" / "serve"
+    return "".join(p.read_text(errors="replace") for p in logs.glob("replica_*Api*.log"))
+
+
+@pytest.mark.parametrize("mode", ["haproxy", "serve-proxy"])
+def test_a_clients_request_id_is_never_ours(mode: str, request: pytest.FixtureRequest) -> None:
+    """A forged id (log forging, markup) never reaches the answer or a log line; a
+    well-formed one is kept apart as the access line's `client_request_id`, and each
+    request still gets an id of its own, so a reused one ties nothing together."""
+    orch: Orchestrator = request.getfixturevalue(
+        "haproxy_service" if mode == "haproxy" else "serve_proxy_service"
+    )
+    marks = [uuid.uuid4().hex[:12] for _ in range(2)]
+    forged = [f"forged-{marks[0]} user=admin status=200", f"<script>alert('{marks[1]}')</script>"]
+    ours: dict[str, str | None] = {}
+    for value in forged:
+        status, answer, content = _raw(
+            orch, "GET", "/api/v1/whoami", [(b"X-Request-ID", value.encode())]
+        )
+        assert status == 401, content[:300]
+        request_id = answer["X-Request-ID"]
+        assert REQUEST_ID.fullmatch(request_id) and value not in content.decode(), request_id
+        assert json.loads(content)["request_id"] == request_id
+        ours[request_id] = None
+
+    reused = f"trace-{uuid.uuid4().hex}"
+    auth = (b"Authorization", orch.admin["Authorization"].encode())
+    for _ in range(2):
+        status, answer, content = _raw(
+            orch, "GET", "/api/v1/whoami", [auth, (b"X-Request-ID", reused.encode())]
+        )
+        assert status == 200, content[:300]
+        assert REQUEST_ID.fullmatch(answer["X-Request-ID"]) and answer["X-Request-ID"] != reused
+        ours[answer["X-Request-ID"]] = reused
+    assert len(ours) == 4  # four requests, four ids
+
+    # Each request's access line, found by our id, names the client's own id only if it
+    # was well-formed; nothing of a forged one is in any line.
+    deadline = time.monotonic() + 30  # replicas write their buffered lines every second
+    while True:
+        text = _replica_lines(orch)
+        if all(f"request_id={rid}" in text for rid in ours):
+            break
+        assert time.monotonic() < deadline, "access lines missing"
+        time.sleep(0.5)
+    assert not [mark for mark in marks if mark in text]
+    for rid, client in ours.items():
+        (line,) = [line for line in text.splitlines() if f"request_id={rid}" in line]
+        assert (f"client_request_id={client}" in line) == (client is not None), line

@@ -1,0 +1,368 @@
+"""Request ids and header bytes at every entry (issue 29, items 5 and 6): the rule
+(`deployments.edge.request_ids`), the edge Serve runs around its HTTP servers, our HAProxy's
+rules (through a real HAProxy), and the app's middleware. End to end, in both proxy modes:
+tests/e2e/test_proxy_security.py."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from deployments import edge, launcher
+from deployments.edge import EdgeGuard, edge_headers, request_ids
+from deployments.launcher import EDGE_HOOK, haproxy_usable
+from deployments.middleware import RequestContextMiddleware
+from orchestrator.config import Settings
+from orchestrator.observability import ACCESS_LOGGER, MetricsRecorder, RouteTemplates
+from orchestrator.runtime import haproxy_harden
+from orchestrator.runtime.haproxy_harden import ProxyPolicy, harden
+from tests.unit.test_client_address import RENDERED, _free_port, _listening
+
+with warnings.catch_warnings():  # Serve's own models still use pydantic v1 idioms
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from ray.serve._private.http_util import validate_http_proxy_callback_return
+    from ray.serve._private.utils import call_function_from_import_path
+
+    import deployments.app as serve_app
+
+FORGED = [
+    b"forged-1 user=admin status=200",
+    b"<script>alert(1)</script>",
+    b"caf\xe9",
+    b"",
+    b"x" * 129,
+    b"a\r\nb",
+]
+
+
+def _ours(value: str) -> bool:
+    return edge.REQUEST_ID.fullmatch(value) is not None
+
+
+@pytest.mark.parametrize("value", FORGED)
+def test_the_first_hop_never_takes_a_clients_id(value: bytes) -> None:
+    ours, client = request_ids([(b"x-request-id", value)], trusted=False)
+    assert _ours(ours) and ours != value.decode("latin-1") and client is None
+
+
+def test_a_well_formed_client_id_is_kept_apart_and_each_request_gets_its_own() -> None:
+    headers = [(b"x-client-request-id", b"sent-as-client-id"), (b"x-request-id", b"trace-1")]
+    first, second = (request_ids(headers, trusted=False) for _ in range(2))
+    # A client naming its own X-Client-Request-ID at the first hop is not believed either.
+    assert first[1] == second[1] == "trace-1" and first[0] != second[0]
+    assert _ours(first[0]) and first[0] != "trace-1"
+
+
+def test_behind_a_hop_of_ours_a_well_formed_id_is_kept_and_anything_else_replaced() -> None:
+    made = [(b"x-request-id", b"9f1c0b1e-3a52-4f0e-8a67-2d1b5b7c9e10")]
+    assert request_ids([*made, (b"x-client-request-id", b"trace-1")], trusted=True) == (
+        "9f1c0b1e-3a52-4f0e-8a67-2d1b5b7c9e10",
+        "trace-1",
+    )
+    for value in FORGED:
+        ours, client = request_ids(
+            [(b"x-request-id", value), (b"x-client-request-id", value)], trusted=True
+        )
+        assert _ours(ours) and ours != value.decode("latin-1") and client is None
+
+
+def test_the_edge_removes_headers_serve_cannot_decode() -> None:
+    headers = [
+        (b"x-request-id", b"caf\xe9"),
+        (b"x-session-id", b"\xff\xfe"),
+        (b"serve_multiplexed_model_id", b"caf\xe9"),
+        (b"x-request-timeout-seconds", b"1\xe9"),
+        (b"user-agent", "café".encode()),  # UTF-8: Serve decodes it, the app reads it
+        (b"caf\xe9", b"name not ASCII"),
+        (b"authorization", b"Bearer t"),
+    ]
+    out, request_id = edge_headers(headers, trusted=False)
+    assert out == [
+        (b"user-agent", "café".encode()),
+        (b"authorization", b"Bearer t"),
+        (b"x-request-id", request_id.encode()),
+    ]
+    for name, value in out:  # what Serve does to them (proxy.py, replica.py)
+        name.decode(), value.decode()
+
+
+def _scope(headers: list[tuple[bytes, bytes]], path: str = "/api/v1/health") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": headers,
+    }
+
+
+class _Sent:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    @property
+    def status(self) -> int:
+        return int(self.messages[0]["status"])
+
+    @property
+    def headers(self) -> dict[bytes, bytes]:
+        return dict(self.messages[0]["headers"])
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.messages[1:])
+
+
+async def _receive() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def test_the_edge_hands_serve_our_ids_and_clean_headers() -> None:
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["headers"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    guard = EdgeGuard(serve, trusted_request_id=False, report=lambda *a: None)
+    sent = _Sent()
+    await guard(_scope([(b"x-request-id", b"trace-7"), (b"x-session-id", b"\xff")]), _receive, sent)
+    assert sent.status == 200
+    headers = dict(seen[0])
+    assert b"x-session-id" not in headers and headers[b"x-client-request-id"] == b"trace-7"
+    assert _ours(headers[b"x-request-id"].decode()) and headers[b"x-request-id"] != b"trace-7"
+
+
+@pytest.mark.parametrize("answered_first", [False, True])
+async def test_an_error_in_serves_code_is_logged_answered_and_counted(
+    answered_first: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What Serve's code did on a header it could not decode: raise, out of its ASGI app."""
+
+    async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if answered_first:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        b"caf\xe9".decode()
+
+    counted: list[tuple[str, str]] = []
+    guard = EdgeGuard(serve, trusted_request_id=True, report=lambda m, p, s: counted.append((m, p)))
+    sent = _Sent()
+    path = "/api/v1/channels/webhook/chw_secret-token"
+    with caplog.at_level(logging.ERROR, logger="ray.serve.edge"):
+        if answered_first:
+            with pytest.raises(UnicodeDecodeError):
+                await guard(_scope([], path), _receive, sent)
+        else:
+            await guard(_scope([], path), _receive, sent)
+    assert counted == [("GET", path)]
+    (record,) = [r for r in caplog.records if r.name == "ray.serve.edge"]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    message = record.getMessage()
+    assert "chw_secret-token" not in message and "/api/v1/channels/webhook/" in message
+    if answered_first:
+        return  # the answer had begun: the server ends the connection
+    assert sent.status == 500 and sent.headers[b"content-type"] == b"application/json"
+    body = json.loads(sent.body)
+    assert body == {
+        "ok": False,
+        "error": "internal server error",
+        "code": "internal_error",
+        "request_id": sent.headers[b"x-request-id"].decode(),
+    }
+    assert body["request_id"] in message
+
+
+def test_serve_finds_the_edge_where_the_launcher_points_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The hook names a function that returns Starlette middlewares (what Serve's
+    `configure_http_middlewares` calls), in either proxy mode."""
+    # The launcher configures Serve through the environment: a copy, for this test only.
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(launcher.tempfile, "gettempdir", lambda: str(tmp_path))  # its run dir
+    modes = [(launcher._configure_standard_proxy_env, False)]
+    modes.append((lambda: launcher._configure_serve_env(Settings(data_dir=tmp_path), print), True))
+    for configure, trusted in modes:
+        configure()
+        returned = call_function_from_import_path(os.environ[EDGE_HOOK])
+        (middleware,) = validate_http_proxy_callback_return(returned)
+        assert middleware.cls is EdgeGuard and middleware.kwargs["trusted_request_id"] is trusted
+    # Named, not imported, by the edge (that module loads the whole app).
+    assert (edge.APP_NAME, edge.INGRESS) == (serve_app.APP_NAME, serve_app.INGRESS)
+
+
+# HAProxy: its rules, checked by HAProxy itself and then run in front of a loopback server.
+
+
+def test_the_haproxy_rules_use_the_one_request_id_form() -> None:
+    assert haproxy_harden.REQUEST_ID_PATTERN == edge.REQUEST_ID.pattern
+    out = harden(RENDERED, ProxyPolicy(binary="/bin/haproxy", host="127.0.0.1"))
+    frontend = out.split("frontend http_frontend\n", 1)[1].split("\nbackend http-x", 1)[0]
+    for rule in haproxy_harden.REQUEST_ID_RULES:
+        assert rule + "\n" in frontend
+    # Before Serve's own rules (its template sets x-request-id when none is found).
+    assert frontend.index("x-request-id %[uuid]") < frontend.index("default_backend")
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    """Answers with the request ids it was given, as JSON."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        got = {
+            name: self.headers.get_all(name) or []
+            for name in ("X-Request-ID", "X-Client-Request-ID")
+        }
+        body = json.dumps(got).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def haproxy_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    ok, binary = haproxy_usable()
+    assert ok, binary
+    work = tmp_path_factory.mktemp("haproxy-ids")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    server.handle_error = lambda *_: None  # type: ignore[method-assign]  # HAProxy hanging up
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    front, exporter, stats = _free_port(), _free_port(), _free_port()
+    rendered = (
+        RENDERED.replace("/tmp/oh-1/", f"{work}/")
+        .replace("bind :9101", f"bind :{exporter}")
+        .replace("127.0.0.1:8000", f"127.0.0.1:{front}")
+        .replace("*:8404", f"*:{stats}")
+        .replace("127.0.0.1:30000 check", f"127.0.0.1:{server.server_address[1]}")
+    )
+    config = work / "haproxy.cfg"
+    config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1")))
+    checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    proxy = subprocess.Popen([binary, "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not _listening(front):
+            assert proxy.poll() is None and time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.05)
+        yield front
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        if proxy.stderr is not None:
+            proxy.stderr.close()
+        server.shutdown()
+        server.server_close()
+
+
+def _through(port: int, headers: list[bytes]) -> dict[str, list[str]]:
+    request = b"\r\n".join([b"GET / HTTP/1.1", b"Host: x", b"Connection: close", *headers])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request + b"\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return dict(json.loads(body))
+
+
+@pytest.mark.parametrize("value", [v for v in FORGED if b"\r" not in v])
+def test_haproxy_replaces_a_clients_id(haproxy_front: int, value: bytes) -> None:
+    got = _through(
+        haproxy_front,
+        [b"X-Request-ID: " + value, b"X-Client-Request-ID: " + value],
+    )
+    (ours,) = got["X-Request-ID"]
+    assert _ours(ours) and ours.encode() != value and got["X-Client-Request-ID"] == []
+
+
+def test_haproxy_keeps_a_well_formed_client_id_apart(haproxy_front: int) -> None:
+    sent = [b"X-Client-Request-ID: planted", b"X-Request-ID: trace-1"]
+    first, second = _through(haproxy_front, sent), _through(haproxy_front, sent)
+    assert first["X-Client-Request-ID"] == second["X-Client-Request-ID"] == ["trace-1"]
+    assert first["X-Request-ID"] != second["X-Request-ID"]
+    assert all(_ours(i) and i != "trace-1" for i in first["X-Request-ID"] + second["X-Request-ID"])
+    assert _ours(_through(haproxy_front, [])["X-Request-ID"][0])
+
+
+# The app's middleware: the same rule, served alone (first hop) and under Serve.
+
+
+async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    body = json.dumps({"request_id": scope["state"]["request_id"]}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _middleware(echo: bool) -> tuple[RequestContextMiddleware, MetricsRecorder]:
+    recorder = MetricsRecorder("test")
+    ctx = SimpleNamespace(settings=Settings(access_log=True), recorder=recorder)
+    app = RequestContextMiddleware(
+        _ok, lambda: ctx, RouteTemplates(["/api/v1/health"]), echo_request_id=echo
+    )
+    return app, recorder
+
+
+async def test_served_alone_the_middleware_never_takes_a_clients_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Served alone (no Serve), the app is the first hop: every request gets an id of its
+    own; a client's well-formed id is in the access line apart, a forged one nowhere."""
+    app, _ = _middleware(echo=True)
+    sent_ids = [b"trace-123", b"trace-123", *FORGED]
+    ids = []
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        for value in sent_ids:
+            sent = _Sent()
+            await app(_scope([(b"x-request-id", value)]), _receive, sent)
+            request_id = sent.headers[b"x-request-id"].decode()
+            assert _ours(request_id) and json.loads(sent.body)["request_id"] == request_id
+            ids.append(request_id)
+    assert len(set(ids)) == len(sent_ids) and "trace-123" not in ids
+    lines = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    for value, request_id, line in zip(sent_ids, ids, lines, strict=True):
+        assert f"request_id={request_id} " in line
+        if value == b"trace-123":
+            assert line.endswith(" client_request_id=trace-123")
+        else:
+            assert "client_request_id" not in line
+            assert not value or value.decode("latin-1") not in line
+
+
+async def test_under_serve_the_middleware_checks_the_id_it_is_given() -> None:
+    """Serve hands over the id a hop of ours made (and echoes it itself); one that is not
+    well-formed (a deployment without our edge) is still never used."""
+    app, _ = _middleware(echo=False)
+    sent = _Sent()
+    await app(_scope([(b"x-request-id", b"made-by-the-edge")]), _receive, sent)
+    assert json.loads(sent.body)["request_id"] == "made-by-the-edge"
+    assert b"x-request-id" not in sent.headers  # Serve adds it
+    for value in FORGED:
+        sent = _Sent()
+        await app(_scope([(b"x-request-id", value)]), _receive, sent)
+        request_id = json.loads(sent.body)["request_id"]
+        assert _ours(request_id) and request_id != value.decode("latin-1")
