@@ -35,16 +35,20 @@ _SECRETS = re.compile(
     r"(?i)(?P<lead>bearer\s+|authorization[\"':=\s]+(?:bearer\s+|basic\s+)?|x-api-key[\"':=\s]+"
     r"|[?&](?:key|api_key|access_token|token)=)[^\s\"',;&]+"
     r"|orch_[A-Za-z0-9_\-]{8,}"
+    # A channel's webhook token is its receiver's credential, and it rides in the path
+    # (/channels/webhook/chw_...): a 500's log line quotes that path.
+    r"|chw_[A-Za-z0-9_\-]{8,}"
 )
 
 
 # Substrings every match contains (lowercased): a cheap test that spares most lines the
 # regular expression (8 us a message; a JSON access line costs ~15 us in all).
-_MARKERS = ("bearer", "authorization", "api-key", "key=", "token=", "orch_")
+_MARKERS = ("bearer", "authorization", "api-key", "key=", "token=", "orch_", "chw_")
 
 
 def redact(text: str) -> str:
-    """`text` with bearer tokens, Authorization/x-api-key values and our tokens masked."""
+    """`text` with bearer tokens, Authorization/x-api-key values, our API tokens and
+    channels' webhook tokens masked."""
     lowered = text.lower()
     if not any(marker in lowered for marker in _MARKERS):
         return text

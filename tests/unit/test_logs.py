@@ -117,8 +117,9 @@ def test_no_secret_reaches_a_line(captured: tuple[logging.Logger, io.StringIO]) 
     logger.warning("header Authorization: Bearer %s", TOKEN)
     logger.warning("sent x-api-key: sk-live-123456 to https://h/v1?key=AIzaSecret&alt=sse")
     logger.warning("token %s revoked", TOKEN, extra={"detail": f"Bearer {TOKEN}"})
+    logger.error("unhandled error POST /api/v1/channels/webhook/chw_Zq9-x_Y8w7V6u5T4s3R2")
     text = out.getvalue()
-    for secret in (TOKEN, "sk-live-123456", "AIzaSecret", "A1b2C3d4"):
+    for secret in (TOKEN, "sk-live-123456", "AIzaSecret", "A1b2C3d4", "chw_Zq9-x_Y8w7V6u5T4s3R2"):
         assert secret not in text
     assert "alt=sse" in text and "[redacted]" in text
     assert redact("nothing secret") == "nothing secret"
