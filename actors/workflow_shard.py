@@ -31,6 +31,9 @@ from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
+# The shard's Postgres connections, shared by its drivers; their database work is admitted
+# fairly across tenants, `workflow_shard_max_active` (about twice this) at once.
+DB_CONNECTIONS = 8
 METRICS_FLUSH_S = 1.0
 KIND = "WorkflowShard"
 
@@ -62,8 +65,13 @@ class WorkflowShard:
         self._boot = asyncio.get_running_loop().create_task(self._start())
 
     def __repr__(self) -> str:
-        running = self._engine.running_count() if self._engine is not None else "booting"
-        return f"WorkflowShard(index={self._index}/{self._shards}, running={running})"
+        engine = self._engine
+        if engine is None:
+            return f"WorkflowShard(index={self._index}/{self._shards}, booting)"
+        return (
+            f"WorkflowShard(index={self._index}/{self._shards}, running={engine.running_count()},"
+            f" db={engine.admission!r})"
+        )
 
     async def _start(self) -> WorkflowEngine:
         return await until_started(shard_name(self._index), self._start_once, self._undo_start)
@@ -78,7 +86,7 @@ class WorkflowShard:
 
     async def _start_once(self) -> WorkflowEngine:
         assert self._settings.database_url
-        self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
+        self._db = await connect(self._settings.database_url, min_size=1, max_size=DB_CONNECTIONS)
         events = EventStore(self._db.pool)
         store = WorkflowStore(self._db.pool, events)
         router = RayWorkflows(self._settings, self._generation)

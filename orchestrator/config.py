@@ -351,6 +351,20 @@ class Settings(BaseSettings):
     agent_max_tokens: int = Field(2048, ge=1, description="max_tokens of each agent LLM turn")
     workflow_shards: int = Field(2, ge=1, le=256, description="WorkflowShard actors")
     workflow_shard_cpus: float = Field(0.0, ge=0, description="Ray CPUs per WorkflowShard")
+    workflow_shard_max_active: int = Field(
+        16,
+        ge=1,
+        description="Workflow drivers of one shard doing database work (step transitions) at "
+        "once, about twice its 8 Postgres connections; more wait in per-tenant queues, served "
+        "fairly across tenants. A driver waiting on its agent task or children holds none",
+    )
+    workflow_shard_tenant_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Share of workflow_shard_max_active one tenant's drivers may hold on a "
+        "shard (at least one); 1 lets one tenant take every slot",
+    )
     workflow_max_steps: int = Field(
         200, ge=1, description="Steps one workflow may execute (guards branch loops)"
     )

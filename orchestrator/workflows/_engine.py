@@ -18,6 +18,9 @@ through the store's transitions, and runs each task step on the agent runtime (a
   with `NOTIFY orch_workflows 'done:<id>'`, which wakes the parent (a re-check every
   CHILD_RECHECK_S covers a notification lost while the listener reconnects). Children
   that would take their user past `workflow_max_live_per_user` fail the spawn step.
+- Database work is admitted fairly across tenants (_admission.py): a driver holds one of
+  the shard's `workflow_shard_max_active` slots for its transitions, gives it up while it
+  waits on its agent task, its children or a backoff, and queues again after.
 - A condition or branch that searches a regular expression is evaluated off the event
   loop, metered per workflow (`PatternRunner`, _patterns.py): past
   `workflow_pattern_budget_ms` the workflow fails.
@@ -48,17 +51,16 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import asyncpg
 
-from orchestrator.agents import AgentTask, TaskDispatcher, created_event
+from orchestrator.agents import AgentTask, TaskDispatcher
 from orchestrator.config import Settings
 from orchestrator.errors import Conflict, NotFound, RateLimited
-from orchestrator.events import NewEvent
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.workflows._admission import DriverAdmission
 from orchestrator.workflows._patterns import PatternBudgetSpent, PatternRunner
 from orchestrator.workflows._resolve import resolve_child
 from orchestrator.workflows._spec import (
@@ -67,7 +69,6 @@ from orchestrator.workflows._spec import (
     StepSpec,
     branch_uses_patterns,
     choose_branch,
-    fill_refs,
 )
 from orchestrator.workflows._states import FINISHED, StepState, WorkflowState
 from orchestrator.workflows._store import (
@@ -76,6 +77,7 @@ from orchestrator.workflows._store import (
     WorkflowRecord,
     WorkflowStore,
 )
+from orchestrator.workflows._tasks import announcer, chainable, step_task
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,9 @@ class WorkflowEngine:
         # Drivers that began with the workflow already ending: a cancel needs no interrupt.
         self._knows_ending: set[str] = set()
         self._patterns = PatternRunner(settings.workflow_pattern_budget_ms)
+        self._admission = DriverAdmission(
+            settings.workflow_shard_max_active, settings.workflow_shard_tenant_share
+        )
         self._listening = asyncio.Event()
         self._loops_started = False
         self._closed = False
@@ -136,6 +141,10 @@ class WorkflowEngine:
     @property
     def claims(self) -> ClaimStore:
         return self._claims
+
+    @property
+    def admission(self) -> DriverAdmission:
+        return self._admission
 
     def running_count(self) -> int:
         return sum(1 for name in self._sup.tasks() if name.startswith(_DRIVER))
@@ -355,6 +364,7 @@ class WorkflowEngine:
         finally:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
+            self._admission.leave(workflow_id)
             self._fences.pop(workflow_id, None)
             self._progress.pop(workflow_id, None)
             self._patterns.forget(workflow_id)
@@ -414,11 +424,13 @@ class WorkflowEngine:
                     delay,
                     exc_info=exc,
                 )
-                await asyncio.sleep(delay / 1000)
+                async with self._admission.away(workflow_id):
+                    await asyncio.sleep(delay / 1000)
 
     async def _give_up(self, workflow_id: str, fence: Fence, exc: Exception, n: int) -> None:
         reason = f"infrastructure failure, {n} attempts in a row: {exc!r}"[:2000]
         log.error("workflow %s: failing it: %s", workflow_id, reason)
+        await self._admission.enter(workflow_id)
         record = await self._store.load(workflow_id)
         if record is None or record.finished:
             return
@@ -443,7 +455,10 @@ class WorkflowEngine:
 
     async def _drive(self, workflow_id: str, fence: Fence) -> None:
         record = await self._store.load(workflow_id)
-        if record is None or record.finished:
+        # Its tenant known, the rest waits its turn among the shard's drivers (_admission.py).
+        if record is not None and await self._admission.enter(workflow_id, record.user_uuid):
+            record = await self._store.load(workflow_id)  # it waited: read it as it is now
+        if record is None or record.finished or self._draining:
             return
         if record.ending is not None:
             self._knows_ending.add(workflow_id)  # compensating: a late cancel NOTIFY is old
@@ -508,77 +523,17 @@ class WorkflowEngine:
         else:
             await self._task(record, idx, spec, fence)
 
-    def _task_for(
-        self, record: WorkflowRecord, spec: StepSpec, task_id: str, prompt: str
-    ) -> AgentTask:
-        context: list[tuple[str, str]] = []
-        first = record.spec.steps[0]
-        if spec is not first and first.prompt:
-            context.append(("Original prompt", fill_refs(first.prompt, record.lookup)))
-        for s in record.steps:
-            if s.status == StepState.COMPLETED and s.result is not None and s.name != spec.name:
-                context.append((f"Result of step {s.name}", s.result))
-        return AgentTask(
-            task_id=task_id,
-            user_uuid=record.user_uuid,
-            prompt=fill_refs(prompt, record.lookup),
-            context=tuple(context),
-            mode=spec.mode,
-            tools=spec.tools,
-            timeout_s=spec.timeout,
-            model=spec.model or record.spec.model,
-            workflow_id=record.id,
-            step=spec.name,
-            idempotency_key=task_id,
-        )
-
-    def _announcer(
-        self, record: WorkflowRecord, spec: StepSpec, tasks: list[AgentTask]
-    ) -> Callable[[str], list[NewEvent]]:
-        """The events a task step's start commits with: its task's task.created."""
-        assert spec.prompt is not None
-        prompt = spec.prompt
-
-        def created(key: str) -> list[NewEvent]:
-            task = replace(self._task_for(record, spec, key, prompt), announced=True)
-            tasks.append(task)
-            return [created_event(task, self._settings)]
-
-        return created
-
-    def _chainable(
-        self, record: WorkflowRecord, tasks: list[AgentTask]
-    ) -> tuple[int, Callable[[str], list[NewEvent]]] | None:
-        """The next step, when it is a plain task step that may start in the transaction
-        recording the previous one's result (no condition, no budget or drain to look at
-        first); None leaves it to the drive loop."""
-        idx = record.cursor
-        if (
-            self._draining
-            or record.ending is not None
-            or idx >= len(record.steps)
-            or record.executed >= self._settings.workflow_max_steps
-        ):
-            return None
-        spec = record.spec.steps[idx]
-        if (
-            spec.type in ("branch", "spawn")
-            or spec.condition is not None
-            or record.steps[idx].status != StepState.PENDING
-        ):
-            return None
-        return idx, self._announcer(record, spec, tasks)
-
     async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
         tasks: list[AgentTask] = []
         # The task's task.created commits with the step's start: one transaction, not two,
         # and under the fence: a driver that lost the claim never dispatches this attempt.
         _, key = await self._store.start_step(
-            record.id, idx, self._announcer(record, spec, tasks), fence
+            record.id, idx, announcer(record, spec, tasks, self._settings), fence
         )
         while True:
             task = tasks[-1]
-            result = await self._dispatcher.run(task)
+            async with self._admission.away(record.id):
+                result = await self._dispatcher.run(task)
             if result.ok:
                 # The result and the next task step's start in one commit.
                 _, following = await self._store.finish_and_start_next(
@@ -587,7 +542,9 @@ class WorkflowEngine:
                     key,
                     result=result.result or "",
                     duration_ms=result.duration_ms,
-                    plan=lambda fresh: self._chainable(fresh, tasks),
+                    plan=lambda fresh: chainable(
+                        fresh, tasks, self._settings, draining=self._draining
+                    ),
                     fence=fence,
                 )
                 if following is None:
@@ -687,10 +644,11 @@ class WorkflowEngine:
             except RateLimited as exc:  # the user's live ceiling: the step fails
                 await self._fail_step(record, idx, key, exc.message, fence)
                 return
-        for child_id in children:
-            await self._starter(child_id)
-        # Woken by each child's `done` NOTIFY (no polling); the renewer keeps our claim.
-        await self._until_finished(children)
+        async with self._admission.away(record.id):  # the children need the slots
+            for child_id in children:
+                await self._starter(child_id)
+            # Woken by each child's `done` NOTIFY (no polling); the renewer keeps our claim.
+            await self._until_finished(children)
         summary = [
             {
                 "id": child.id,
@@ -744,8 +702,9 @@ class WorkflowEngine:
                 detail = f"notify: {action['notify']}"
             elif isinstance(action, str):
                 spec = record.spec.steps[step.idx]
-                task = self._task_for(record, spec, f"{step.key or record.id}:compensate", action)
-                result = await self._dispatcher.run(task)
+                task = step_task(record, spec, f"{step.key or record.id}:compensate", action)
+                async with self._admission.away(record.id):
+                    result = await self._dispatcher.run(task)
                 ok = result.ok
                 detail = (
                     f"compensated: {(result.result or '')[:500]}"
