@@ -281,3 +281,23 @@ async def test_a_spawn_past_the_live_ceiling_fails_its_step(
         assert "workflow_max_live_per_user" in body["error"], body
         assert body["steps"][1]["status"] == "failed" and body["children"] == []
         await api.post(f"/workflows/{other}/cancel", headers=ann)
+
+
+async def test_a_branch_loop_fails_on_the_step_budget(make_settings: Any, llm: OpenAIFake) -> None:
+    """A branch whose only way on jumps back loops forever without a pattern: the step budget
+    (`workflow_max_steps`) ends the workflow, naming the setting."""
+    async with served(make_settings, llm, workflow_max_steps=6) as api:
+        ann = await user(api, "ann")
+        wid = await create(
+            api,
+            ann,
+            name="loop",
+            steps=[
+                {"name": "a", "prompt": "p"},
+                {"name": "b", "type": "branch", "conditions": {"again": {"then": "a"}}},
+            ],
+        )
+        body = await finished(api, ann, wid, within=60)
+        assert body["status"] == "failed", body
+        assert "workflow_max_steps" in body["error"] and "6 steps executed" in body["error"]
+        assert len(llm.chat_requests) == 3  # a, b, a, b, a, b: three of them agent steps
