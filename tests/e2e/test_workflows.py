@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jwt
 import psutil
 import pytest
 import yaml
@@ -85,6 +86,9 @@ class Orchestrator:
         return httpx.Client(base_url=self.url, headers=self.admin, timeout=60)
 
 
+JWT_SECRET = "jwt-secret-" + "w" * 32
+
+
 @pytest.fixture(scope="module")
 def llm() -> Iterator[OpenAIFake]:
     with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
@@ -120,7 +124,14 @@ def running(work: Path, settings: dict[str, Any]) -> Iterator[Orchestrator]:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
     work = tmp_path_factory.mktemp("workflows-e2e")
-    settings = agent_config(llm, provider_retries=0, agent_workers=2, workflow_shards=2)
+    settings = agent_config(
+        llm,
+        provider_retries=0,
+        agent_workers=2,
+        workflow_shards=2,
+        jwt_secret=JWT_SECRET,
+        jwt_audience="orch",
+    )
     with running(work, settings) as orch:
         yield orch
 
@@ -401,3 +412,21 @@ def test_service_restart_resumes_unfinished_workflows(service: Orchestrator) -> 
             got = _events(c, wid)
             assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
             assert sum(e["type"] == "workflow.started" for e in got) == 1
+
+
+def test_a_jwts_admin_claim_is_not_trusted_unless_the_operator_names_it(
+    service: Orchestrator,
+) -> None:
+    """Issue 29, item 8: with `jwt_admin_claim` unset (the default), a single-sign-on JWT
+    that says `admin: true` is an ordinary user: no admin route, no other tenant's work."""
+    claims = {"sub": "mallory", "aud": "orch", "exp": time.time() + 300, "admin": True}
+    bearer = {"Authorization": f"Bearer {jwt.encode(claims, JWT_SECRET, 'HS256')}"}
+    with service.client() as c:
+        theirs = c.post(
+            "/workflows", json={"name": "admins", "steps": [{"name": "s", "prompt": "p"}]}
+        )
+        assert theirs.status_code == 200, theirs.text
+        me = c.get("/whoami", headers=bearer).json()
+        assert me["user_uuid"] == "jwt:mallory" and me["admin"] is False
+        assert c.get("/memory/stats", headers=bearer).status_code == 403
+        assert c.get(f"/workflows/{theirs.json()['id']}", headers=bearer).status_code == 404
