@@ -51,6 +51,7 @@ from orchestrator.events._fanout import Upstream
 from orchestrator.inference import InferenceService, LocalInference, ready_endpoints
 from orchestrator.marketplace import Marketplace
 from orchestrator.memory import MemoryStore, make_embedder
+from orchestrator.memory._embed import EmbeddingLimits
 from orchestrator.observability import (
     LOG_FLUSH_S,
     MetricsRecorder,
@@ -198,7 +199,12 @@ def create_app(
             ctx.redis,
             settings.memory_embedding_dim,
             pgvector=ctx.db.pgvector,
-            embedder=make_embedder(settings.embedder, ctx.gateway, settings.embedder_threads),
+            embedder=make_embedder(
+                settings.embedder,
+                ctx.gateway,
+                settings.embedder_threads,
+                EmbeddingLimits.for_provider(settings),
+            ),
             ef_search=settings.memory_hnsw_ef_search,
         )
         await ctx.memory.prepare()

@@ -450,6 +450,22 @@ class Settings(BaseSettings):
         " /embeddings names it), or provider:<model> (any model POST /embeddings serves)",
     )
     embedder_threads: int = Field(1, ge=1, description="CPU threads of the local embedder")
+    embedding_max_inputs: int = Field(
+        2048, ge=1, description="Inputs in one POST /embeddings (OpenAI's own limit); 400 above"
+    )
+    embedding_max_request_tokens: int = Field(
+        65_536,
+        ge=1,
+        description="Tokens in one POST /embeddings of the local model (it reads at most 256 "
+        "of an input; ~22 s of one core at this limit); 400 above",
+    )
+    embedding_provider_max_request_tokens: int = Field(
+        300_000,
+        ge=1,
+        description="Tokens in one POST /embeddings of a provider's model (OpenAI's own "
+        "limit; estimated as UTF-8 bytes / 4); 400 above. Memory's calls to a provider are "
+        "split into requests within this and embedding_max_inputs",
+    )
     memory_embedding_dim: int = Field(384, ge=1, description="Dimension of memory embeddings")
     memory_agent_id_max: int = Field(
         128,

@@ -3,12 +3,17 @@ one memory uses with `embedder: local`) under the names in LOCAL_MODELS, and any
 through the provider serving it, in that provider's wire format (`Gateway.embed`, the path
 `embedder: provider:<model>` takes for memory). A provider's 400/404 is ours with its
 message; its failures are 502/503/504 as for chat. Auth and rate limits apply as for every
-route; each call is an `inference.complete` record (`finish_reason: embeddings`)."""
+route; each call is an `inference.complete` record (`finish_reason: embeddings`).
+
+A request carries at most `embedding_max_inputs` inputs and `embedding_max_request_tokens`
+tokens for the local model (issue 29: one request of 2,000 long inputs OOM-killed the
+replica), `embedding_provider_max_request_tokens` (OpenAI's 300,000) for a provider's: over
+either, a 400 naming the setting, before any embedding is made. The local model reads at most 256
+word pieces of an input and runs in bounded batches, queued with memory's (`_embed.py`)."""
 
 from __future__ import annotations
 
 import base64
-import functools
 import struct
 import time
 from typing import Annotated, Any
@@ -19,12 +24,10 @@ from pydantic import BaseModel
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
 from orchestrator.errors import BadRequest, OrchestratorError
-from orchestrator.memory import LocalEmbedder, ProviderEmbedder
-from orchestrator.memory._embed import LOCAL_DIM, LOCAL_MODELS
+from orchestrator.memory import ProviderEmbedder
+from orchestrator.memory._embed import LOCAL_DIM, LOCAL_MODELS, EmbeddingLimits, local_embedder
 
 router = APIRouter(tags=["inference"])
-
-MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 
 
 class Embedding(BaseModel):
@@ -47,13 +50,7 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
-@functools.cache
-def _local(threads: int) -> LocalEmbedder:
-    # One per process: the ONNX session is loaded once, on first use.
-    return LocalEmbedder(threads)
-
-
-def _inputs(body: dict[str, Any]) -> list[str]:
+def _inputs(body: dict[str, Any], limits: EmbeddingLimits) -> list[str]:
     value = body.get("input")
     if isinstance(value, str):
         value = [value]
@@ -62,8 +59,7 @@ def _inputs(body: dict[str, Any]) -> list[str]:
             "input must be a non-empty string or array of strings",
             extra={"fields": {"input": "required"}},
         )
-    if len(value) > MAX_INPUTS:
-        raise BadRequest(f"input: at most {MAX_INPUTS} items", extra={"fields": {"input": "max"}})
+    limits.check_inputs(len(value))
     if any(isinstance(v, int) or isinstance(v, list) for v in value):
         raise BadRequest(
             "input as token arrays is not supported: send strings",
@@ -105,19 +101,19 @@ def _encode(vector: list[float], encoding: str) -> list[float] | str:
 
 
 async def _embed(
-    ctx: AppContext, model: str, texts: list[str], dimensions: int | None
+    ctx: AppContext, model: str, texts: list[str], dimensions: int | None, limits: EmbeddingLimits
 ) -> tuple[list[list[float]], int, str]:
-    """(vectors, prompt tokens, provider)."""
+    """(vectors, prompt tokens, provider); over `limits`, a 400 before any is made."""
     if model in LOCAL_MODELS:
         if dimensions is not None and dimensions != LOCAL_DIM:
             raise BadRequest(
                 f"dimensions: {model} makes {LOCAL_DIM}-dimensional vectors only",
                 extra={"fields": {"dimensions": "unsupported"}},
             )
-        local = _local(ctx.settings.embedder_threads)
-        vectors = await local.embed(texts)
-        return vectors, local.count_tokens(texts), "local"
-    embedder = ProviderEmbedder(ctx.gateway, model)
+        local = local_embedder(ctx.settings.embedder_threads)
+        vectors, tokens = await local.embed_counted(texts, limits)
+        return vectors, tokens, "local"
+    embedder = ProviderEmbedder(ctx.gateway, model, EmbeddingLimits.for_provider(ctx.settings))
     vectors, tokens, provider = await embedder.embed_counted(texts, dimensions)
     if dimensions is not None and any(len(v) != dimensions for v in vectors):
         raise BadRequest(
@@ -135,13 +131,14 @@ async def embeddings(
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required", extra={"fields": {"model": "required"}})
-    texts = _inputs(body)
+    limits = EmbeddingLimits.of(ctx.settings)
+    texts = _inputs(body, limits)
     encoding = _encoding(body)
     dimensions = _dimensions(body)
     request_id = str(getattr(request.state, "request_id", "") or "")
     started = time.perf_counter()
     try:
-        vectors, tokens, provider = await _embed(ctx, model, texts, dimensions)
+        vectors, tokens, provider = await _embed(ctx, model, texts, dimensions, limits)
     except OrchestratorError as exc:
         ctx.inference_log.error(
             request_id=request_id,

@@ -281,3 +281,29 @@ def test_agent_tools_in_a_worker_act_as_the_user(service: Orchestrator) -> None:
         assert c.get("/memory/default/seen", headers=cy).json()["value"] == "by the agent"
         other = _token(c, "dee")
         assert c.get("/memory/default/seen", headers=other).status_code == 404
+
+
+def test_an_oversized_embeddings_request_is_a_400_and_the_service_stays_up(
+    service: Orchestrator,
+) -> None:
+    """Issue 29: two requests of 2,000 inputs of 16 KB (32 MB each, under max_request_bytes)
+    grew a replica to 20 GB until Ray's memory monitor killed the cluster. Now each is a 400
+    naming the setting (tokenizing stops at the limit), and the service answers after."""
+    text = ("The quick brown fox jumps over the lazy dog. " * 400)[:16_000]
+    with service.client() as c:
+        for _ in range(2):
+            started = time.monotonic()
+            r = c.post("/embeddings", json={"model": "all-MiniLM-L6-v2", "input": [text] * 2000})
+            assert r.status_code == 400, r.text[:500]
+            body = r.json()
+            assert body["ok"] is False and body["limit"] == "embedding_max_request_tokens", body
+            assert "embedding_max_request_tokens" in body["error"] and body["request_id"]
+            assert time.monotonic() - started < 60  # refused early, not after the work
+        r = c.post("/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["a"] * 2049})
+        assert r.status_code == 400 and r.json()["limit"] == "embedding_max_inputs", r.text
+        r = c.post("/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["a cat", text]})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert [len(d["embedding"]) for d in answer["data"]] == [384, 384]
+        assert answer["usage"]["prompt_tokens"] == 4 + 256  # the long one read to 256 pieces
+        assert c.get("/health").status_code == 200

@@ -1,7 +1,8 @@
 """Memory embeddings over HTTP (the app, real Postgres + pgvector): made after the write by the
 local ONNX model or a provider's embeddings through the gateway (here OpenAI's `/embeddings`, a
 loopback server speaking its wire format; Gemini's in test_embeddings_providers.py), used by
-vector search with `text`; failures never fail a store."""
+vector search with `text`; failures never fail a store; memory's requests to a provider are
+split within the request limits of POST /embeddings."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import asyncpg
 import httpx
 import pytest
 
-from orchestrator.memory import LocalEmbedder
+from orchestrator.config import Settings
+from orchestrator.memory import LocalEmbedder, make_embedder
+from orchestrator.memory._embed import EmbeddingLimits
+from orchestrator.observability import MetricsRecorder
+from orchestrator.providers import Gateway
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes.openai_server import OpenAIFake
 
@@ -221,3 +226,37 @@ async def test_one_bad_entry_never_blocks_the_others(
             finally:
                 await db.close()
             assert (await c.get("/memory/b/bad", headers=ann)).json()["value"] == "poison"
+
+
+async def test_memory_calls_to_a_provider_are_split_within_the_request_limits(
+    embedding_api: OpenAIFake,
+) -> None:
+    """Issue 29: the limits of POST /embeddings bound each request memory sends to a
+    provider (the embedder the app makes for `embedder: provider:<model>`, through the real
+    gateway); memory's batch is split instead of refused. A text estimated over the token
+    limit alone (memory embeds at most EMBED_MAX_CHARS of a value) still goes, alone."""
+    fake = embedding_api
+    settings = Settings.load(
+        environ={},
+        admin_token="x" * 32,
+        embedding_max_inputs=3,
+        embedding_provider_max_request_tokens=60,
+        providers={
+            "openai": {"base_url": fake.base_url, "api_key": "sk-embed", "models": [EMBED_MODEL]}
+        },
+    )
+    gateway = Gateway(settings, MetricsRecorder("test"))
+    try:
+        embedder = make_embedder(
+            f"provider:{EMBED_MODEL}", gateway, 1, EmbeddingLimits.for_provider(settings)
+        )
+        assert embedder is not None
+        # 8 characters: 2 estimated tokens (UTF-8 bytes / 4); then one of 100 tokens.
+        texts = [f"apple {i:02}" for i in range(7)] + ["y" * 400, "pear 01", "pear 02"]
+        vectors = await embedder.embed(texts)
+    finally:
+        await gateway.aclose()
+    assert len(vectors) == len(texts) and all(len(v) == 384 for v in vectors)
+    sent = [r.json["input"] for r in fake.requests if r.path == "/v1/embeddings"]
+    assert [t for request in sent for t in request] == texts  # in order, each once
+    assert sent == [texts[0:3], texts[3:6], texts[6:7], texts[7:8], texts[8:10]]
