@@ -289,6 +289,31 @@ def uvicorn_app() -> Any:
     return create_app(Settings.load())
 
 
+def uvicorn_command(app: str, port: int, *, factory: bool = False) -> list[str]:
+    """uvicorn serving `app` (a `module:attr` under scripts/) on loopback `port`, the way
+    every benchmark's reference servers run: uvloop, httptools, no access log."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        *(["--factory"] if factory else []),
+        app,
+        "--app-dir",
+        str(SCRIPTS_DIR),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
+
+
 def start_uvicorn_app(
     stack: contextlib.ExitStack,
     workdir: Path,
@@ -309,26 +334,7 @@ def start_uvicorn_app(
     }
     uvicorn = Child(
         "uvicorn",
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            UVICORN_APP,
-            "--app-dir",
-            str(SCRIPTS_DIR),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
+        uvicorn_command(UVICORN_APP, port, factory=True),
         workdir / "uvicorn.log",
         uvicorn_env,
     )

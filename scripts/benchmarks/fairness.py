@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,7 +35,6 @@ import httpx
 from benchmarks import _upstream
 from benchmarks._common import (
     BENCH_ENV,
-    SCRIPTS_DIR,
     UVICORN_START_TIMEOUT_S,
     Child,
     Result,
@@ -48,6 +46,7 @@ from benchmarks._common import (
     run_async,
     say,
     start_serve,
+    uvicorn_command,
     wait_for_http,
 )
 
@@ -97,25 +96,7 @@ def _start_upstream(stack: contextlib.ExitStack, workdir: Any, slow_s: float) ->
     port = free_port()
     upstream = Child(
         "upstream",
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "benchmarks.fairness:slow_upstream",
-            "--app-dir",
-            str(SCRIPTS_DIR),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
+        uvicorn_command("benchmarks.fairness:slow_upstream", port),
         workdir / "upstream.log",
         {**os.environ, "BENCH_UPSTREAM_KEY": UPSTREAM_KEY, "BENCH_SLOW_S": str(slow_s)},
     )

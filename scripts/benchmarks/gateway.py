@@ -18,7 +18,6 @@ import functools
 import json
 import math
 import os
-import sys
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from benchmarks._common import (
     BENCH_RATE_LIMIT_PER_MINUTE,
     DEFAULT_REPLICAS,
     GENERATORS,
-    SCRIPTS_DIR,
     UVICORN_START_TIMEOUT_S,
     WARMUP_S,
     Child,
@@ -51,6 +49,7 @@ from benchmarks._common import (
     say,
     start_serve,
     start_uvicorn_app,
+    uvicorn_command,
     wait_for_http,
 )
 from benchmarks._upstream import MODEL, REPLY_TEXT
@@ -107,25 +106,7 @@ def start_upstream(stack: contextlib.ExitStack, workdir: Path) -> str:
     port = free_port()
     upstream = Child(
         "upstream",
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "benchmarks._upstream:app",
-            "--app-dir",
-            str(SCRIPTS_DIR),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
+        uvicorn_command("benchmarks._upstream:app", port),
         workdir / "upstream.log",
         {**os.environ, "BENCH_UPSTREAM_KEY": UPSTREAM_KEY},
     )
