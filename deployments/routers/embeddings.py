@@ -9,7 +9,8 @@ A request carries at most `embedding_max_inputs` inputs and `embedding_max_reque
 tokens for the local model (issue 29: one request of 2,000 long inputs OOM-killed the
 replica), `embedding_provider_max_request_tokens` (OpenAI's 300,000) for a provider's: over
 either, a 400 naming the setting, before any embedding is made. The local model reads at most 256
-word pieces of an input and runs in bounded batches, queued with memory's (`_embed.py`)."""
+word pieces of an input and runs in bounded batches, queued with memory's (`_embed.py`), the
+caller's tenant taking its turn with the others batch by batch (issue 29)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,12 @@ def _encode(vector: list[float], encoding: str) -> list[float] | str:
 
 
 async def _embed(
-    ctx: AppContext, model: str, texts: list[str], dimensions: int | None, limits: EmbeddingLimits
+    ctx: AppContext,
+    model: str,
+    texts: list[str],
+    dimensions: int | None,
+    limits: EmbeddingLimits,
+    user: str,
 ) -> tuple[list[list[float]], int, str]:
     """(vectors, prompt tokens, provider); over `limits`, a 400 before any is made."""
     if model in LOCAL_MODELS:
@@ -111,7 +117,7 @@ async def _embed(
                 extra={"fields": {"dimensions": "unsupported"}},
             )
         local = local_embedder(ctx.settings.embedder_threads)
-        vectors, tokens = await local.embed_counted(texts, limits)
+        vectors, tokens = await local.embed_counted(texts, limits, user=user)
         return vectors, tokens, "local"
     embedder = ProviderEmbedder(ctx.gateway, model, EmbeddingLimits.for_provider(ctx.settings))
     vectors, tokens, provider = await embedder.embed_counted(texts, dimensions)
@@ -138,7 +144,9 @@ async def embeddings(
     request_id = str(getattr(request.state, "request_id", "") or "")
     started = time.perf_counter()
     try:
-        vectors, tokens, provider = await _embed(ctx, model, texts, dimensions, limits)
+        vectors, tokens, provider = await _embed(
+            ctx, model, texts, dimensions, limits, principal.user_uuid
+        )
     except OrchestratorError as exc:
         ctx.inference_log.error(
             request_id=request_id,

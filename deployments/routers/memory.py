@@ -208,7 +208,7 @@ async def vector_search(
                 "text: no embedder is configured (embedder: none); give an embedding",
                 extra={"fields": [{"field": "text"}]},
             )
-        embedding = await memory.embed_query(body.text or "")  # 503 when it cannot
+        embedding = await memory.embed_query(body.text or "", caller.user_uuid)  # 503 if it cannot
     s = ctx.settings
     found = await memory.vector_search(
         agent_id,

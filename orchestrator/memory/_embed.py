@@ -14,8 +14,11 @@ What one call may cost (issue 29: one request of 256 long inputs took a replica 
 to 6.3 GB, two of 2,000 took it to 20 GB and the cluster with it):
 - the local model reads at most LOCAL_MAX_TOKENS word pieces of an input, tokenizing only
   as much of its start as holds them; it runs in batches of at most BATCH_INPUTS inputs and
-  BATCH_TOKENS padded tokens, one batch at a time per process (queued, in the order asked),
-  so neither a request's size nor the number of requests multiplies its memory;
+  BATCH_TOKENS padded tokens, one batch at a time per process, so neither a request's size
+  nor the number of requests multiplies its memory; waiting callers take turns by tenant,
+  job by job (a job: tokenizing JOB_INPUTS inputs, or one batch; a memory search's text,
+  both), so a job waits for at most the one running and one of each other waiting tenant's,
+  never for a backlog's length;
 - POST /embeddings is bounded per request by `EmbeddingLimits` (the settings
   `embedding_max_inputs` and `embedding_max_request_tokens`): over them, a 400 naming the
   setting, before any work. A provider's model is bounded by the same settings, its tokens
@@ -36,6 +39,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from orchestrator.errors import BadRequest, OrchestratorError, ServiceUnavailable
 from orchestrator.providers._types import EmbedRequest
+from orchestrator.runtime.fair_queue import FairAdmission
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
@@ -84,6 +89,8 @@ HEAD_MARGIN = 8
 JOB_INPUTS = BATCH_INPUTS
 # A provider's tokens, estimated: its tokenizer is not ours (OpenAI's rule of thumb).
 BYTES_PER_TOKEN = 4
+# The tenant of waiting callers that name none (a warm-up, an internal caller): one queue.
+SHARED_TENANT = ""
 
 
 class EmbedderUnavailable(ServiceUnavailable):
@@ -138,8 +145,11 @@ def estimate_tokens(text: str) -> int:
 class Embedder(Protocol):
     name: str
 
-    async def embed(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
-        """`behind`: filling stored entries in, not a caller waiting (may yield the CPU)."""
+    async def embed(
+        self, texts: list[str], *, behind: bool = False, user: str | None = None
+    ) -> list[list[float]]:
+        """`behind`: filling stored entries in, not a caller waiting (may yield the CPU).
+        `user`: the tenant a waiting caller embeds for (its turn among the tenants)."""
         ...
 
 
@@ -180,7 +190,7 @@ def _batches(pieces: list[list[int]]) -> Iterator[list[int]]:
 
 class LocalEmbedder:
     """all-MiniLM-L6-v2, int8 ONNX, on onnxruntime (loaded on first use). One per process
-    (`local_embedder`): memory and POST /embeddings share its session and its queue."""
+    (`local_embedder`): memory and POST /embeddings share its session and its queues."""
 
     name = LOCAL_NAME
 
@@ -190,10 +200,18 @@ class LocalEmbedder:
         # One ONNX run at a time in this process, whichever thread asks: N requests at once
         # queue here instead of multiplying the working set (and onnxruntime's arena).
         self._gate = threading.Lock()
-        # Waiting callers' jobs, one at a time in the order asked (a thread of its own: jobs
-        # waiting for the gate never hold the event loop's default executor); `behind` work
-        # has one thread of its own at the lowest priority. Both made on first use.
+        # Waiting callers' jobs, one at a time (a thread of its own: jobs waiting for the
+        # gate never hold the event loop's default executor), admitted to it fairly by
+        # tenant (`_turns`); `behind` work has one thread of its own at the lowest priority.
+        # Both made on first use.
         self._foreground: ThreadPoolExecutor | None = None
+        # One running job and a FIFO queue per tenant, served round-robin (issue 29: first
+        # come, first served, each of a tenant's N requests in flight kept a job queued, so
+        # another tenant's every job waited for N). Per event loop: FairAdmission's futures
+        # belong to one loop (a process normally has one; tests run several in turn).
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FairAdmission] = (
+            weakref.WeakKeyDictionary()
+        )
         self._behind: ThreadPoolExecutor | None = None
         self._session: Any = None
         self._run_options: Any = None
@@ -333,22 +351,35 @@ class LocalEmbedder:
         """Tokens the model reads for `texts` (after truncation, without padding)."""
         return sum(len(p) for p in self.tokenize(texts))
 
-    async def _call(self, job: Callable[..., T], *args: Any, behind: bool = False) -> T:
+    async def _call(
+        self, job: Callable[..., T], *args: Any, behind: bool = False, user: str | None = None
+    ) -> T:
+        """Run `job` on the embedder's thread: `behind`, on the low-priority one; else on
+        the foreground one, when `user`'s turn comes."""
+        loop = asyncio.get_running_loop()
         if behind:
             if self._behind is None:
                 self._behind = ThreadPoolExecutor(
                     1, thread_name_prefix="embedder-behind", initializer=_run_behind
                 )
-            pool = self._behind
-        else:
-            if self._foreground is None:
-                # Made from the event loop's thread: its worker keeps the process's priority.
-                self._foreground = ThreadPoolExecutor(1, thread_name_prefix="embedder")
-            pool = self._foreground
-        return await asyncio.get_running_loop().run_in_executor(pool, job, *args)
+            return await loop.run_in_executor(self._behind, job, *args)
+        if self._foreground is None:
+            # Made from the event loop's thread: its worker keeps the process's priority.
+            self._foreground = ThreadPoolExecutor(1, thread_name_prefix="embedder")
+        turns = self._turns.get(loop)
+        if turns is None:
+            turns = self._turns[loop] = FairAdmission(1, 1)
+        # Held while the job runs: the next job goes to the waiting tenant served least
+        # recently. (A caller cancelled mid-job gives its turn up while its thread finishes
+        # the job: the next one waits in the executor, still one run at a time.)
+        async with turns.slot(SHARED_TENANT if user is None else user):
+            return await loop.run_in_executor(self._foreground, job, *args)
 
-    async def embed(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
-        """Vectors of `texts`, JOB_INPUTS a job: other callers' jobs run in between."""
+    async def embed(
+        self, texts: list[str], *, behind: bool = False, user: str | None = None
+    ) -> list[list[float]]:
+        """Vectors of `texts`, JOB_INPUTS a job: other callers' jobs run in between, other
+        tenants' (`user`) in turn with this one's."""
         if not texts:
             return []
         try:
@@ -359,7 +390,7 @@ class LocalEmbedder:
             out: list[list[float]] = []
             for start in range(0, len(texts), JOB_INPUTS):
                 chunk = texts[start : start + JOB_INPUTS]
-                out += await self._call(self.embed_sync, chunk, behind=behind)
+                out += await self._call(self.embed_sync, chunk, behind=behind, user=user)
             return out
         except EmbedderUnavailable:
             raise
@@ -367,27 +398,27 @@ class LocalEmbedder:
             raise EmbedderUnavailable(f"local embedder failed: {exc}") from exc
 
     async def embed_counted(
-        self, texts: list[str], limits: EmbeddingLimits
+        self, texts: list[str], limits: EmbeddingLimits, *, user: str | None = None
     ) -> tuple[list[list[float]], int]:
-        """POST /embeddings: (vectors, tokens read). Over `limits`: a 400 naming the
-        setting, found while tokenizing (before any ONNX run). Each ONNX batch is one job,
-        so a big request and a small one take turns batch by batch."""
+        """POST /embeddings for `user`: (vectors, tokens read). Over `limits`: a 400 naming
+        the setting, found while tokenizing (before any ONNX run). Each ONNX batch is one
+        job, so a big request and a small one take turns batch by batch, tenants in turn."""
         limits.check_inputs(len(texts))
         if self._session is None:
-            await self._call(self._load)
+            await self._call(self._load, user=user)
         pieces: list[list[int]] = []
         total = 0
         try:
             for start in range(0, len(texts), JOB_INPUTS):
                 chunk = texts[start : start + JOB_INPUTS]
-                for content in await self._call(self._pieces, chunk):
+                for content in await self._call(self._pieces, chunk, user=user):
                     pieces.append([CLS_ID, *content, SEP_ID])
                     total += len(content) + 2
                 if total > limits.max_request_tokens:
                     raise limits.too_many_tokens(f"more than {total}")
             out: list[list[float]] = [[] for _ in pieces]
             for batch in _batches(pieces):
-                vectors = await self._call(self._run, [pieces[i] for i in batch])
+                vectors = await self._call(self._run, [pieces[i] for i in batch], user=user)
                 for i, vector in zip(batch, vectors, strict=True):
                     out[i] = vector.tolist()
         except OrchestratorError:
@@ -416,9 +447,11 @@ class ProviderEmbedder:
         self._model = model
         self._limits = limits or EmbeddingLimits()
 
-    async def embed(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
-        """For memory, best effort: any failure is EmbedderUnavailable. (`behind` changes
-        nothing: the provider does the work.)"""
+    async def embed(
+        self, texts: list[str], *, behind: bool = False, user: str | None = None
+    ) -> list[list[float]]:
+        """For memory, best effort: any failure is EmbedderUnavailable. (`behind` and `user`
+        change nothing: the provider does the work, within its own limits per caller.)"""
         out: list[list[float]] = []
         try:
             for request in self._requests(texts):

@@ -420,13 +420,14 @@ class MemoryStore:
 
     # --- embeddings (best effort, after the write) -----------------------------------------
 
-    async def embed_query(self, text: str) -> list[float]:
-        """The embedding of a search text (503 when no embedder can make one)."""
+    async def embed_query(self, text: str, user: str | None = None) -> list[float]:
+        """The embedding of a search text for `user` (whose turn it waits for among the
+        tenants on a local embedder); 503 when no embedder can make one."""
         if self.embedder is None:
             raise ServiceUnavailable(
                 "text: no embedder is configured (embedder: none); give an embedding"
             )
-        [vector] = await self._embed_checked([text[:EMBED_MAX_CHARS]])
+        [vector] = await self._embed_checked([text[:EMBED_MAX_CHARS]], user=user)
         return vector
 
     async def fill_embeddings(self, batch: int = FILL_BATCH) -> int:
@@ -501,11 +502,16 @@ class MemoryStore:
             )
         return len(done)
 
-    async def _embed_checked(self, texts: list[str], *, behind: bool = False) -> list[list[float]]:
+    async def _embed_checked(
+        self, texts: list[str], *, behind: bool = False, user: str | None = None
+    ) -> list[list[float]]:
         """Embeddings of the right dimension and finite float32 values, or EmbedderUnavailable.
         `behind`: for the filler (the embedder may give its CPU to the stores first)."""
         assert self.embedder is not None
-        vectors = await self.embedder.embed(texts, behind=behind)
+        if user is None:
+            vectors = await self.embedder.embed(texts, behind=behind)
+        else:  # only then: embedders made before `user` (tests' own) need not take it
+            vectors = await self.embedder.embed(texts, behind=behind, user=user)
         if len(vectors) != len(texts):
             raise EmbedderUnavailable(f"{self.embedder.name}: {len(vectors)} for {len(texts)}")
         for vector in vectors:

@@ -201,3 +201,36 @@ def test_provider_tokens_are_estimated_from_utf8_bytes() -> None:
     assert estimate_tokens("abcde") == 2
     assert estimate_tokens("") == 1
     assert estimate_tokens("東京") == 2  # 6 bytes
+
+
+def test_one_tenants_backlog_delays_another_tenant_by_a_bounded_number_of_batches(
+    embedder: LocalEmbedder, recorded: RecordedSession
+) -> None:
+    """Issue 29: tenant A has six requests of two batches each in flight when tenant B asks
+    for one embedding. Tenants take turns job by job (tokenizing or one batch), so each of
+    B's two jobs waits for at most the job running and one of A's: at most three of A's
+    batches start between B's asking and B's batch (first come, first served, it waited for
+    a job of each of A's requests twice: about ten)."""
+    texts = [_words(10, seed=i) for i in range(2 * BATCH_INPUTS)]  # two batches of 64 x 12
+
+    async def main() -> int:
+        backlog = [
+            asyncio.create_task(embedder.embed_counted(texts, EmbeddingLimits(), user="tenant-a"))
+            for _ in range(6)
+        ]
+        await asyncio.to_thread(recorded.started.wait, 60)
+        asked = len(recorded.shapes)  # runs started so far, the one running included
+        vectors, _ = await embedder.embed_counted(
+            ["a small one"], EmbeddingLimits(), user="tenant-b"
+        )
+        assert len(vectors) == 1
+        await asyncio.gather(*backlog)
+        return asked
+
+    asked = asyncio.run(main())
+    inputs = [n for n, _ in recorded.shapes]
+    assert inputs.count(1) == 1 and len(inputs) == 6 * 2 + 1, recorded.shapes
+    served = inputs.index(1)  # B's batch: one input; A's are 64 each
+    assert served - asked <= 3, (asked, served, recorded.shapes)
+    assert served < len(inputs) - 4, "A's backlog was nearly done: the test proves nothing"
+    assert recorded.most_at_once == 1
