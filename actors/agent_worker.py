@@ -76,8 +76,6 @@ class AgentWorker:
         self._settings = settings
         self._generation = generation
         self._draining = False
-        self._idle = asyncio.Event()  # no task running here (waiting ones do not count)
-        self._idle.set()
         self._redis: aioredis.Redis | None = None
         self._id = worker_name(index)
         self._completed = 0
@@ -213,7 +211,9 @@ class AgentWorker:
         (WorkerDraining: nothing of them ran). Returns how many ran to their end here."""
         self._draining = True
         self._admission.close(self._refusal)
-        await self._idle.wait()
+        # Admission's own signal: a slot given back by a waiter cancelled before it resumed
+        # (no `run` of ours sees that) is the last one as surely as a finished task's.
+        await self._admission.wait_idle()
         return self._completed
 
     def _refusal(self) -> WorkerDraining:
@@ -227,12 +227,9 @@ class AgentWorker:
         # Waits here while the slots are full or this tenant holds its share; a caller
         # cancelled meanwhile (ray.cancel) leaves the queue at once. Refused on drain.
         await self._admission.acquire(task.user_uuid)
-        self._idle.clear()
         self._recorder.active_workers(1)
         try:
             return await runner.run(task, self._id)
         finally:
             self._admission.release(task.user_uuid)
             self._completed += 1
-            if not self._admission.running:
-                self._idle.set()

@@ -20,8 +20,14 @@ Here, in each process that serves HTTP:
   goes on without it (Serve reads its headers as UTF-8; nothing we serve needs such bytes);
 - request ids follow `request_ids`: ours is made by the first hop of ours and never taken
   from a client; a client's own, when well-formed, travels apart as X-Client-Request-ID;
-- an exception out of Serve's code is logged with its traceback, answered with our error
-  body and request id, and counted like the app's own 500s through the Api deployment.
+- an exception out of Serve's code before any answer is logged with its traceback (secrets
+  masked: this process may be Serve's proxy, where nothing else of ours masks them),
+  answered with our error body and request id, and counted like the app's own 500s through
+  the Api deployment; one after the answer began is the app's (it counted its status), and
+  only passes on;
+- a response carries one X-Request-ID: the first, when the app set its own (a request that
+  skipped our HAProxy gets a fresh id from the app, deployments/middleware.py) before Serve's
+  RequestIdMiddleware appended the one it was handed.
 
 Kept light (the standard library, Starlette, and `ray.serve` only when a 500 is counted): it
 is imported in Serve's proxy, which has none of the app loaded.
@@ -55,6 +61,27 @@ REPORT_TIMEOUT_S = 10.0
 # A child of Serve's logger: its records go where Serve's own go in this process (the
 # proxy's proxy_*.log, a replica's replica_*.log), formatted as the service's lines are.
 log = logging.getLogger("ray.serve.edge")
+
+
+class _Redacted(logging.Filter):
+    """Masks secrets in the edge's own records (message and traceback) before any handler
+    formats them: in Serve's proxy no formatter of ours does (deployments/logs.py installs
+    the redacting one in replicas only), and a traceback may quote a header or a path."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # Imported on the first record (an error, so rare): the proxy stays light otherwise.
+        from orchestrator.observability._logs import redact, traceback_text
+
+        record.msg, record.args = redact(record.getMessage()), None
+        if record.exc_info and record.exc_info[0] is not None:
+            # Formatters (ours, Serve's text and JSON ones) use exc_text when it is set.
+            record.exc_text = redact(record.exc_text or traceback_text(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+log.addFilter(_Redacted())
 
 # (method, path, seconds spent) of a 500 the edge answered.
 Report = Callable[[str, str, float], None]
@@ -147,12 +174,19 @@ class EdgeGuard:
 
         async def watched(message: Message) -> None:
             nonlocal answered
-            answered = answered or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                answered = True
+                message = {**message, "headers": _one_request_id(message.get("headers", ()))}
             await send(message)
 
         try:
             await self.app(scope, receive, watched)
         except Exception as exc:
+            if answered:
+                # The app answered (its middleware counted and logged the status it sent)
+                # or Serve's code failed mid-answer: counting it here would count the
+                # request twice. The server ends the connection.
+                raise
             method, path = scope["method"], scope["path"]
             log.error(
                 "unhandled error at the edge (request_id=%s) %s %s",
@@ -162,9 +196,20 @@ class EdgeGuard:
                 exc_info=exc,
             )
             self._report(method, path, time.perf_counter() - started)
-            if answered:
-                raise  # the answer has begun: the server ends the connection
             await _internal_error(send, request_id)
+
+
+def _one_request_id(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` with only the first X-Request-ID (the app's own, when it set one)."""
+    out: list[tuple[bytes, bytes]] = []
+    seen = False
+    for name, value in headers:
+        if name.lower() == REQUEST_ID_HEADER:
+            if seen:
+                continue
+            seen = True
+        out.append((name, value))
+    return out
 
 
 async def _internal_error(send: Send, request_id: str) -> None:
@@ -234,5 +279,6 @@ def first_hop() -> list[Middleware]:
 def behind_our_haproxy() -> list[Middleware]:
     """For the replicas' direct-ingress servers and Serve's fallback proxy behind our HAProxy,
     which already made the request id (orchestrator/runtime/haproxy_harden.py): a well-formed
-    one is kept. (A request that skipped HAProxy gets 421 from the app: no ingress key.)"""
+    one is kept. (A request that skipped HAProxy gets 421 from the app, under a fresh id the
+    app makes and this edge lets win: it has no ingress key.)"""
     return [Middleware(EdgeGuard, trusted_request_id=True)]

@@ -99,9 +99,14 @@ class RequestContextMiddleware:
         # Under Serve, X-Request-ID was made by a hop of ours (deployments/edge.py, our
         # HAProxy) and is echoed by Serve: kept when well-formed, so the header, the error
         # body and the logs agree. Served alone, this is the first hop: a client's id is
-        # never ours, only kept apart (`client_request_id`) when well-formed.
+        # never ours, only kept apart (`client_request_id`) when well-formed. A request that
+        # skipped our HAProxy (no ingress key) came straight from a client: its X-Request-ID
+        # is the client's, never ours, though the edge in front had to trust it.
+        misdirected = self._ingress_key is not None and not hmac.compare_digest(
+            _header(scope, b"x-orch-ingress") or "", self._ingress_key
+        )
         request_id, client_request_id = request_ids(
-            scope.get("headers", ()), trusted=not self._echo
+            scope.get("headers", ()), trusted=not self._echo and not misdirected
         )
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
@@ -110,20 +115,21 @@ class RequestContextMiddleware:
         # does), so a cancelled request is not counted as a server error.
         status: int | None = None
         rid_header = (b"x-request-id", request_id.encode("ascii"))
+        # Serve echoes the id it was handed (the client's, when misdirected): ours goes
+        # first and the edge drops Serve's (deployments/edge.py `_one_request_id`).
+        echo = self._echo or misdirected
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                if self._echo:
-                    message["headers"] = [*message.get("headers", []), rid_header]
+                if echo:
+                    message["headers"] = [rid_header, *message.get("headers", [])]
             await send(message)
 
         ctx = self._ctx()
         try:
-            if self._ingress_key is not None and not hmac.compare_digest(
-                _header(scope, b"x-orch-ingress") or "", self._ingress_key
-            ):
+            if misdirected:
                 raise MisdirectedRequest("this request did not come through this service's proxy")
             path = scope["path"]
             if not _public(path, ctx.settings.exempt_paths):

@@ -267,17 +267,23 @@ async def receive(
         return JSONResponse(WebhookAck(accepted=False, ignored="channel paused").model_dump())
     # Each message relayed runs an agent task as the owner, and no bearer token limits
     # these requests: the channel's and the owner's budgets do (after verification, so a
-    # forger cannot spend them).
-    await ctx.channel_limits.admit(channel)
+    # forger cannot spend them). Only a message newly enqueued costs: the inbox's unique
+    # delivery id finds a platform's re-delivery, and its count is given back.
+    admitted = await ctx.channel_limits.admit(channel)
     wait = sync and channel.type == "webhook"
-    inbox_id = await ctx.channels.enqueue(
-        channel.id,
-        delivery_id=_clean(inbound.delivery_id),
-        conversation=_clean(inbound.conversation),
-        text=_clean(inbound.text)[:MAX_INBOUND_TEXT],
-        sender=_clean(inbound.user),
-        reply=_clean(reply_of(inbound.reply, wait)),
-    )
+    inbox_id: int | None = None
+    try:
+        inbox_id = await ctx.channels.enqueue(
+            channel.id,
+            delivery_id=_clean(inbound.delivery_id),
+            conversation=_clean(inbound.conversation),
+            text=_clean(inbound.text)[:MAX_INBOUND_TEXT],
+            sender=_clean(inbound.user),
+            reply=_clean(reply_of(inbound.reply, wait)),
+        )
+    finally:
+        if inbox_id is None:
+            ctx.channel_limits.refund(channel, admitted)
     if inbox_id is None:
         return JSONResponse(WebhookAck(accepted=False, duplicate=True).model_dump())
     if wait:

@@ -123,6 +123,15 @@ class RateLimiter:
                 budget.denied_until = time.monotonic() + self._sync_s
                 raise self._limited(now)
 
+    def refund(self, subject: str, now: float | None = None) -> None:
+        """Give back one request that `hit` counted and that was not served after all (a
+        duplicate, or refused by another limit): it returns to this replica's lease, spent
+        next or given back to Redis at a sync. Within its window only."""
+        now = time.time() if now is None else now
+        budget = self._budgets.get(subject)
+        if budget is not None and budget.window == int(now // WINDOW_S):
+            budget.tokens += 1
+
     def _limited(self, now: float) -> RateLimited:
         return RateLimited(
             f"rate limit of {self._limit} requests per minute exceeded",

@@ -12,12 +12,17 @@ namespaces; like it, it fails open while Redis is unreachable.
 
 Verification comes first: a forger who knows a channel's URL but not its secret cannot spend
 that channel's budget. The channel is counted before its owner, so messages refused for one
-busy channel do not use up the owner's other channels.
+busy channel do not use up the owner's other channels; a message the owner's limit refuses
+gives its channel's count back. Only a message newly written to the inbox costs anything: a
+platform's re-delivery of one already received (Slack and Telegram retry on a timeout or a
+non-2xx) is counted, then given back when the inbox finds it a duplicate (`refund`), so
+retries cannot spend a budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
@@ -26,7 +31,15 @@ from orchestrator.channels._store import Channel
 from orchestrator.config import Settings
 from orchestrator.errors import RateLimited
 
-__all__ = ["InboundLimits"]
+__all__ = ["Admitted", "InboundLimits"]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What `admit` counted (a limiter off, or Redis unreachable: nothing), for `refund`."""
+
+    channel: bool = False
+    owner: bool = False
 
 
 class InboundLimits:
@@ -43,12 +56,14 @@ class InboundLimits:
     def enabled(self) -> bool:
         return self._channel.enabled or self._owner.enabled
 
-    async def admit(self, channel: Channel) -> None:
+    async def admit(self, channel: Channel) -> Admitted:
         """Count one inbound message of `channel`; RateLimited (naming the limit) when its
-        channel or its owner has had its minute's budget."""
+        channel or its owner has had its minute's budget, and then nothing stays counted."""
+        # hit() returns -1 when it could not count (Redis unreachable: fail open).
+        by_channel = False
         if self._channel.enabled:
             try:
-                await self._channel.hit(channel.id)
+                by_channel = await self._channel.hit(channel.id) >= 0
             except RateLimited as exc:
                 raise _named(
                     exc,
@@ -56,16 +71,28 @@ class InboundLimits:
                     "this minute",
                     "channel_inbound_per_minute",
                 ) from None
+        by_owner = False
         if self._owner.enabled:
             try:
-                await self._owner.hit(channel.user_uuid)
+                by_owner = await self._owner.hit(channel.user_uuid) >= 0
             except RateLimited as exc:
+                if by_channel:
+                    self._channel.refund(channel.id)  # refused: the channel spent nothing
                 raise _named(
                     exc,
                     f"this channel's owner received more than {self._per_owner} channel "
                     "messages this minute",
                     "channel_inbound_per_owner_per_minute",
                 ) from None
+        return Admitted(channel=by_channel, owner=by_owner)
+
+    def refund(self, channel: Channel, admitted: Admitted) -> None:
+        """Give back what `admit` counted for a message that was not enqueued (a duplicate
+        delivery, or the inbox write failed)."""
+        if admitted.channel:
+            self._channel.refund(channel.id)
+        if admitted.owner:
+            self._owner.refund(channel.user_uuid)
 
     async def run(self) -> None:
         """Both limiters' syncs (leases given back, replicas counted), forever."""

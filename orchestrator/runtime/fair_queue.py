@@ -10,7 +10,9 @@ length of the backlog; and one tenant alone never holds every slot.
 
 A waiter whose caller is cancelled leaves its queue at once; a slot granted to a waiter
 cancelled before it resumed is given back. `close()` refuses every waiter and every later
-arrival (the worker drains: nothing that waits has started, so it may run elsewhere).
+arrival (the worker drains: nothing that waits has started, so it may run elsewhere);
+`wait_idle()` returns once nothing runs and nothing waits (a drain's end), however the last
+slot was given back (a release, or a grant whose waiter was cancelled before it resumed).
 
 Plain asyncio, one event loop: no locks, since no method awaits between reading and
 changing the counts.
@@ -47,6 +49,10 @@ class FairAdmission:
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
         self._queued = 0
         self._closed: Callable[[], BaseException] | None = None
+        # Set when nothing runs and nothing waits: kept here, where every count changes, so
+        # no path that frees the last slot (the waiter's own give-back included) misses it.
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def running(self) -> int:
@@ -55,6 +61,10 @@ class FairAdmission:
     @property
     def queued(self) -> int:
         return self._queued
+
+    async def wait_idle(self) -> None:
+        """Return once no task runs and none waits."""
+        await self._idle.wait()
 
     def running_of(self, tenant: str) -> int:
         return self._running.get(tenant, 0)
@@ -77,9 +87,10 @@ class FairAdmission:
         finally:
             self.release(tenant)
 
-    async def acquire(self, tenant: str) -> None:
+    async def acquire(self, tenant: str) -> bool:
         """Wait for a slot (at once when one is free for this tenant and none of its own
-        tasks waits ahead). Raises what `close()` was given once closed."""
+        tasks waits ahead); True when it had to wait. Raises what `close()` was given once
+        closed."""
         if self._closed is not None:
             raise self._closed()
         if (
@@ -88,13 +99,14 @@ class FairAdmission:
             and self._running.get(tenant, 0) < self.per_tenant
         ):
             self._start(tenant)
-            return
+            return False
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue = self._waiting.get(tenant)
         if queue is None:
             queue = self._waiting[tenant] = deque()  # joins the ring last
         queue.append(waiter)
         self._queued += 1
+        self._idle.clear()
         try:
             await waiter
         except BaseException:
@@ -104,6 +116,7 @@ class FairAdmission:
             else:
                 self._forget(tenant, waiter)
             raise
+        return True
 
     def release(self, tenant: str) -> None:
         """A task of `tenant` ended: its slot goes to the next waiter."""
@@ -116,6 +129,7 @@ class FairAdmission:
             self._running[tenant] = held - 1
         self._total -= 1
         self._dispatch()
+        self._settle()
 
     def close(self, error: Callable[[], BaseException]) -> None:
         """Refuse every waiter, and every later `acquire`, with `error()`. Running tasks
@@ -127,12 +141,18 @@ class FairAdmission:
             for waiter in queue:
                 if not waiter.done():
                     waiter.set_exception(error())
+        self._settle()
 
     # --- internals ------------------------------------------------------------------------
 
     def _start(self, tenant: str) -> None:
         self._running[tenant] = self._running.get(tenant, 0) + 1
         self._total += 1
+        self._idle.clear()
+
+    def _settle(self) -> None:
+        if self._total == 0 and self._queued == 0:
+            self._idle.set()
 
     def _forget(self, tenant: str, waiter: asyncio.Future[None]) -> None:
         """A cancelled waiter leaves its queue now (not when its turn would have come)."""
@@ -146,6 +166,7 @@ class FairAdmission:
         self._queued -= 1
         if not queue:
             del self._waiting[tenant]
+        self._settle()
 
     def _pick(self) -> str | None:
         """The waiting tenant under its ceiling with the fewest running here; ties go to the

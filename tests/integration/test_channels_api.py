@@ -15,11 +15,20 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.auth import Principal
-from orchestrator.channels import ChannelRelay, ChannelStore, EgressPolicy, secret_box
+from orchestrator.channels import (
+    Channel,
+    ChannelRelay,
+    ChannelStore,
+    EgressPolicy,
+    InboundLimits,
+    secret_box,
+)
 from orchestrator.db import connect
+from orchestrator.errors import RateLimited
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
 from tests.fakes.agent_llm import agent_reply
@@ -483,13 +492,62 @@ async def test_inbound_messages_are_limited_per_channel_and_per_owner(
             assert {r.json()["limit"] for r in refused} == {"channel_inbound_per_owner_per_minute"}
             assert split(other) == (1, [])
 
+            # A platform re-delivering a message it sent (Slack, Telegram retry) spends no
+            # budget: bob's channel, 1 of 5 spent, takes 6 re-deliveries and then 4 new ones.
+            again = {"text": "[answer c0]", "metadata": {"message_id": "c0"}}
+            for _ in range(6):
+                r = await api.post(bobs, json=again)
+                assert r.status_code == 200 and r.json()["duplicate"] is True, r.text
+            assert split(await burst(bobs, 4, "d")) == (4, [])
+            r = await api.post(bobs, json={"text": "x", "metadata": {"message_id": "e0"}})
+            assert r.status_code == 429 and r.json()["limit"] == "channel_inbound_per_minute"
+
             # Only what was admitted is in the inbox, and only that runs agent tasks.
             db = await asyncpg.connect(settings.database_url)
             try:
-                assert await db.fetchval("SELECT count(*) FROM channel_inbox") == 9
+                assert await db.fetchval("SELECT count(*) FROM channel_inbox") == 13
             finally:
                 await db.close()
-            await _until(lambda: _has(callback, 9))
+            await _until(lambda: _has(callback, 13))
             answered = sorted(r.json["text"][0] for r in callback.requests)
-            assert answered == ["a"] * 5 + ["b"] * 3 + ["c"]
-            assert len(llm.chat_requests) == 9
+            assert answered == ["a"] * 5 + ["b"] * 3 + ["c"] + ["d"] * 4
+            assert len(llm.chat_requests) == 13
+
+
+async def test_a_message_the_owners_limit_refuses_costs_its_channel_nothing(
+    make_settings: Any,
+) -> None:
+    """The channel is counted first (a busy channel must not spend its owner's other
+    channels); when the owner's limit then refuses, the channel's count is given back.
+    Real Redis; owners told apart by the channel's `user_uuid`."""
+    settings = make_settings(channel_inbound_per_minute=2, channel_inbound_per_owner_per_minute=1)
+    client = aioredis.from_url(settings.redis_url)
+    limits = InboundLimits(client, settings)
+
+    def of(owner: str) -> Channel:
+        return Channel(
+            id="ch-1",
+            user_uuid=owner,
+            type="webhook",
+            name="h",
+            config={},
+            secrets={},
+            status="active",
+            failures=0,
+            last_error=None,
+            created_at=0,
+            updated_at=0,
+        )
+
+    try:
+        await _fresh_window(5)
+        await limits.admit(of("ann"))
+        with pytest.raises(RateLimited) as refused:
+            await limits.admit(of("ann"))  # the owner's one is spent
+        assert refused.value.extra["limit"] == "channel_inbound_per_owner_per_minute"
+        await limits.admit(of("bob"))  # the channel's second: the refused one cost nothing
+        with pytest.raises(RateLimited) as refused:
+            await limits.admit(of("cid"))
+        assert refused.value.extra["limit"] == "channel_inbound_per_minute"
+    finally:
+        await client.aclose()

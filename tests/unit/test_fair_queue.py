@@ -191,3 +191,35 @@ async def test_close_refuses_the_waiters_and_later_arrivals_and_keeps_the_runnin
         await admission.acquire("c")
     await log.finish("a0")
     assert log.started == ["a0"] and admission.running == 0
+
+
+async def test_idle_once_a_cancelled_grant_gives_back_the_last_slot() -> None:
+    """A drain waits for idle: the last slot, given back by a waiter cancelled between its
+    grant and its resumption (no task's `finally` runs for it), still ends the wait."""
+    admission = FairAdmission(slots=1, per_tenant=1)
+    await admission.acquire("a")
+    b = asyncio.create_task(admission.acquire("b"))
+    await _settle()
+    idle = asyncio.create_task(admission.wait_idle())
+    await _settle()
+    assert not idle.done()  # a runs, b waits
+    admission.release("a")  # b's grant: b has not resumed yet
+    b.cancel()
+    await asyncio.wait_for(idle, 5)
+    assert b.cancelled() and (admission.running, admission.queued) == (0, 0)
+
+
+async def test_acquire_says_whether_it_waited() -> None:
+    """The caller learns from the admission itself whether it waited (a driver that waited
+    reads its workflow again), not from a guess made before."""
+    admission = FairAdmission(slots=1, per_tenant=1)
+    assert await admission.acquire("a") is False  # a free slot: at once
+    waiting = asyncio.create_task(admission.acquire("b"))
+    await _settle()
+    assert not waiting.done()
+    admission.release("a")
+    assert await asyncio.wait_for(waiting, 1) is True
+    admission.release("b")
+    assert await admission.acquire("b") is False
+    admission.release("b")
+    assert admission.running == 0 and admission.queued == 0

@@ -1,20 +1,15 @@
 """Request ids and header bytes at every entry (issue 29, items 5 and 6): the rule
 (`deployments.edge.request_ids`), the edge Serve runs around its HTTP servers, our HAProxy's
-rules (through a real HAProxy), and the app's middleware. End to end, in both proxy modes:
+rules (run by a real HAProxy in tests/integration/test_haproxy_request_ids.py), and the app's
+middleware. End to end, in both proxy modes:
 tests/e2e/test_proxy_security.py."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import os
-import socket
-import subprocess
-import threading
-import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,13 +18,13 @@ import pytest
 
 from deployments import edge, launcher
 from deployments.edge import EdgeGuard, edge_headers, request_ids
-from deployments.launcher import EDGE_HOOK, haproxy_usable
+from deployments.launcher import EDGE_HOOK
 from deployments.middleware import RequestContextMiddleware
 from orchestrator.config import Settings
 from orchestrator.observability import ACCESS_LOGGER, MetricsRecorder, RouteTemplates
 from orchestrator.runtime import haproxy_harden
 from orchestrator.runtime.haproxy_harden import ProxyPolicy, harden
-from tests.unit.test_client_address import RENDERED, _free_port, _listening
+from tests.unit.test_client_address import RENDERED
 
 with warnings.catch_warnings():  # Serve's own models still use pydantic v1 idioms
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -172,13 +167,18 @@ async def test_an_error_in_serves_code_is_logged_answered_and_counted(
                 await guard(_scope([], path), _receive, sent)
         else:
             await guard(_scope([], path), _receive, sent)
+    records = [r for r in caplog.records if r.name == "ray.serve.edge"]
+    if answered_first:
+        # The answer had begun: the app's middleware counted (and logged) its status, and
+        # re-raised; counting it again here would count one request twice. The server ends
+        # the connection.
+        assert counted == [] and records == []
+        return
     assert counted == [("GET", path)]
-    (record,) = [r for r in caplog.records if r.name == "ray.serve.edge"]
+    (record,) = records
     assert record.levelno == logging.ERROR and record.exc_info is not None
     message = record.getMessage()
     assert "chw_secret-token" not in message and "/api/v1/channels/webhook/" in message
-    if answered_first:
-        return  # the answer had begun: the server ends the connection
     assert sent.status == 500 and sent.headers[b"content-type"] == b"application/json"
     body = json.loads(sent.body)
     assert body == {
@@ -188,6 +188,26 @@ async def test_an_error_in_serves_code_is_logged_answered_and_counted(
         "request_id": sent.headers[b"x-request-id"].decode(),
     }
     assert body["request_id"] in message
+
+
+async def test_the_edges_own_records_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    """In Serve's proxy no formatter of ours masks secrets: the edge's records are masked
+    before any handler formats them, the message and the traceback alike."""
+
+    async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise ValueError("bad header authorization: Bearer orch_live-secret-0123456789")
+
+    guard = EdgeGuard(serve, trusted_request_id=False, report=lambda *a: None)
+    with caplog.at_level(logging.ERROR, logger="ray.serve.edge"):
+        await guard(_scope([]), _receive, _Sent())
+        edge.log.error("token in a message: Bearer %s", "orch_other-secret-0123456789")
+    records = [r for r in caplog.records if r.name == "ray.serve.edge"]
+    assert len(records) == 2
+    # Formatted as Serve's text formatter (and the standard one) would: exc_text is used.
+    lines = [logging.Formatter("%(message)s").format(r) for r in records]
+    assert "ValueError" in lines[0] and "Traceback" in lines[0]
+    for line in lines:
+        assert "secret" not in line and "[redacted]" in line
 
 
 def test_serve_finds_the_edge_where_the_launcher_points_it(
@@ -222,93 +242,6 @@ def test_the_haproxy_rules_use_the_one_request_id_form() -> None:
     assert frontend.index("x-request-id %[uuid]") < frontend.index("default_backend")
 
 
-class _Echo(http.server.BaseHTTPRequestHandler):
-    """Answers with the request ids it was given, as JSON."""
-
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        got = {
-            name: self.headers.get_all(name) or []
-            for name in ("X-Request-ID", "X-Client-Request-ID")
-        }
-        body = json.dumps(got).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def haproxy_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    ok, binary = haproxy_usable()
-    assert ok, binary
-    work = tmp_path_factory.mktemp("haproxy-ids")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    server.handle_error = lambda *_: None  # type: ignore[method-assign]  # HAProxy hanging up
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    front, exporter, stats = _free_port(), _free_port(), _free_port()
-    rendered = (
-        RENDERED.replace("/tmp/oh-1/", f"{work}/")
-        .replace("bind :9101", f"bind :{exporter}")
-        .replace("127.0.0.1:8000", f"127.0.0.1:{front}")
-        .replace("*:8404", f"*:{stats}")
-        .replace("127.0.0.1:30000 check", f"127.0.0.1:{server.server_address[1]}")
-    )
-    config = work / "haproxy.cfg"
-    config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1")))
-    checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    proxy = subprocess.Popen([binary, "-db", "-f", str(config)], stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 20
-        while not _listening(front):
-            assert proxy.poll() is None and time.monotonic() < deadline, "HAProxy did not start"
-            time.sleep(0.05)
-        yield front
-    finally:
-        proxy.terminate()
-        proxy.wait(10)
-        if proxy.stderr is not None:
-            proxy.stderr.close()
-        server.shutdown()
-        server.server_close()
-
-
-def _through(port: int, headers: list[bytes]) -> dict[str, list[str]]:
-    request = b"\r\n".join([b"GET / HTTP/1.1", b"Host: x", b"Connection: close", *headers])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(request + b"\r\n\r\n")
-        answer = b""
-        while chunk := s.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    return dict(json.loads(body))
-
-
-@pytest.mark.parametrize("value", [v for v in FORGED if b"\r" not in v])
-def test_haproxy_replaces_a_clients_id(haproxy_front: int, value: bytes) -> None:
-    got = _through(
-        haproxy_front,
-        [b"X-Request-ID: " + value, b"X-Client-Request-ID: " + value],
-    )
-    (ours,) = got["X-Request-ID"]
-    assert _ours(ours) and ours.encode() != value and got["X-Client-Request-ID"] == []
-
-
-def test_haproxy_keeps_a_well_formed_client_id_apart(haproxy_front: int) -> None:
-    sent = [b"X-Client-Request-ID: planted", b"X-Request-ID: trace-1"]
-    first, second = _through(haproxy_front, sent), _through(haproxy_front, sent)
-    assert first["X-Client-Request-ID"] == second["X-Client-Request-ID"] == ["trace-1"]
-    assert first["X-Request-ID"] != second["X-Request-ID"]
-    assert all(_ours(i) and i != "trace-1" for i in first["X-Request-ID"] + second["X-Request-ID"])
-    assert _ours(_through(haproxy_front, [])["X-Request-ID"][0])
-
-
 # The app's middleware: the same rule, served alone (first hop) and under Serve.
 
 
@@ -318,11 +251,17 @@ async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _middleware(echo: bool) -> tuple[RequestContextMiddleware, MetricsRecorder]:
+def _middleware(
+    echo: bool, ingress_key: str | None = None
+) -> tuple[RequestContextMiddleware, MetricsRecorder]:
     recorder = MetricsRecorder("test")
     ctx = SimpleNamespace(settings=Settings(access_log=True), recorder=recorder)
     app = RequestContextMiddleware(
-        _ok, lambda: ctx, RouteTemplates(["/api/v1/health"]), echo_request_id=echo
+        _ok,
+        lambda: ctx,
+        RouteTemplates(["/api/v1/health"]),
+        echo_request_id=echo,
+        ingress_key=ingress_key,
     )
     return app, recorder
 
@@ -366,3 +305,35 @@ async def test_under_serve_the_middleware_checks_the_id_it_is_given() -> None:
         await app(_scope([(b"x-request-id", value)]), _receive, sent)
         request_id = json.loads(sent.body)["request_id"]
         assert _ours(request_id) and request_id != value.decode("latin-1")
+
+
+async def test_a_request_that_skipped_our_haproxy_never_gets_the_clients_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Sent straight to a replica's port: the edge there trusts X-Request-ID (our HAProxy
+    made it), but with no ingress key it is the client's. The 421 carries a fresh id, in the
+    body, the access line and the one X-Request-ID header, through the edge and Serve's own
+    RequestIdMiddleware as a replica's direct-ingress server stacks them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from ray.serve._private.http_util import RequestIdMiddleware
+
+    app, _ = _middleware(echo=False, ingress_key="the-ingress-key")
+    server = EdgeGuard(RequestIdMiddleware(app), trusted_request_id=True, report=lambda *a: None)
+    sent = _Sent()
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        await server(_scope([(b"x-request-id", b"client-trace-1")]), _receive, sent)
+    assert sent.status == 421
+    request_id = json.loads(sent.body)["request_id"]
+    assert _ours(request_id) and request_id != "client-trace-1"
+    ids = [v for n, v in sent.messages[0]["headers"] if n.lower() == b"x-request-id"]
+    assert ids == [request_id.encode()]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert f"request_id={request_id} " in line and "request_id=client-trace-1 " not in line
+    # Through our HAProxy (the key present) the id it made is kept, and echoed once.
+    sent = _Sent()
+    headers = [(b"x-request-id", b"made-by-haproxy"), (b"x-orch-ingress", b"the-ingress-key")]
+    await server(_scope(headers), _receive, sent)
+    assert sent.status == 200 and json.loads(sent.body)["request_id"] == "made-by-haproxy"
+    ids = [v for n, v in sent.messages[0]["headers"] if n.lower() == b"x-request-id"]
+    assert ids == [b"made-by-haproxy"]
