@@ -373,8 +373,10 @@ class Settings(BaseSettings):
     workflow_max_live_per_user: int = Field(
         200,
         ge=1,
-        description="Workflows one user may have pending or running, children included: a "
-        "create past it is a 429 (Retry-After), a spawn step past it fails",
+        description="Workflows one user may have pending or running. A create counts the "
+        "whole tree it starts (429 with Retry-After past it, 400 when that tree alone is "
+        "bigger); children that existing workflows have yet to spawn are not reserved: such "
+        "a spawn step past it fails, naming this setting",
     )
     workflow_max_descendants: int = Field(
         100,

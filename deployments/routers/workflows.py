@@ -21,6 +21,7 @@ from orchestrator.workflows import (
     fill_template,
     resolve_request,
     template_variables,
+    tool_steps,
     tree_size,
 )
 
@@ -168,13 +169,16 @@ ParentQ = Annotated[
 
 async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext) -> None:
     """A step that names tools for a model whose server says it takes none is a 400 now,
-    not a failed step later (a model that nothing serves yet is judged when the step runs)."""
-    for i, step in enumerate(spec.steps):
-        model = step.model or spec.model or ctx.settings.default_model
-        if step.type == "task" and step.tools and model:
-            if await ctx.gateway.takes_tools(model) is False:
-                where = {"field": f"steps.{i}.tools", "message": f"{model} takes no tools"}
-                raise BadRequest(tools_refused(model), extra={"fields": [where]})
+    not a failed step later (a model that nothing serves yet is judged when the step runs).
+    Spawn steps' children too (resolved inline): the field names the child's step."""
+    asked: dict[str, bool | None] = {}  # one question per model, however many steps use it
+    for where, model in tool_steps(spec, ctx.settings.default_model):
+        if model not in asked:
+            asked[model] = await ctx.gateway.takes_tools(model)
+        if asked[model] is False:
+            # The shape of every other field-level 400 (orchestrator/workflows/_spec.py _bad).
+            bad = {"field": where, "error": f"{model} takes no tools"}
+            raise BadRequest(f"{where}: {tools_refused(model)}", extra={"fields": [bad]})
 
 
 @router.post("/workflows", response_model=Created)

@@ -2,7 +2,7 @@
 the engine. No Ray here: `actors/workflow_shard.py` hosts engines in shards."""
 
 from orchestrator.workflows._engine import WorkflowEngine
-from orchestrator.workflows._resolve import resolve_request, tree_size
+from orchestrator.workflows._resolve import resolve_request, tool_steps, tree_size
 from orchestrator.workflows._spec import (
     BranchRule,
     Condition,
@@ -55,5 +55,6 @@ __all__ = [
     "resolve_request",
     "shard_of",
     "template_variables",
+    "tool_steps",
     "tree_size",
 ]

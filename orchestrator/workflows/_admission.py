@@ -55,15 +55,9 @@ class DriverAdmission:
         known = self._tenants.get(workflow_id)
         if known is None or workflow_id in self._holding:
             return False
-        fair = self._fair
-        waits = (
-            fair.queued_of(known) > 0
-            or fair.running >= fair.slots
-            or fair.running_of(known) >= fair.per_tenant
-        )
-        await self._fair.acquire(known)  # cancelled while waiting: it leaves the queue
+        waited = await self._fair.acquire(known)  # cancelled while waiting: leaves the queue
         self._holding.add(workflow_id)
-        return waits
+        return waited
 
     @asynccontextmanager
     async def away(self, workflow_id: str) -> AsyncIterator[None]:

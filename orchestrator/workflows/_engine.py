@@ -51,17 +51,17 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
 from orchestrator.agents import AgentTask, TaskDispatcher
 from orchestrator.config import Settings
-from orchestrator.errors import Conflict, NotFound, RateLimited
+from orchestrator.errors import Conflict, NotFound, RateLimited, ValidationFailed
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.workflows._admission import DriverAdmission
-from orchestrator.workflows._patterns import PatternBudgetSpent, PatternRunner
+from orchestrator.workflows._patterns import PatternBudgetSpent, PatternRunner, Search
 from orchestrator.workflows._resolve import resolve_child
 from orchestrator.workflows._spec import (
     BranchRule,
@@ -74,12 +74,14 @@ from orchestrator.workflows._states import FINISHED, StepState, WorkflowState
 from orchestrator.workflows._store import (
     CLAIM_KIND,
     NOTIFY_CHANNEL,
+    LiveLockBusy,
     WorkflowRecord,
     WorkflowStore,
 )
 from orchestrator.workflows._tasks import announcer, chainable, step_task
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Starter = Callable[[str], Awaitable[None]]
 Canceller = Callable[[str], Awaitable[str]]
@@ -362,16 +364,21 @@ class WorkflowEngine:
         except _Drained:
             log.info("workflow %s: handed over (draining)", workflow_id)
         finally:
+            # Everything synchronous before the first await: a second cancel (a cancel
+            # request and an interrupt, or shutdown) landing on that await must not skip it
+            # (a slot held forever would starve the shard's other drivers).
             renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
             self._admission.leave(workflow_id)
             self._fences.pop(workflow_id, None)
             self._progress.pop(workflow_id, None)
             self._patterns.forget(workflow_id)
             self._knows_ending.discard(workflow_id)
-            with contextlib.suppress(Exception):
-                # Shielded: a cancelled driver (shutdown) still hands its claim back.
-                await asyncio.shield(self._claims.release(fence))
+            try:
+                await asyncio.gather(renewer, return_exceptions=True)
+            finally:
+                with contextlib.suppress(Exception):
+                    # Shielded: a cancelled driver (shutdown) still hands its claim back.
+                    await asyncio.shield(self._claims.release(fence))
 
     async def _renew(self, fence: Fence, driver: asyncio.Task[None]) -> None:
         """Keep the claim while driving. Lost (taken over), or not renewed before it
@@ -500,10 +507,8 @@ class WorkflowEngine:
             condition = Condition(spec.condition)
             try:
                 holds = (
-                    await self._patterns.run(
-                        record.id,
-                        record.user_uuid,
-                        lambda search: condition.evaluate(record.lookup, search),
+                    await self._search(
+                        record, lambda search: condition.evaluate(record.lookup, search)
                     )
                     if condition.uses_patterns
                     else condition.evaluate(record.lookup)
@@ -573,14 +578,23 @@ class WorkflowEngine:
                 )
             return
 
+    async def _search(self, record: WorkflowRecord, evaluate: Callable[[Search], T]) -> T:
+        """`evaluate` with pattern searches, off the loop (_patterns.py), without the
+        workflow's database slot: the search may wait for a thread, and the slot is for
+        database work (the shard's other drivers need it meanwhile)."""
+        try:
+            async with self._admission.away(record.id):
+                return await self._patterns.run(record.id, record.user_uuid, evaluate)
+        except PatternBudgetSpent:
+            await self._admission.enter(record.id)  # its handler records the failure
+            raise
+
     async def _choose(self, record: WorkflowRecord, spec: StepSpec) -> BranchRule | str:
         """The branch entry to follow, or why the branch step fails."""
         try:
             rule = (
-                await self._patterns.run(
-                    record.id,
-                    record.user_uuid,
-                    lambda search: choose_branch(spec, record.lookup, search),
+                await self._search(
+                    record, lambda search: choose_branch(spec, record.lookup, search)
                 )
                 if branch_uses_patterns(spec)
                 else choose_branch(spec, record.lookup)
@@ -640,8 +654,12 @@ class WorkflowEngine:
                 for i, child in enumerate(spec.workflows)
             ]
             try:
-                children = await self._create_children(record, spec, specs, fence)
-            except RateLimited as exc:  # the user's live ceiling: the step fails
+                children = await self._create_children(record, idx, spec, specs, fence)
+            except LiveLockBusy:
+                raise  # contention, not a limit: retried as an infrastructure failure
+            except (RateLimited, ValidationFailed) as exc:
+                # Past the user's live ceiling (a 400: more children than the ceiling
+                # itself, say lowered since admission): the step fails, naming it.
                 await self._fail_step(record, idx, key, exc.message, fence)
                 return
         async with self._admission.away(record.id):  # the children need the slots
@@ -677,13 +695,17 @@ class WorkflowEngine:
             )
 
     async def _create_children(
-        self, record: WorkflowRecord, spec: StepSpec, specs: list[Any], fence: Fence
+        self, record: WorkflowRecord, idx: int, spec: StepSpec, specs: list[Any], fence: Fence
     ) -> list[str]:
         async with self._store.pool.acquire() as conn, conn.transaction():
             await fence.check(conn)  # a zombie creates no children
             # Admitted with their root, but the user may have started others since.
             await self._store.check_live_room(
-                conn, record.user_uuid, len(specs), self._settings.workflow_max_live_per_user
+                conn,
+                record.user_uuid,
+                len(specs),
+                self._settings.workflow_max_live_per_user,
+                field=f"steps[{idx}].workflows",
             )
             return [
                 await self._store.create(

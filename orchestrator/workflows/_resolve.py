@@ -176,3 +176,28 @@ async def resolve_child(
 ) -> WorkflowSpec:
     """A spawn step's child, admitted with its root: not held to the limits again."""
     return await resolve_request(templates, child, user_uuid, where=f"{label}.")
+
+
+def tool_steps(spec: WorkflowSpec, default_model: str | None) -> list[tuple[str, str]]:
+    """`(field, model)` of every task step in the tree (children resolved inline, as
+    `resolve_request` leaves them) that names tools, with the model it would run on. A
+    child's steps fall back to the child's own model, then `default_model` (not to the
+    parent's: a child runs as its own workflow). The tree was admitted within the spec
+    limits, so the walk is bounded by them."""
+    found: list[tuple[str, str]] = []
+
+    def walk(steps: Any, model: str | None, where: str) -> None:
+        for i, step in enumerate(steps if isinstance(steps, list | tuple) else ()):
+            raw = step.to_json() if isinstance(step, StepSpec) else step
+            if not isinstance(raw, dict):
+                continue
+            at = f"{where}steps[{i}]"
+            chosen = raw.get("model") or model or default_model
+            if raw.get("type", "task") == "task" and raw.get("tools") and chosen:
+                found.append((f"{at}.tools", chosen))
+            for j, child in enumerate(raw.get("workflows") or ()):
+                if isinstance(child, dict):
+                    walk(child.get("steps"), child.get("model"), f"{at}.workflows[{j}].")
+
+    walk(spec.steps, spec.model, "")
+    return found

@@ -43,6 +43,13 @@ LIVE_LOCK = 947744
 # Live workflows end at their own pace: a client over its ceiling is told to look again
 # after this many seconds.
 LIVE_RETRY_AFTER_S = 10
+# The longest a creation waits for its user's creation lock (then LiveLockBusy, a 429).
+LIVE_LOCK_WAIT_MS = 2000
+
+
+class LiveLockBusy(RateLimited):
+    """The user's creation lock was not had within LIVE_LOCK_WAIT_MS (other creations of
+    theirs hold it): a 429 to a client; a spawn step retries (nothing is over a limit)."""
 
 
 def shard_of(workflow_id: str, shards: int) -> int:
@@ -133,24 +140,56 @@ class WorkflowStore:
     # --- creating and reading ---------------------------------------------------------------
 
     async def check_live_room(
-        self, conn: asyncpg.Connection, user_uuid: str, adding: int, ceiling: int
+        self,
+        conn: asyncpg.Connection,
+        user_uuid: str,
+        adding: int,
+        ceiling: int,
+        *,
+        field: str = "steps",
     ) -> None:
         """Within `conn`'s transaction (which then creates them): room for `adding` more
         pending or running workflows of `user_uuid` under `ceiling`, or a 429 naming the
-        setting (a 400 when `adding` alone is over it: waiting would not help). Holds the
-        user's creation lock until that transaction ends."""
+        setting (a 400 naming `field` when `adding` alone is over it: waiting would not
+        help). Holds the user's creation lock until that transaction ends; waits at most
+        LIVE_LOCK_WAIT_MS for it (LiveLockBusy), since it waits holding a pool connection."""
         if adding > ceiling:
-            raise ValidationFailed(
+            message = (
                 f"this request starts {adding} workflows, more than the {ceiling} a user may"
-                " have pending or running (workflow_max_live_per_user)",
-                extra={"limit": "workflow_max_live_per_user"},
+                " have pending or running (workflow_max_live_per_user)"
             )
-        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LIVE_LOCK, user_uuid)
+            raise ValidationFailed(
+                f"{field}: {message}",
+                extra={
+                    "limit": "workflow_max_live_per_user",
+                    "fields": [{"field": field, "error": message}],
+                },
+            )
+        # The lock's wait is bounded (a user's creations queued behind each other would
+        # each hold one of the pool's connections); the bound ends with the lock taken.
+        previous = await conn.fetchval(  # (the target list is evaluated in order)
+            "SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)",
+            f"{LIVE_LOCK_WAIT_MS}ms",
+        )
+        try:
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))", LIVE_LOCK, user_uuid
+            )
+        except asyncpg.LockNotAvailableError:
+            raise LiveLockBusy(
+                "too many of your workflows are being created at once: try again"
+                " (workflow_max_live_per_user is checked one creation at a time)",
+                retry_after=1,
+                extra={"limit": "workflow_max_live_per_user"},
+            ) from None
+        # Counted with the partial index workflows_live_user (migration 0021).
         live = await conn.fetchval(
-            "SELECT count(*) FROM (SELECT 1 FROM workflows WHERE user_uuid = $1"
-            " AND status IN ('pending', 'running') LIMIT $2) t",
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM workflows WHERE user_uuid = $1"
+            " AND status IN ('pending', 'running') LIMIT $2) t),"
+            " set_config('lock_timeout', $3, true)",
             user_uuid,
             ceiling + 1,
+            previous,
         )
         if live + adding > ceiling:
             raise RateLimited(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -296,7 +297,6 @@ def test_a_tenants_patterns_are_bounded_in_size_and_cpu(service: Orchestrator) -
         r = c.post("/workflows", headers=mallory, json=looping("a[ab]{240}c"))
         assert r.status_code == 200, r.text
         loop = r.json()["id"]
-        started = time.monotonic()
         plain = [
             c.post(
                 "/workflows",
@@ -307,10 +307,21 @@ def test_a_tenants_patterns_are_bounded_in_size_and_cpu(service: Orchestrator) -
         ]
         bodies = _wait_all(c, plain, 60)
         assert {b["status"] for b in bodies.values()} == {"completed"}, bodies
-        assert time.monotonic() - started < 20  # the issue: 14-47 s behind the pattern
         body = _wait_all(c, [loop], 120)[loop]
         assert body["status"] == "failed", body
         assert "workflow_pattern_budget_ms" in body["error"], body
+        # By the log's order, not a stopwatch: the victims' workflows ended while the loop
+        # still searched (it searches for a whole second of CPU, laps in between); in the
+        # issue they ended 14-47 s later, behind it.
+        ended = {
+            wid: next(
+                e["position"]
+                for e in _events(c, wid)
+                if e["type"] in ("workflow.completed", "workflow.failed")
+            )
+            for wid in [*plain, loop]
+        }
+        assert max(ended[wid] for wid in plain) < ended[loop], ended
 
 
 def test_a_template_bomb_is_refused_at_admission(service: Orchestrator) -> None:
@@ -333,10 +344,13 @@ def test_a_template_bomb_is_refused_at_admission(service: Orchestrator) -> None:
             )
             assert r.status_code == 200, r.text
         for bomb in ("bomb3", "bomb2"):
-            started = time.monotonic()
             r = c.post("/workflows", headers=bomber, json={"template": bomb})
             _refused(r, 400, "workflow_max_descendants")
-            assert time.monotonic() - started < 2  # the issue: 3.7 s resolving bomb3
+            # Work not done (not a stopwatch): resolution stopped within the first two of
+            # the root's 50 children, not after 127,551 specs (the issue: 3.7 s in bomb3).
+            where = r.json()["fields"][0]["field"]
+            first = re.match(r"steps\[0\]\.workflows\[(\d+)\]", where)
+            assert first is not None and int(first[1]) <= 1, where
         assert c.get("/workflows", headers=bomber).json()["total"] == 0
 
 

@@ -1,20 +1,26 @@
 """Fairness across tenants on a workflow shard (issue 29), against real Postgres with an
 engine over a shard-sized pool: one tenant's backlog of step transitions does not queue
 another tenant's workflow behind it (the drivers' database work is admitted per tenant),
-and the recovery sweep takes unclaimed workflows round-robin by tenant, not oldest first."""
+and the recovery sweep takes unclaimed workflows round-robin by tenant, not oldest first.
+Also what keeps the shard's slots and connections from leaking: a driver cancelled twice
+gives its slot back, the live-ceiling check waits a bounded time for its user's lock, and
+a spawn past that ceiling fails its step instead of retrying."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from orchestrator.db import Database, connect
+from orchestrator.errors import RateLimited
 from orchestrator.events import EventStore
-from orchestrator.runtime.claims import ClaimStore
-from orchestrator.workflows import WorkflowEngine, WorkflowStore
+from orchestrator.runtime.claims import ClaimStore, Fence
+from orchestrator.workflows import WorkflowEngine, WorkflowSpec, WorkflowStore
+from orchestrator.workflows._store import LIVE_LOCK
 from tests.integration.test_workflow_claims import _Agent, _spec, _store, db
 
 __all__ = ["db"]  # fixture used here
@@ -118,3 +124,134 @@ async def test_the_sweep_takes_unclaimed_workflows_round_robin_by_tenant(db: Dat
     own = _round_robin([r for r in rows if r[0] % 2 == 1])
     others = _round_robin([r for r in rows if r[0] % 2 == 0])
     assert await store.unclaimed(100, "shard-1", 1, 2) == own + others
+
+
+async def test_a_driver_cancelled_twice_gives_its_slot_back(
+    make_settings: Any, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel request and an interrupt (or shutdown) both cancel a driver that holds a
+    slot; the second lands while the first's cleanup awaits the claim renewer. The slot
+    still goes back (held forever, it would shrink the shard for every tenant)."""
+    engine = WorkflowEngine(_store(db), _Agent(), make_settings(), owner="shard-0")
+    holding, renewer_cancelled, renewer_may_end = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def drive(workflow_id: str, fence: Fence) -> None:  # database work, in its slot
+        await engine.admission.enter(workflow_id, "ann")
+        holding.set()
+        await asyncio.Event().wait()
+
+    async def renew(fence: Fence, driver: asyncio.Task[None]) -> None:  # slow to stop
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            renewer_cancelled.set()
+            await renewer_may_end.wait()
+
+    monkeypatch.setattr(engine, "_drive_with_retries", drive)
+    monkeypatch.setattr(engine, "_renew", renew)
+    try:
+        wid = await engine.store.create(_spec("w", 1), "ann")
+        await engine.start(wid)
+        await asyncio.wait_for(holding.wait(), 30)
+        driver = engine._driver(wid)
+        assert driver is not None and engine.admission.running == 1
+        driver.cancel()
+        await asyncio.wait_for(renewer_cancelled.wait(), 30)  # its cleanup awaits the renewer
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+        assert engine.admission.running == 0 and engine.admission.queued == 0
+        # The claim went back too: the next sweep (anywhere) takes the workflow up.
+        assert await engine.claims.holder("workflow", wid) is None
+    finally:
+        renewer_may_end.set()
+        await engine.shutdown()
+
+
+async def test_the_live_ceiling_waits_for_its_users_lock_a_bounded_time(db: Database) -> None:
+    """Another creation of Ann's holds her creation lock (a slow transaction): hers is a
+    429 after a bounded wait, not a pool connection held as long as that one runs."""
+    store = _store(db)
+    async with db.pool.acquire() as other, other.transaction():
+        await other.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", LIVE_LOCK, "ann")
+        started = time.monotonic()
+        with pytest.raises(RateLimited) as caught:
+            await asyncio.wait_for(
+                store.create_within(_spec("w", 1), "ann", starts=1, ceiling=10), 30
+            )
+        # Bounded by LIVE_LOCK_WAIT_MS (2 s); generous here for a loaded machine.
+        assert time.monotonic() - started < 20
+        assert caught.value.extra["limit"] == "workflow_max_live_per_user"
+        # Bob's creations do not wait for Ann's lock.
+        await asyncio.wait_for(store.create_within(_spec("w", 1), "bob", starts=1, ceiling=10), 30)
+    assert await db.pool.fetchval("SELECT count(*) FROM workflows WHERE user_uuid = 'ann'") == 0
+    # Her lock free again: she creates, and her transaction's lock_timeout was put back.
+    await store.create_within(_spec("w", 1), "ann", starts=1, ceiling=10)
+    indexed = await db.pool.fetchval(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'workflows_live_user'"
+    )
+    assert indexed is not None and "(user_uuid)" in indexed and "pending" in indexed
+
+
+async def test_a_spawn_of_more_children_than_the_ceiling_fails_its_step(
+    make_settings: Any, db: Database
+) -> None:
+    """The ceiling lowered below a tree admitted before: its spawn cannot ever fit (a 400,
+    not a 429). The spawn step fails naming the setting; no infrastructure retries."""
+    settings = make_settings(
+        workflow_max_live_per_user=2, workflow_retry_attempts=2, workflow_retry_base_ms=20
+    )
+    store = _store(db)
+    engine = WorkflowEngine(store, _Agent(), settings, owner="shard-0")
+    leaf = {"name": "leaf", "steps": [{"name": "x", "prompt": "hi"}]}
+    spec = WorkflowSpec.parse("root", [{"name": "kids", "type": "spawn", "workflows": [leaf] * 3}])
+    try:
+        wid = await store.create(spec, "ann")  # admitted under a higher ceiling, say
+        await engine.start(wid)
+        final = await engine.wait(wid, within=60)
+        assert str(final.status) == "failed"
+        assert final.error is not None and "workflow_max_live_per_user" in final.error
+        assert "infrastructure failure" not in final.error, final.error
+        assert str(final.steps[0].status) == "failed"
+        assert await store.children(wid) == []
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_pattern_search_waits_without_a_database_slot(
+    make_settings: Any, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ann's condition waits for a pattern thread (held here until Bob's workflow is done);
+    the shard's only database slot is not hers meanwhile: Bob's workflow runs to its end."""
+    settings = make_settings(workflow_shard_max_active=1, workflow_shard_tenant_share=1.0)
+    engine = WorkflowEngine(_store(db), _Agent(), settings, owner="shard-0")
+    searching, thread_free = asyncio.Event(), asyncio.Event()
+    search = engine._patterns.run
+
+    async def run_later(*args: Any) -> Any:  # the pattern threads busy until `thread_free`
+        searching.set()
+        await thread_free.wait()
+        return await search(*args)
+
+    monkeypatch.setattr(engine._patterns, "run", run_later)
+    ann_spec = WorkflowSpec.parse(
+        "ann",
+        [
+            {"name": "a", "prompt": "p"},
+            {"name": "c", "prompt": "p", "condition": "{{a.result}} matches 'done'"},
+        ],
+    )
+    try:
+        ann = await engine.store.create(ann_spec, "ann")
+        await engine.start(ann)
+        await asyncio.wait_for(searching.wait(), 30)
+        bob = await engine.store.create(_spec("bob", 1), "bob")
+        await engine.start(bob)
+        assert str((await engine.wait(bob, within=30)).status) == "completed"
+        assert str((await engine.store.load(ann)).status) == "running"  # type: ignore[union-attr]
+        thread_free.set()
+        final = await engine.wait(ann, within=30)
+        assert str(final.status) == "completed" and str(final.steps[1].status) == "completed"
+        assert engine.admission.running == 0 and engine.admission.queued == 0
+    finally:
+        thread_free.set()
+        await engine.shutdown()

@@ -197,7 +197,9 @@ async def test_searches_run_off_the_event_loop_one_at_a_time_per_tenant() -> Non
     def blocking(name: str) -> Callable[[Any], bool]:
         def evaluate(search: Any) -> bool:
             entered.append(name)
-            return gates[name].wait(10)
+            opened = gates[name].wait(10)
+            entered.append(f"{name} done")
+            return opened
 
         return evaluate
 
@@ -218,10 +220,11 @@ async def test_searches_run_off_the_event_loop_one_at_a_time_per_tenant() -> Non
         assert "ann2" not in entered
         gates["bob"].set()
         assert await bob is True
-        await asyncio.sleep(0.05)
-        assert "ann2" not in entered
         gates["ann1"].set()
         await until({"ann2"})
+        # A thread was free all along (Bob's ended): Ann's second entered only once her
+        # first had ended, not when the thread was.
+        assert entered.index("ann1 done") < entered.index("ann2"), entered
         gates["ann2"].set()
         assert await ann1 is True and await ann2 is True
     finally:

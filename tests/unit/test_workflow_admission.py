@@ -98,3 +98,14 @@ async def test_a_driver_cancelled_in_the_queue_leaves_it() -> None:
     assert admission.queued == 0 and admission.running == 1
     admission.leave("wf-1")
     assert admission.running == 0
+
+
+async def test_enter_reports_the_wait_the_admission_saw() -> None:
+    admission = DriverAdmission(slots=1, share=1.0)
+    assert await admission.enter("wf-1", "ann") is False
+    second = asyncio.create_task(admission.enter("wf-2", "bob"))
+    await _settle()
+    admission.leave("wf-1")
+    assert await asyncio.wait_for(second, 1) is True
+    admission.leave("wf-2")
+    assert admission.running == 0 and admission.queued == 0
