@@ -339,6 +339,39 @@ class Settings(BaseSettings):
     agent_task_timeout_s: float = Field(
         300.0, gt=0, description="Task timeout when a step gives none"
     )
+    tool_result_max_bytes: int = Field(
+        65_536,
+        ge=1024,
+        le=10_000_000,
+        description="An MCP or HTTP tool's answer is cut at this many bytes before the model "
+        "sees it",
+    )
+    mcp_call_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="An MCP tool call taking longer is an error result"
+    )
+    mcp_connect_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        le=600,
+        description="Connecting to an MCP server and listing its tools, at most this long",
+    )
+    mcp_stdio_commands: list[str] = Field(
+        default_factory=list,
+        description="Commands admins may register as stdio MCP servers (each runs as a child "
+        "process of the worker that calls it); empty: no stdio server",
+    )
+    mcp_max_servers_per_user: int = Field(
+        50, ge=0, le=10_000, description="MCP servers one user may register"
+    )
+    http_tools_max_per_user: int = Field(
+        200, ge=0, le=100_000, description="HTTP tools one user may define"
+    )
+    http_tool_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="An HTTP tool's request taking longer is an error result"
+    )
+    step_max_skills: int = Field(
+        8, ge=0, le=64, description="Marketplace skills one workflow step may carry"
+    )
     agent_loop_warn: int = Field(
         3, ge=2, description="Same tool call with same arguments this often: agent.loop_warning"
     )

@@ -56,6 +56,9 @@ class AgentTask:
     step: str | None = None
     idempotency_key: str | None = None  # a workflow step attempt: "<wf>:<step>:<attempt>"
     announced: bool = False  # task.created already recorded (with the step's start)
+    # Marketplace skills pinned when the workflow was created: (label, body), given to the
+    # agent as instructions after its mode's.
+    skills: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

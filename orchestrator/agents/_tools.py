@@ -37,6 +37,10 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     handler: Handler
+    # Where it comes from (GET /tools, audit.tool_executed): builtin, memory, workspace,
+    # marketplace, or a user's mcp / http tool with `origin` the server's or tool's id.
+    source: str = "builtin"
+    origin: str | None = None
 
     def definition(self) -> ToolDef:
         return ToolDef(self.name, self.description, self.parameters)

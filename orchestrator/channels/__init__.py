@@ -2,12 +2,6 @@
 generic webhook): verification of inbound deliveries, platform formats, the channel store
 and inbox, and the relay that answers messages with agent tasks and delivers the answers."""
 
-from orchestrator.channels._egress import (
-    DestinationNotAllowed,
-    EgressPolicy,
-    channel_egress,
-    egress_client,
-)
 from orchestrator.channels._limits import InboundLimits
 from orchestrator.channels._platforms import (
     Challenge,
@@ -30,7 +24,6 @@ from orchestrator.channels._store import (
     ChannelStore,
     InboxItem,
     channel_shard,
-    secret_box,
     validate_config,
 )
 from orchestrator.channels._verify import (
@@ -41,6 +34,13 @@ from orchestrator.channels._verify import (
     verify_teams_service_url,
     verify_telegram,
 )
+from orchestrator.egress import (
+    DestinationNotAllowed,
+    EgressPolicy,
+    channel_egress,
+    egress_client,
+)
+from orchestrator.secret_box import secret_box
 
 __all__ = [
     "CHANNEL_TYPES",

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from orchestrator.channels._egress import DestinationNotAllowed
+from orchestrator.egress import DestinationNotAllowed
 from orchestrator.errors import ValidationFailed
 
 __all__ = [

@@ -9,16 +9,13 @@ Secrets (`signing_secret`, `bot_token`, `secret_token`) are never returned: read
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-import os
 import re
 import secrets as pysecrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,7 +23,7 @@ import asyncpg
 from cryptography.fernet import Fernet, InvalidToken
 
 from orchestrator.auth import Principal
-from orchestrator.channels._egress import EgressPolicy
+from orchestrator.egress import EgressPolicy
 from orchestrator.errors import NotFound, Unprocessable, ValidationFailed
 from orchestrator.runtime.claims import ClaimStore, Fence
 
@@ -35,7 +32,6 @@ STATUSES = ("active", "paused", "error")
 # `webhook_url` too: a Slack or Teams incoming-webhook URL lets anyone post to the channel.
 SECRET_KEYS = frozenset({"signing_secret", "bot_token", "secret_token", "webhook_url"})
 REDACTED = "***"
-KEY_FILE = "channel_key"
 TOKEN_PREFIX = "chw_"
 # The claim a relay holds on an inbox item while handling it (orchestrator/runtime/claims.py),
 # keyed by the item's id.
@@ -57,27 +53,6 @@ def channel_shard(channel_id: str, shards: int) -> int:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-# --- the encryption key ------------------------------------------------------------------
-
-
-def secret_box(configured: str | None, data_dir: Path) -> Fernet:
-    """The Fernet box for channel secrets: from `channel_secret_key` (any string: hashed to a
-    key), else `<data_dir>/channel_key` (created, mode 0600, on first use)."""
-    if configured:
-        return Fernet(base64.urlsafe_b64encode(hashlib.sha256(configured.encode()).digest()))
-    path = data_dir / KEY_FILE
-    if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # another process made it first
-        else:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(Fernet.generate_key() + b"\n")
-    return Fernet(path.read_bytes().strip())
 
 
 # --- config validation -------------------------------------------------------------------

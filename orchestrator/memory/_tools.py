@@ -86,6 +86,7 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
             "required": ["key", "value"],
         },
         _memory_store,
+        source="memory",
     ),
     Tool(
         "memory_get",
@@ -96,6 +97,7 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
             "required": ["key"],
         },
         _memory_get,
+        source="memory",
     ),
     Tool(
         "memory_search",
@@ -110,5 +112,6 @@ MEMORY_TOOLS: tuple[Tool, ...] = (
             "required": ["query"],
         },
         _memory_search,
+        source="memory",
     ),
 )

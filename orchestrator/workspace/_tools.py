@@ -115,6 +115,7 @@ WORKSPACE_TOOLS: tuple[Tool, ...] = (
         "Read a text file of your workspace.",
         {"type": "object", "properties": {"path": _PATH}, "required": ["path"]},
         _read,
+        source="workspace",
     ),
     Tool(
         "workspace_write",
@@ -125,6 +126,7 @@ WORKSPACE_TOOLS: tuple[Tool, ...] = (
             "required": ["path", "content"],
         },
         _write,
+        source="workspace",
     ),
     Tool(
         "workspace_edit",
@@ -140,6 +142,7 @@ WORKSPACE_TOOLS: tuple[Tool, ...] = (
             "required": ["path", "old_text", "new_text"],
         },
         _edit,
+        source="workspace",
     ),
     Tool(
         "workspace_search",
@@ -154,6 +157,7 @@ WORKSPACE_TOOLS: tuple[Tool, ...] = (
             "required": ["query"],
         },
         _search,
+        source="workspace",
     ),
     Tool(
         "workspace_list",
@@ -167,5 +171,6 @@ WORKSPACE_TOOLS: tuple[Tool, ...] = (
             },
         },
         _list,
+        source="workspace",
     ),
 )

@@ -1,0 +1,182 @@
+"""What the tools agents reach outside the service are made of: MCP servers, users' HTTP
+tools, tool policies, and what a call of one returns. Plain values; the store
+(`_store.py`) reads and writes them, `_mcp.py` and `_http.py` call them, `_catalog.py`
+turns them into the tools a task is offered."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ToolSource = Literal["builtin", "memory", "workspace", "mcp", "http", "marketplace"]
+SOURCES: tuple[str, ...] = ("builtin", "memory", "workspace", "mcp", "http", "marketplace")
+
+MCP_PREFIX = "mcp__"  # mcp__<server>__<tool>: the name Claude Code gives an MCP tool
+HTTP_PREFIX = "http__"  # http__<name>
+NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")  # an MCP server's or an HTTP tool's name
+MCP_ID = re.compile(r"mcp-[0-9]{1,18}")
+HTTP_ID = re.compile(r"http-[0-9]{1,18}")
+
+REDACTED = "***"
+# Argument and header names whose values are secrets wherever they appear (events, logs).
+SECRET_NAME = re.compile(
+    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|apikey|auth|credential|private[-_]?key"
+    r"|cookie|session",
+    re.IGNORECASE,
+)
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    return f"{MCP_PREFIX}{server}__{tool}"
+
+
+def mask_secrets(value: Any, depth: int = 0) -> Any:
+    """`value` with the value of every key named like a secret (`password`, `token`,
+    `api_key`, ...) replaced by `***`, at any depth: what events and logs may show of a
+    tool's arguments."""
+    if depth > 32:
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {
+            str(k): REDACTED if SECRET_NAME.search(str(k)) else mask_secrets(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [mask_secrets(v, depth + 1) for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolInfo:
+    """One tool as its MCP server lists it."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """A registered MCP server. `headers` and `env` hold the decrypted secret values: never
+    returned, logged or put in an event (`wire()` masks them). `version` grows with every
+    change of the server's connection settings: a pooled connection of an older version is
+    closed and opened again."""
+
+    id: str  # "mcp-<n>"
+    owner: str  # the registering user's user_uuid (an admin's, for a shared server)
+    name: str
+    transport: Literal["streamable_http", "stdio"]
+    url: str | None = None
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    shared: bool = False
+    status: Literal["ready", "error"] = "ready"
+    error: str | None = None
+    tools: tuple[McpToolInfo, ...] = ()
+    version: int = 1
+    created_at: int = 0  # Unix ms
+    updated_at: int = 0
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "transport": self.transport,
+            "shared": self.shared,
+            "owner": self.owner,
+            "status": self.status,
+            "tools": [t.wire() for t in self.tools],
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+        if self.transport == "streamable_http":
+            out["url"] = self.url
+            out["headers"] = {k: REDACTED for k in self.headers}
+        else:
+            out["command"] = self.command
+            out["args"] = list(self.args)
+            out["env"] = {k: REDACTED for k in self.env}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTool:
+    """A user's HTTP tool, offered as `http__<name>`. `headers` holds decrypted secrets."""
+
+    id: str  # "http-<n>"
+    user_uuid: str
+    name: str
+    description: str
+    parameters: dict[str, Any]  # a JSON Schema object
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+    url: str  # may contain {param} placeholders
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    created_at: int = 0
+    updated_at: int = 0
+
+    @property
+    def tool_name(self) -> str:
+        return f"{HTTP_PREFIX}{self.name}"
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "tool": self.tool_name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "method": self.method,
+            "url": self.url,
+            "headers": {k: REDACTED for k in self.headers},
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+Action = Literal["allow", "deny"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    tool: str  # a tool name or a glob (`*`, `?`, `[...]`): `mcp__github__*`
+    action: Action
+
+    def wire(self) -> dict[str, str]:
+        return {"tool": self.tool, "action": self.action}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Whether a call may run, and which rule said so (None: no rule matched: allowed)."""
+
+    allowed: bool
+    scope: Literal["global", "user"] | None = None
+    rule: Rule | None = None
+
+    @property
+    def reason(self) -> str:
+        if self.rule is None:
+            return "allowed (no rule matches)"
+        verb = "allowed" if self.allowed else "denied"
+        return f"{verb} by the {self.scope} policy rule {self.rule.tool!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What a tool call gave the model: its text, and whether it is an error result."""
+
+    text: str
+    is_error: bool = False
