@@ -1,0 +1,1 @@
+"""Tools agents reach outside the service: MCP servers, users' HTTP tools, tool policies."""
