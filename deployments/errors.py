@@ -96,6 +96,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, list[dict[str,
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OrchestratorError)
     async def _domain(request: Request, exc: OrchestratorError) -> JSONResponse:
+        if exc.status_code == 403:
+            request.state.denied = exc.message  # the middleware records the refusal
         return domain_error_response(exc, request_id_of(request))
 
     @app.exception_handler(RequestValidationError)

@@ -6,6 +6,7 @@ Pure ASGI (not BaseHTTPMiddleware) because it sits on every request's path.
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -24,7 +25,10 @@ from orchestrator.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from orchestrator.events import NewEvent
 from orchestrator.observability import RouteTemplates, log_access
+
+log = logging.getLogger(__name__)
 
 # A route served by the middleware itself: (context, caller, request id, JSON body) -> the
 # response to send (an ASGI app). See `RequestContextMiddleware._direct`.
@@ -175,6 +179,8 @@ class RequestContextMiddleware:
         except OrchestratorError as exc:
             if status is not None:
                 raise  # the answer has begun: nothing else can be sent
+            if exc.status_code == 403:
+                state["denied"] = exc.message
             await domain_error_response(exc, request_id)(scope, receive, send_with_id)
         except Exception as exc:
             if status is not None:
@@ -185,6 +191,8 @@ class RequestContextMiddleware:
         finally:
             route = self._templates.match(scope["path"])
             final = CLIENT_CLOSED if status is None else status
+            if final == 403 and state.get("principal") is not None:
+                await _record_denial(ctx, state, scope["method"], route, request_id)
             elapsed = time.perf_counter() - started
             ctx.recorder.http_request(scope["method"], route, final, elapsed)
             if ctx.settings.access_log:
@@ -253,3 +261,27 @@ def _credentials(scope: Scope) -> str | None:
         return authorization
     api_key = _header(scope, b"x-api-key")
     return f"Bearer {api_key}" if api_key else None
+
+
+async def _record_denial(
+    ctx: Any, state: dict[str, Any], method: str, route: str, request_id: str
+) -> None:
+    """audit.permission_deny for a 403 answered to an authenticated caller: who, which
+    route, why. After the answer went out (a 403 waits for nothing); a store that is down
+    costs the record, not the answer."""
+    principal = state["principal"]
+    event = NewEvent(
+        "audit.permission_deny",
+        {
+            "user_uuid": principal.user_uuid,
+            "permission": f"{method} {route}",
+            "reason": state.get("denied") or "forbidden",
+            "denied_by": "api",
+            "request_id": request_id,
+        },
+        principal.user_uuid,
+    )
+    try:
+        await ctx.events.append([event])
+    except Exception:  # noqa: BLE001 - recorded as a warning, the answer is already sent
+        log.warning("audit.permission_deny not recorded (request_id=%s)", request_id)

@@ -39,10 +39,20 @@ from orchestrator.agents._task import (
     task_payload,
     tools_refused,
 )
-from orchestrator.agents._tools import ToolContext, ToolFailed, ToolRegistry
+from orchestrator.agents._tools import (
+    FixedTools,
+    Gate,
+    Tool,
+    ToolContext,
+    ToolFailed,
+    ToolOutcome,
+    ToolRegistry,
+    ToolSource,
+)
 from orchestrator.config import Settings
 from orchestrator.errors import OrchestratorError
 from orchestrator.events import EventStore, NewEvent
+from orchestrator.observability import mask_secrets
 from orchestrator.providers import (
     ChatRequest,
     Gateway,
@@ -54,8 +64,9 @@ from orchestrator.providers import (
 
 log = logging.getLogger(__name__)
 
+# The id field of audit.tool_executed for a tool that has one (a user's MCP server or tool).
+_ORIGIN = {"mcp": "mcp_server_id", "http": "http_tool_id"}
 TRUNCATED = "[truncated: {n} characters of an older tool result, to fit the context]"
-MAX_TOOL_RESULT_CHARS = 20_000
 
 
 class TaskFailed(Exception):
@@ -68,18 +79,14 @@ class AgentRunner:
         settings: Settings,
         gateway: Gateway,
         events: EventStore,
-        tools: ToolRegistry,
+        tools: ToolRegistry | ToolSource,
         services: dict[str, Any] | None = None,
     ) -> None:
         self._settings = settings
         self._gateway = gateway
         self._events = events
-        self._tools = tools
+        self._tools: ToolSource = FixedTools(tools) if isinstance(tools, ToolRegistry) else tools
         self._services = dict(services or {})
-
-    @property
-    def tools(self) -> ToolRegistry:
-        return self._tools
 
     async def announce(self, task: AgentTask) -> None:
         """task.created: the task exists (dispatchers call it once, before the first run)."""
@@ -186,8 +193,10 @@ class _Loop:
         self.calls: Counter[str] = Counter()
         self.warned: set[str] = set()
         self.messages: list[Message] = [Message("user", (TextBlock(self._opening()),))]
-        self.offered = runner.tools.offered(task.tools)
-        self.allowed = {t.name for t in self.offered}
+        self.registry = ToolRegistry()
+        self.gate: Gate | None = None
+        self.offered: list[Tool] = []
+        self.allowed: set[str] = set()
 
     def _opening(self) -> str:
         parts = [f"## {label}\n{text}" for label, text in self.task.context]
@@ -195,13 +204,29 @@ class _Loop:
         return "\n\n".join(parts)
 
     def _system(self) -> str:
-        mode = MODES.get(self.task.mode, MODES["general"])
-        return f"{mode}\n\nWhen you are done, reply with the final answer only, no tool call."
+        parts = [MODES.get(self.task.mode, MODES["general"])]
+        # Marketplace skills pinned to the step: instructions after the mode's.
+        parts.extend(f"## Skill: {label}\n{body}" for label, body in self.task.skills)
+        parts.append("When you are done, reply with the final answer only, no tool call.")
+        return "\n\n".join(parts)
+
+    async def _load_tools(self) -> None:
+        """The task's tools: its user's (MCP, HTTP) with the service's, those of its step's
+        list, less what the policy denies (a denied tool is not offered; a call of it is
+        still refused and audited)."""
+        tools = await self.runner._tools.for_task(self.task.user_uuid)
+        self.registry, self.gate = tools.registry, tools.gate
+        offered = self.registry.offered(self.task.tools)
+        if self.gate is not None:
+            offered = [t for t in offered if self.gate.decide(t.name).allowed]
+        self.offered = offered
+        self.allowed = {t.name for t in offered}
 
     async def run(self) -> str:
         model = self.task.model or self.settings.default_model
         if not model:
             raise TaskFailed("no model: give the step a model or set default_model")
+        await self._load_tools()
         if self.offered and await self.runner._gateway.takes_tools(model) is False:
             if self.task.tools:
                 raise TaskFailed(tools_refused(model))
@@ -221,7 +246,7 @@ class _Loop:
                 max_tokens=self.settings.agent_max_tokens,
                 user=self.task.user_uuid,
             )
-            response, _route = await self.runner._gateway.complete(request)
+            response, route = await self.runner._gateway.complete(request)
             uses = [b for b in response.content if isinstance(b, ToolUseBlock)]
             self.emit(
                 "agent.turn_completed",
@@ -229,6 +254,22 @@ class _Loop:
                 tokens_in=response.usage.input_tokens,
                 tokens_out=response.usage.output_tokens,
                 tool_calls=len(uses),
+            )
+            # Why the model did what it did: which tools it chose (names only), or the end.
+            self.emit(
+                "audit.llm_decision",
+                request_id=response.id or f"{self.task.task_id}:turn-{turn}",
+                model=response.model or model,
+                provider=route.provider,
+                decision="tool_calls" if uses else "final",
+                tools=[u.name for u in uses],
+                finish_reason=str(response.stop_reason),
+                tokens_in=response.usage.input_tokens,
+                tokens_out=response.usage.output_tokens,
+                turn=turn,
+                workflow_id=self.task.workflow_id,
+                step=self.task.step,
+                user_uuid=self.task.user_uuid,
             )
             if not uses:
                 return "".join(b.text for b in response.content if isinstance(b, TextBlock))
@@ -270,36 +311,70 @@ class _Loop:
                 f"\n[warning: you called {use.name} {repeats} times with the same arguments; "
                 "change approach or give the final answer]"
             )
-        tool = self.runner.tools.get(use.name) if use.name in self.allowed else None
-        if tool is None:
-            reason = (
-                "not in this step's tools"
-                if self.runner.tools.get(use.name) is not None
-                else "no such tool"
-            )
-            emit("audit.tool_denied", tool=use.name, arguments=arguments, reason=reason)
-            return _result(use, f"tool {use.name!r} refused: {reason}{note}", error=True)
+        masked = mask_secrets(arguments)
+        tool = self.registry.get(use.name)
+        refusal = self._refusal(use.name, tool, masked)
+        if refusal is not None:
+            return _result(use, f"tool {use.name!r} refused: {refusal}{note}", error=True)
+        assert tool is not None
         ctx = ToolContext(task, self.settings, self.runner._services)
         started = time.monotonic()
         try:
-            text, ok = await tool.handler(ctx, arguments), True
+            answer = await tool.handler(ctx, arguments)
+            if isinstance(answer, ToolOutcome):
+                text, ok = answer.text, not answer.is_error
+            else:
+                text, ok = answer, True
         except (ToolFailed, OrchestratorError) as exc:
             text, ok = f"error: {exc}", False
         except (ValueError, TypeError, KeyError, OSError) as exc:
             text, ok = f"error: {type(exc).__name__}: {exc}", False
+        origin = {_ORIGIN.get(tool.source, "origin"): tool.origin} if tool.origin else {}
         emit(
             "audit.tool_executed",
             tool=use.name,
-            arguments=arguments,
+            source=tool.source,
+            arguments=masked,
             ok=ok,
             duration_ms=int((time.monotonic() - started) * 1000),
             user_uuid=task.user_uuid,
+            **origin,
         )
-        if len(text) > MAX_TOOL_RESULT_CHARS:
-            text = (
-                text[:MAX_TOOL_RESULT_CHARS] + f"\n[... {len(text) - MAX_TOOL_RESULT_CHARS} more]"
+        return _result(
+            use, cut_utf8(text, self.settings.tool_result_max_bytes) + note, error=not ok
+        )
+
+    def _refusal(self, name: str, tool: Tool | None, masked: dict[str, Any]) -> str | None:
+        """Why a call may not run (recorded as audit.tool_denied; a policy refusal also as
+        audit.permission_deny), or None."""
+        if tool is None:
+            reason = "no such tool"
+        elif self.gate is not None and not (verdict := self.gate.decide(name)).allowed:
+            reason = verdict.reason
+            self.emit(
+                "audit.tool_denied",
+                tool=name,
+                source=tool.source,
+                arguments=masked,
+                reason=reason,
+                scope=verdict.scope,
             )
-        return _result(use, text + note, error=not ok)
+            self.emit(
+                "audit.permission_deny",
+                user_uuid=self.task.user_uuid,
+                permission=f"tool:{name}",
+                reason=reason,
+                denied_by=f"{verdict.scope} tool policy",
+                task_id=self.task.task_id,
+                workflow_id=self.task.workflow_id,
+            )
+            return reason
+        elif name not in self.allowed:
+            reason = "not in this step's tools"
+        else:
+            return None
+        self.emit("audit.tool_denied", tool=name, arguments=masked, reason=reason)
+        return reason
 
     async def _fit_context(self) -> None:
         limit = self.settings.agent_ctx_tokens
@@ -322,6 +397,18 @@ class _Loop:
             limit=limit,
             action=f"truncated older tool results to {after} tokens",
         )
+
+
+def cut_utf8(text: str, max_bytes: int) -> str:
+    """`text` within `max_bytes` of UTF-8 (never splitting a character), with a note of the
+    cut: what the model is given of one tool result (tool_result_max_bytes)."""
+    if len(text) * 4 <= max_bytes:  # cheap common case: it fits whatever its characters
+        return text
+    raw = text.encode()
+    if len(raw) <= max_bytes:
+        return text
+    kept = raw[:max_bytes].decode(errors="ignore")
+    return f"{kept}\n[... {len(raw) - len(kept.encode())} more bytes cut (tool_result_max_bytes)]"
 
 
 def _result(use: ToolUseBlock, text: str, *, error: bool) -> ToolResultBlock:

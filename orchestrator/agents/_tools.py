@@ -10,7 +10,7 @@ import math
 import operator
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.agents._task import AgentTask
 from orchestrator.config import Settings
@@ -28,7 +28,16 @@ class ToolContext:
     services: dict[str, Any]  # what tools need from the host: "pool", "events", ...
 
 
-Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[str]]
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """A handler may answer this instead of a string: a result the model sees as an error
+    (an MCP tool's `isError`, an HTTP tool's non-2xx answer) without the call failing."""
+
+    text: str
+    is_error: bool = False
+
+
+Handler = Callable[[ToolContext, dict[str, Any]], Awaitable["str | ToolOutcome"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +72,68 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def extended(self, tools: Iterable[Tool]) -> ToolRegistry:
+        """A copy with `tools` added (one task's own: its user's MCP and HTTP tools)."""
+        out = ToolRegistry()
+        out._tools = dict(self._tools)
+        for tool in tools:
+            out.register(tool)
+        return out
+
     def offered(self, allowed: tuple[str, ...] | None) -> list[Tool]:
-        """The tools a task may call: all of them, or those of its `tools` list."""
+        """The tools a task may call: all of them, or those of its `tools` list, where a
+        name that is a prefix up to `__` (`mcp__github`) stands for all the tools under it."""
         if allowed is None:
             return [self._tools[n] for n in self.names()]
-        return [self._tools[n] for n in allowed if n in self._tools]
+        chosen: dict[str, Tool] = {}
+        for name in allowed:
+            if name in self._tools:
+                chosen.setdefault(name, self._tools[name])
+            else:
+                prefix = f"{name}__"
+                for key in self.names():
+                    if key.startswith(prefix):
+                        chosen.setdefault(key, self._tools[key])
+        return list(chosen.values())
+
+
+class Verdict(Protocol):
+    allowed: bool
+    scope: str | None
+
+    @property
+    def reason(self) -> str: ...
+
+
+class Gate(Protocol):
+    """A tool policy: whether a call of `tool` may run (orchestrator/tools/_policy.py)."""
+
+    def decide(self, tool: str) -> Verdict: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTools:
+    """What one task may use: the tools, and the policy every call passes first."""
+
+    registry: ToolRegistry
+    gate: Gate | None = None
+
+
+class ToolSource(Protocol):
+    """Where a runner gets a task's tools: a fixed registry, or (orchestrator/tools) the
+    service's tools plus the task user's own MCP and HTTP tools under their policy."""
+
+    async def for_task(self, user_uuid: str) -> TaskTools: ...
+
+
+class FixedTools:
+    """The same tools for every task, no policy (tests, hosts without a tool store)."""
+
+    def __init__(self, registry: ToolRegistry) -> None:
+        self._tools = TaskTools(registry)
+
+    async def for_task(self, user_uuid: str) -> TaskTools:
+        return self._tools
 
 
 # --- built-in tools ---------------------------------------------------------------------------

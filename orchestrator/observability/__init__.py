@@ -4,6 +4,7 @@ from ._logs import (
     ACCESS_LOGGER,
     LOG_FLUSH_S,
     OUR_LOGGERS,
+    REDACTED,
     JsonFormatter,
     LogFormat,
     RedactedText,
@@ -13,6 +14,7 @@ from ._logs import (
     flush_buffered_logs,
     formatter,
     log_access,
+    mask_secrets,
     redact,
 )
 from ._paths import UNMATCHED, RouteTemplates
@@ -26,6 +28,7 @@ __all__ = [
     "LATENCY_BUCKETS",
     "LOG_FLUSH_S",
     "OUR_LOGGERS",
+    "REDACTED",
     "UNMATCHED",
     "JsonFormatter",
     "LogFormat",
@@ -44,6 +47,7 @@ __all__ = [
     "formatter",
     "heartbeat",
     "log_access",
+    "mask_secrets",
     "process_rss_bytes",
     "prune_heartbeats",
     "redact",

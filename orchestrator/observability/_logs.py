@@ -14,6 +14,7 @@ import logging.handlers
 import re
 import sys
 import traceback
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal, TextIO, TypeAlias
@@ -53,6 +54,32 @@ def redact(text: str) -> str:
     if not any(marker in lowered for marker in _MARKERS):
         return text
     return _SECRETS.sub(lambda m: (m.group("lead") or "") + "[redacted]", text)
+
+
+REDACTED = "***"
+# Argument and header names whose values are secrets wherever they appear (a tool call's
+# arguments in audit events, headers).
+SECRET_NAME = re.compile(
+    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|apikey|auth|credential|private[-_]?key"
+    r"|cookie|session",
+    re.IGNORECASE,
+)
+
+
+def mask_secrets(value: Any, depth: int = 0) -> Any:
+    """`value` with the value of every key named like a secret (`password`, `token`,
+    `api_key`, ...) replaced by `***`, at any depth: what events and logs may show of a
+    tool's arguments."""
+    if depth > 32:
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {
+            str(k): REDACTED if SECRET_NAME.search(str(k)) else mask_secrets(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [mask_secrets(v, depth + 1) for v in value]
+    return value
 
 
 ExcInfo: TypeAlias = (

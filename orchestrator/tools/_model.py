@@ -6,9 +6,14 @@ turns them into the tools a task is offered."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from orchestrator.agents._tools import ToolOutcome
+from orchestrator.observability import REDACTED
+
+# What a call of a tool gave the model: its text, and whether it is an error result.
+CallOutcome = ToolOutcome
 
 ToolSource = Literal["builtin", "memory", "workspace", "mcp", "http", "marketplace"]
 SOURCES: tuple[str, ...] = ("builtin", "memory", "workspace", "mcp", "http", "marketplace")
@@ -19,33 +24,9 @@ NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")  # an MCP server's or an HTTP too
 MCP_ID = re.compile(r"mcp-[0-9]{1,18}")
 HTTP_ID = re.compile(r"http-[0-9]{1,18}")
 
-REDACTED = "***"
-# Argument and header names whose values are secrets wherever they appear (events, logs).
-SECRET_NAME = re.compile(
-    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|apikey|auth|credential|private[-_]?key"
-    r"|cookie|session",
-    re.IGNORECASE,
-)
-
 
 def mcp_tool_name(server: str, tool: str) -> str:
     return f"{MCP_PREFIX}{server}__{tool}"
-
-
-def mask_secrets(value: Any, depth: int = 0) -> Any:
-    """`value` with the value of every key named like a secret (`password`, `token`,
-    `api_key`, ...) replaced by `***`, at any depth: what events and logs may show of a
-    tool's arguments."""
-    if depth > 32:
-        return REDACTED
-    if isinstance(value, Mapping):
-        return {
-            str(k): REDACTED if SECRET_NAME.search(str(k)) else mask_secrets(v, depth + 1)
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [mask_secrets(v, depth + 1) for v in value]
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +153,3 @@ class Decision:
             return "allowed (no rule matches)"
         verb = "allowed" if self.allowed else "denied"
         return f"{verb} by the {self.scope} policy rule {self.rule.tool!r}"
-
-
-@dataclass(frozen=True, slots=True)
-class CallOutcome:
-    """What a tool call gave the model: its text, and whether it is an error result."""
-
-    text: str
-    is_error: bool = False
