@@ -98,8 +98,11 @@ class ToolRegistry:
 
 
 class Verdict(Protocol):
-    allowed: bool
-    scope: str | None
+    @property
+    def allowed(self) -> bool: ...
+
+    @property
+    def scope(self) -> str | None: ...
 
     @property
     def reason(self) -> str: ...
