@@ -19,6 +19,7 @@ from orchestrator.workflows import (
     WorkflowSpec,
     WorkflowState,
     fill_template,
+    pin_skills,
     resolve_request,
     template_variables,
     tool_steps,
@@ -54,6 +55,11 @@ class StepIn(BaseModel):
     compensate: str | dict[str, Any] | None = Field(
         None, description="Compensation: a prompt, or {notify: text}"
     )
+    skills: list[str] | None = Field(
+        None,
+        description="Task steps: marketplace skills, `name`, `name@<version>` or"
+        " `<author>/name[@<version>]`, pinned to a version when the workflow is created",
+    )
 
 
 class WorkflowCreate(BaseModel):
@@ -77,6 +83,9 @@ class StepOut(BaseModel):
     status: str
     result: str | None = Field(None, description="Present once the step has completed")
     error: str | None = Field(None, description="Why the step failed (or was cancelled)")
+    skills: list[dict[str, Any]] | None = Field(
+        None, description="Its marketplace skills as pinned: {name, author, version, body}"
+    )
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler: Any) -> dict[str, Any]:
@@ -190,6 +199,7 @@ async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -
         given["steps"] = [step.model_dump(exclude_none=True) for step in body.steps or []]
     limits = SpecLimits.from_settings(ctx.settings)
     spec = await resolve_request(ctx.workflows, given, caller.user_uuid, limits=limits)
+    spec = await pin_skills(spec, ctx.marketplace)
     await _check_step_tools(spec, ctx)
     workflow_id = await ctx.workflows.create_within(
         spec,

@@ -1,10 +1,12 @@
 """Marketplace: skills unique per (name, author), browse, full-text search, downloads,
-versioned republishing, an hourly publish limit and moderation reports."""
+versioned republishing (every version kept, pinnable), an hourly publish limit, moderation
+reports, and the tools that let an agent search and read skills."""
 
 from orchestrator.marketplace._store import (
     RESERVED_NAMES,
     SKILL_BODY_LIMIT,
     Marketplace,
+    PinnedSkill,
     Published,
     ReportPage,
     Skill,
@@ -12,12 +14,16 @@ from orchestrator.marketplace._store import (
     SkillPage,
     SkillReport,
     Sort,
+    parse_skill_ref,
 )
+from orchestrator.marketplace._tools import MARKETPLACE_TOOLS
 
 __all__ = [
+    "MARKETPLACE_TOOLS",
     "RESERVED_NAMES",
     "SKILL_BODY_LIMIT",
     "Marketplace",
+    "PinnedSkill",
     "Published",
     "ReportPage",
     "Skill",
@@ -25,4 +31,5 @@ __all__ = [
     "SkillPage",
     "SkillReport",
     "Sort",
+    "parse_skill_ref",
 ]

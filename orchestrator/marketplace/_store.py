@@ -5,6 +5,11 @@ caller can only ever write their own skills (admins may also delete anyone's). E
 authenticated caller reads every skill. Publishing a skill again bumps its version and
 replaces its description, tags and body; downloads and `created_at` stay.
 
+Every version's body and description are kept (`skill_versions`): `pin` resolves a skill
+reference (`name`, `name@<version>`, `<author>/name`, `<author>/name@<version>`) to one
+version, which a workflow step then runs for as long as it exists, whatever is published
+after it. Pinning is not a download (reading the skill, `detail`, is).
+
 The hourly publish limit is counted in Postgres (`skill_publishes`), under a per-author
 advisory lock, so it holds across replicas and while Redis is down. All times come from the
 database's clock, so replicas on different hosts agree on the window.
@@ -49,6 +54,12 @@ Sort = Literal["newest", "popular"]
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _ITEM = "s.name, s.author, s.description, s.tags, s.downloads, s.version"
 _DETAIL = f"{_ITEM}, s.body, s.created_at, s.updated_at"
+# A skill reference: author (a user_uuid: no `/`), name, version (a positive integer).
+SKILL_REF = re.compile(
+    r"(?:(?P<author>[^/\s\x00]{1,200})/)?(?P<name>[a-z0-9][a-z0-9._-]{0,63})"
+    r"(?:@(?P<version>[1-9][0-9]{0,8}))?"
+)
+REF_GRAMMAR = "name, name@<version>, <author>/name or <author>/name@<version>"
 _ORDER: dict[str, str] = {
     "newest": "s.created_at DESC, s.id DESC",
     "popular": "s.downloads DESC, s.created_at DESC, s.id DESC",
@@ -144,6 +155,29 @@ class Skill:
 
 
 @dataclass(frozen=True, slots=True)
+class PinnedSkill:
+    """One version of a skill, as a workflow step runs it."""
+
+    name: str
+    author: str
+    version: int
+    body: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} v{self.version} by {self.author}"
+
+    def wire(self) -> dict[str, Any]:
+        """As a workflow's spec stores and shows it."""
+        return {
+            "name": self.name,
+            "author": self.author,
+            "version": self.version,
+            "body": self.body,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class SkillPage:
     items: tuple[Skill, ...]
     total: int
@@ -209,6 +243,20 @@ def _ambiguous(name: str, authors: Sequence[str], hint: str) -> Conflict:
         f"skill {name!r} is published by {len(authors)} authors; {hint}",
         extra={"name": name, "authors": list(authors)},
     )
+
+
+def _unpinnable(ref: str, message: str, **extra: Any) -> ValidationFailed:
+    return ValidationFailed(f"skill {ref!r}: {message}", extra={"skill": ref, **extra})
+
+
+def parse_skill_ref(ref: str) -> tuple[str | None, str, int | None]:
+    """`(author, name, version)` of a skill reference; a ValidationFailed naming it when it
+    is not one."""
+    found = SKILL_REF.fullmatch(ref) if isinstance(ref, str) else None
+    if found is None:
+        raise _unpinnable(str(ref)[:300], f"not a skill reference ({REF_GRAMMAR})")
+    version = found.group("version")
+    return found.group("author"), found.group("name"), int(version) if version else None
 
 
 class Marketplace:
@@ -325,6 +373,42 @@ class Marketplace:
             raise NotFound(f"skill {name!r} not found" + (f" by {author!r}" if author else ""))
         return _skill(row)
 
+    async def pin(self, ref: str) -> PinnedSkill:
+        """The version of a skill that `ref` names: the given version, else the current one.
+        A bad reference, an unknown skill or version, and a name several authors publish
+        given without its author are a ValidationFailed naming `ref` (with `authors` for the
+        last). Not a download."""
+        author, name, version = parse_skill_ref(ref)
+        # One statement: the skills of that name (by that author) and the version asked for,
+        # if they have it, seen in one snapshot.
+        rows = await self._pool.fetch(
+            "SELECT s.author, s.version AS current, v.version, v.body FROM skills s"
+            " LEFT JOIN skill_versions v ON v.skill_id = s.id"
+            " AND v.version = coalesce($3::integer, s.version)"
+            " WHERE s.name = $1 AND ($2::text IS NULL OR s.author = $2)"
+            " ORDER BY s.created_at, s.id",
+            name,
+            author,
+            version,
+        )
+        if not rows:
+            by = f" by {author!r}" if author is not None else ""
+            raise _unpinnable(ref, f"no skill named {name!r}{by} in the marketplace")
+        if len(rows) > 1:
+            authors = [r["author"] for r in rows]
+            raise _unpinnable(
+                ref,
+                f"{name!r} is published by {len(authors)} authors ({', '.join(authors)}):"
+                " name one, as <author>/name",
+                authors=authors,
+            )
+        row = rows[0]
+        if row["version"] is None:
+            raise _unpinnable(
+                ref, f"{name!r} has no version {version} (the current one is {row['current']})"
+            )
+        return PinnedSkill(name, row["author"], int(row["version"]), row["body"])
+
     async def _authors(self, conn: asyncpg.Connection, name: str) -> list[str]:
         rows = await conn.fetch(
             "SELECT author FROM skills WHERE name = $1 ORDER BY created_at, id", name
@@ -371,12 +455,22 @@ class Marketplace:
                 " created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6)"
                 " ON CONFLICT (name, author) DO UPDATE SET description = EXCLUDED.description,"
                 " tags = EXCLUDED.tags, body = EXCLUDED.body, version = s.version + 1,"
-                f" updated_at = EXCLUDED.updated_at RETURNING {_DETAIL}",
+                f" updated_at = EXCLUDED.updated_at RETURNING s.id, {_DETAIL}",
                 name,
                 author,
                 description,
                 tags,
                 body,
+                now,
+            )
+            # Each version is kept: a workflow step pinned to it still runs its body.
+            await conn.execute(
+                "INSERT INTO skill_versions (skill_id, version, body, description, published_at)"
+                " VALUES ($1, $2, $3, $4, $5)",
+                row["id"],
+                row["version"],
+                body,
+                description,
                 now,
             )
             await conn.execute(

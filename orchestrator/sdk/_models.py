@@ -212,6 +212,7 @@ class Workflow(ApiModel):
     parent_id: str | None = None
     children: list[str] = []
     created_at: int
+    skills: list[dict[str, Any]] | None = None  # pinned: {name, author, version, body}
     updated_at: int
     error: str | None = None
 

@@ -3,7 +3,10 @@
 Steps (SPEC part 2): `name` (unique), `prompt` (task steps), `mode`, `tools`, `timeout`
 (seconds), `condition`, `type` (`branch`, `spawn`; omitted for a task step), `conditions`
 (branch steps), `workflows` (spawn steps), `compensate` (a prompt run as an agent task when
-the step is compensated, or `{notify: text}` recorded as an event).
+the step is compensated, or `{notify: text}` recorded as an event), `skills` (task steps:
+marketplace skill references, `name[@<version>]` or `<author>/name[@<version>]`, replaced by
+the version they name, `{name, author, version, body}`, when the workflow is created: see
+_skills.py).
 
 Placeholders. `{{var}}` (no dot) is a template variable, filled when the workflow is created
 from `variables`; a variable without a value is a 400. `{{<step>.result}}` and
@@ -87,6 +90,7 @@ class SpecLimits:
     max_templates: int  # workflow_max_template_expansions
     max_chars: int  # workflow_max_spec_chars
     max_pattern_program: int  # workflow_pattern_max_program
+    max_skills: int = 8  # step_max_skills
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> SpecLimits:
@@ -103,6 +107,7 @@ class SpecLimits:
             max_templates=settings.workflow_max_template_expansions,
             max_chars=settings.workflow_max_spec_chars,
             max_pattern_program=settings.workflow_pattern_max_program,
+            max_skills=settings.step_max_skills,
         )
 
 
@@ -127,6 +132,9 @@ class StepSpec:
     workflows: tuple[dict[str, Any], ...] = ()  # spawn children, as given
     compensate: str | dict[str, Any] | None = None
     model: str | None = None
+    # Skill references as given (str); once the workflow is created, pinned versions
+    # {name, author, version, body} (dicts, as stored).
+    skills: tuple[Any, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "type": self.type, "mode": self.mode}
@@ -150,6 +158,8 @@ class StepSpec:
             }
         if self.workflows:
             out["workflows"] = list(self.workflows)
+        if self.skills:
+            out["skills"] = [dict(s) if isinstance(s, dict) else s for s in self.skills]
         return out
 
 
@@ -227,6 +237,7 @@ def _parse_step(
         "workflows",
         "compensate",
         "model",
+        "skills",
     }
     for key in raw:
         if key not in known:
@@ -305,6 +316,11 @@ def _parse_step(
     model = raw.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise _bad(f"{where}.model", "a model name")
+    skills: tuple[Any, ...] = ()
+    if raw.get("skills") is not None:
+        if kind != "task":
+            raise _bad(f"{where}.skills", "only task steps have skills")
+        skills = _parse_skills(raw["skills"], f"{where}.skills", limits)
     return StepSpec(
         name=raw["name"],
         type=kind,
@@ -317,6 +333,47 @@ def _parse_step(
         workflows=children,
         compensate=compensate,
         model=model,
+        skills=skills,
+    )
+
+
+SKILL_REF_MAX = 300
+PINNED_SKILL = {"name": str, "author": str, "version": int, "body": str}
+
+
+def _parse_skills(raw: Any, where: str, limits: SpecLimits | None) -> tuple[Any, ...]:
+    """Skill references (strings; the marketplace judges them when they are pinned) or,
+    in a spec read back (no `limits`), pinned skills. At admission a pinned one is refused:
+    pinned skills come from the marketplace, not from a request."""
+    if not isinstance(raw, list):
+        raise _bad(where, "an array of skill references")
+    if limits is not None and len(raw) > limits.max_skills:
+        raise _bad(
+            where,
+            f"{len(raw)} skills, at most {limits.max_skills} (step_max_skills)",
+            "step_max_skills",
+        )
+    for k, item in enumerate(raw):
+        if isinstance(item, str) and item.strip() and len(item) <= SKILL_REF_MAX:
+            continue
+        if limits is None and _pinned(item):
+            continue
+        raise _bad(
+            f"{where}[{k}]",
+            f"a skill reference: name, name@<version>, <author>/name or <author>/name@<version>"
+            f" (a non-empty string of at most {SKILL_REF_MAX} characters)",
+        )
+    return tuple(dict(item) if isinstance(item, dict) else item for item in raw)
+
+
+def _pinned(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and set(item) == set(PINNED_SKILL)
+        and all(
+            isinstance(item[key], kind) and not isinstance(item[key], bool)
+            for key, kind in PINNED_SKILL.items()
+        )
     )
 
 

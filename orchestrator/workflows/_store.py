@@ -78,6 +78,15 @@ class StepRecord:
         return out
 
 
+def _step_wire(step: StepRecord, spec: WorkflowSpec) -> dict[str, Any]:
+    """A step as GET /workflows/{id} shows it: with the skills pinned for it, if any."""
+    out = step.wire()
+    index = spec.step_index.get(step.name)
+    if index is not None and spec.steps[index].skills:
+        out["skills"] = spec.steps[index].to_json()["skills"]
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class WorkflowRecord:
     id: str
@@ -268,7 +277,7 @@ class WorkflowStore:
             "id": record.id,
             "name": record.name,
             "status": str(record.status),
-            "steps": [s.wire() for s in record.steps],
+            "steps": [_step_wire(s, record.spec) for s in record.steps],
             "parent_id": record.parent_id,
             "children": [r["id"] for r in children],
             "created_at": record.created_at,

@@ -14,7 +14,7 @@ from orchestrator.workflows._spec import StepSpec, fill_refs
 from orchestrator.workflows._states import StepState
 from orchestrator.workflows._store import WorkflowRecord
 
-__all__ = ["Announcer", "announcer", "chainable", "step_task"]
+__all__ = ["Announcer", "announcer", "chainable", "pinned_skills", "step_task"]
 
 # A step start's extra events, given its attempt's key.
 Announcer = Callable[[str], list[NewEvent]]
@@ -23,7 +23,7 @@ Announcer = Callable[[str], list[NewEvent]]
 def step_task(record: WorkflowRecord, spec: StepSpec, task_id: str, prompt: str) -> AgentTask:
     """The agent task running `prompt` for step `spec`: the creator's user, the step's or
     the workflow's model; context: the original prompt (the first step's) and every earlier
-    completed result."""
+    completed result; the skills pinned for the step."""
     context: list[tuple[str, str]] = []
     first = record.spec.steps[0]
     if spec is not first and first.prompt:
@@ -43,6 +43,17 @@ def step_task(record: WorkflowRecord, spec: StepSpec, task_id: str, prompt: str)
         workflow_id=record.id,
         step=spec.name,
         idempotency_key=task_id,
+        skills=pinned_skills(spec),
+    )
+
+
+def pinned_skills(spec: StepSpec) -> tuple[tuple[str, str], ...]:
+    """`(label, body)` of the step's skills, as pinned when the workflow was created. A
+    reference left unpinned (a workflow not created through the API) has no body to give."""
+    return tuple(
+        (f"{s['name']} v{s['version']} by {s['author']}", s["body"])
+        for s in spec.skills
+        if isinstance(s, dict)
     )
 
 
