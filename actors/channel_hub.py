@@ -51,8 +51,7 @@ class ChannelHub:
     def __init__(self, settings: Settings, index: int, shards: int, generation: Generation) -> None:
         configure_actor_logs(settings.log_format, settings.log_level)
         self._generation = generation
-        # httpx logs request URLs at INFO, and a Telegram URL holds the bot token.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        # (that also quiets httpx's URL lines: a Telegram URL holds the bot token)
         self._settings = settings
         self._index = index
         self._shards = shards

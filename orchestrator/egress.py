@@ -7,6 +7,11 @@ connects to that checked address (TLS still names the host), so DNS rebinding be
 and connect cannot pass. Redirects are not followed (each hop would be a new request through
 the same check anyway). Hosts of the operator's own `channel_api_base_urls` are trusted as
 configured (tests point them at loopback fakes).
+
+The MCP SDK speaks through `httpx2` (a fork of httpx with its own classes), so the same guard
+exists twice: `GuardedTransport` for httpx and `Httpx2GuardedTransport` for httpx2, both on
+one resolve-and-check (`_checked_address`). The SDK follows a redirect only within the
+endpoint's origin, and each hop goes through the guard again.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
+import httpx2
 
 from orchestrator.config import Settings
 
@@ -91,8 +97,11 @@ class EgressPolicy:
         return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
     def trusted(self, url: httpx.URL) -> bool:
-        port = url.port or (443 if url.scheme == "https" else 80)
-        return f"{url.scheme}://{url.host.lower()}:{port}" in self._trusted
+        return self.trusted_origin(url.scheme, url.host, url.port)
+
+    def trusted_origin(self, scheme: str, host: str, port: int | None) -> bool:
+        port = port or (443 if scheme == "https" else 80)
+        return f"{scheme}://{host.lower()}:{port}" in self._trusted
 
     def allows(self, address: str) -> bool:
         try:
@@ -125,6 +134,27 @@ class EgressPolicy:
         return not all(self.allows(str(info[4][0])) for info in packed)
 
 
+class _Unresolvable(Exception):
+    pass
+
+
+class _Refused(Exception):
+    pass
+
+
+async def _checked_address(policy: EgressPolicy, host: str, port: int) -> str:
+    """The address to connect to for `host`: resolved once, and only if every address the
+    host resolves to is allowed (raises `_Unresolvable` or `_Refused` otherwise)."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise _Unresolvable(str(exc)) from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses or not all(policy.allows(a) for a in addresses):
+        raise _Refused
+    return addresses[0]
+
+
 class GuardedTransport(httpx.AsyncBaseTransport):
     """An httpx transport that connects only to allowed, already checked addresses."""
 
@@ -139,15 +169,11 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         host = url.host
         port = url.port or (443 if url.scheme == "https" else 80)
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
-            )
-        except (socket.gaierror, UnicodeError) as exc:
+            chosen = await _checked_address(self._policy, host, port)
+        except _Unresolvable as exc:
             raise httpx.ConnectError(f"cannot resolve the host ({exc})", request=request) from None
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        if not addresses or not all(self._policy.allows(a) for a in addresses):
-            raise DestinationNotAllowed("destination not allowed", request=request)
-        chosen = addresses[0]
+        except _Refused:
+            raise DestinationNotAllowed("destination not allowed", request=request) from None
         pinned = url.copy_with(host=chosen)
         request.url = pinned
         request.headers["Host"] = url.netloc.decode("ascii")
@@ -157,6 +183,69 @@ class GuardedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class Httpx2DestinationNotAllowed(httpx2.TransportError):
+    """`DestinationNotAllowed` of an httpx2 client."""
+
+
+class Httpx2GuardedTransport(httpx2.AsyncBaseTransport):
+    """`GuardedTransport` for httpx2 (the MCP SDK's HTTP client). The request handed on is a
+    copy naming the checked address, so the request the caller keeps (and the SDK resolves
+    a redirect's Location against) still names the host."""
+
+    def __init__(self, policy: EgressPolicy, inner: httpx2.AsyncBaseTransport | None = None):
+        self._policy = policy
+        self._inner = inner or httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        url = request.url
+        if self._policy.trusted_origin(url.scheme, url.host, url.port):
+            return await self._inner.handle_async_request(request)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            chosen = await _checked_address(self._policy, url.host, port)
+        except _Unresolvable as exc:
+            raise httpx2.ConnectError(f"cannot resolve the host ({exc})", request=request) from None
+        except _Refused:
+            raise Httpx2DestinationNotAllowed("destination not allowed", request=request) from None
+        extensions = dict(request.extensions)
+        if url.scheme == "https":
+            extensions["sni_hostname"] = url.host
+        pinned = httpx2.Request(
+            request.method,
+            url.copy_with(host=chosen),
+            headers=request.headers,
+            stream=request.stream,
+            extensions=extensions,
+        )
+        pinned.headers["Host"] = url.netloc.decode("ascii")
+        return await self._inner.handle_async_request(pinned)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def httpx2_egress_client(
+    allowed_cidrs: Iterable[str],
+    timeout: httpx2.Timeout,
+    *,
+    headers: Mapping[str, str] | None = None,
+    trusted_base_urls: Iterable[str] = (),
+    inner: httpx2.AsyncBaseTransport | None = None,
+) -> httpx2.AsyncClient:
+    """An httpx2 client (for the MCP SDK's transports) that reaches only allowed addresses,
+    sends `headers` on every request and follows no redirect of its own accord (the SDK
+    follows same-origin ones itself, each through the guard). `inner`: the transport behind
+    the guard (default: the network)."""
+    policy = EgressPolicy(allowed_cidrs, [EgressPolicy.origin_of(u) for u in trusted_base_urls])
+    return httpx2.AsyncClient(
+        transport=Httpx2GuardedTransport(policy, inner),
+        headers=dict(headers or {}),
+        timeout=timeout,
+        follow_redirects=False,
+        trust_env=False,
+    )
 
 
 def channel_egress(settings: Settings) -> httpx.AsyncClient:

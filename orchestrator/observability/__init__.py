@@ -15,6 +15,7 @@ from ._logs import (
     formatter,
     log_access,
     mask_secrets,
+    quiet_url_loggers,
     redact,
 )
 from ._paths import UNMATCHED, RouteTemplates
@@ -50,6 +51,7 @@ __all__ = [
     "mask_secrets",
     "process_rss_bytes",
     "prune_heartbeats",
+    "quiet_url_loggers",
     "redact",
     "uptime_ratio",
 ]

@@ -175,9 +175,21 @@ def access_at_info() -> None:
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
 
 
+# HTTP client libraries log each request's URL at INFO, and a user's URL may hold a
+# credential (a Telegram bot token, a token in an MCP server's or HTTP tool's query string).
+URL_LOGGERS = ("httpx", "httpcore", "httpx2")
+
+
+def quiet_url_loggers() -> None:
+    for name in URL_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def configure_actor_logs(log_format: LogFormat, level: str) -> None:
     """In an actor's process, with json: its records go to the worker's stderr
-    (logs/worker-*.err) as JSON lines. With text, Ray's defaults stay as they were."""
+    (logs/worker-*.err) as JSON lines. With text, Ray's defaults stay as they were. Either
+    way the HTTP clients' URL lines are off."""
+    quiet_url_loggers()
     if log_format == "json":
         configure_process_logs(log_format, level)
 

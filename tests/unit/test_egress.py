@@ -1,4 +1,4 @@
-"""The outbound address policy of channel deliveries (SSRF guard)."""
+"""The outbound address policy of channel deliveries and MCP servers (SSRF guard)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,17 @@ import socket
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 
 from orchestrator.channels import EgressPolicy
-from orchestrator.channels._egress import DestinationNotAllowed, GuardedTransport
+from orchestrator.egress import (
+    DestinationNotAllowed,
+    GuardedTransport,
+    Httpx2DestinationNotAllowed,
+    Httpx2GuardedTransport,
+    httpx2_egress_client,
+)
 
 # Every IPv6 form that carries an IPv4 address, each with a public and internal IPv4 inside:
 # (form, address, allowed). A form is judged by the IPv4 address it carries.
@@ -178,4 +185,101 @@ async def test_a_name_resolving_to_a_nat64_form_of_metadata_is_refused(
     async with httpx.AsyncClient(transport=GuardedTransport(EgressPolicy(), network)) as client:
         with pytest.raises(DestinationNotAllowed):
             await client.get("http://metadata.dns64.test/latest/meta-data/")
+    assert network.sent == []
+
+
+# The same guard for httpx2, the HTTP client of the MCP SDK (orchestrator/tools/_mcp.py).
+
+
+class _Network2(httpx2.AsyncBaseTransport):
+    """The network behind an httpx2 guard: records the requests it would have sent."""
+
+    def __init__(self, status: int = 204, headers: dict[str, str] | None = None) -> None:
+        self.sent: list[httpx2.Request] = []
+        self._status = status
+        self._headers = headers or {}
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        self.sent.append(request)
+        return httpx2.Response(self._status, headers=self._headers)
+
+
+_TIMEOUT = httpx2.Timeout(5.0)
+
+
+async def test_httpx2_client_refuses_loopback_unless_its_range_is_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = socket.getaddrinfo
+
+    def dns(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "mcp.internal.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    network = _Network2()
+    async with httpx2_egress_client([], _TIMEOUT, inner=network) as client:
+        with pytest.raises(Httpx2DestinationNotAllowed):
+            await client.post("http://127.0.0.1:8080/mcp", json={})
+        with pytest.raises(Httpx2DestinationNotAllowed):
+            await client.get("http://mcp.internal.test:8080/mcp")  # judged by its address
+    assert network.sent == []
+    async with httpx2_egress_client(["127.0.0.0/8"], _TIMEOUT, inner=network) as client:
+        response = await client.post("http://mcp.internal.test:8080/mcp", json={"a": 1})
+    assert response.status_code == 204
+    (sent,) = network.sent
+    # sent to the checked address, naming the host it asked for; the caller's request still
+    # names the host (the MCP SDK resolves a redirect's Location against it)
+    assert sent.url.host == "127.0.0.1"
+    assert sent.headers["host"] == "mcp.internal.test:8080"
+    assert response.request.url.host == "mcp.internal.test"
+
+
+@pytest.mark.parametrize(("form", "address", "allowed"), EMBEDDED)
+async def test_httpx2_transport_connects_only_to_allowed_forms(
+    form: str, address: str, allowed: bool
+) -> None:
+    network = _Network2()
+    transport = Httpx2GuardedTransport(EgressPolicy(), network)
+    async with httpx2.AsyncClient(transport=transport) as client:
+        if allowed:
+            await client.post(f"http://[{address}]:8080/mcp", json={})
+            assert [ipaddress.ip_address(r.url.host) for r in network.sent] == [
+                ipaddress.ip_address(address)
+            ], form
+        else:
+            with pytest.raises(Httpx2DestinationNotAllowed):
+                await client.post(f"http://[{address}]:8080/mcp", json={})
+            assert network.sent == [], form
+
+
+async def test_httpx2_client_sends_its_headers_and_follows_no_redirect() -> None:
+    network = _Network2(302, {"location": "http://127.0.0.1:9/elsewhere"})
+    headers = {"Authorization": "Bearer t0ken"}
+    async with httpx2_egress_client(
+        ["8.8.8.0/24"], _TIMEOUT, headers=headers, inner=network
+    ) as client:
+        response = await client.get("http://8.8.8.8/mcp")
+    assert response.status_code == 302
+    (sent,) = network.sent
+    assert sent.headers["authorization"] == "Bearer t0ken"
+    assert sent.url.path == "/mcp"
+
+
+async def test_httpx2_name_resolving_to_metadata_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = socket.getaddrinfo
+
+    def dns(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "mcp.rebind.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    network = _Network2()
+    async with httpx2_egress_client([], _TIMEOUT, inner=network) as client:
+        with pytest.raises(Httpx2DestinationNotAllowed):
+            await client.post("https://mcp.rebind.test/mcp", json={})
     assert network.sent == []
