@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from orchestrator.agents import AgentRunner
     from orchestrator.providers import Gateway
     from orchestrator.runtime.fair_queue import FairAdmission
+    from orchestrator.toolset import AgentToolClients
 
 # The agent loop, the providers, memory, the workspace and the Redis client are imported in
 # `_start_once`, in the worker's own process. Not here: every dispatcher (the scheduler, the
@@ -83,6 +84,7 @@ class AgentWorker:
         self._runner: AgentRunner | None = None
         self._recorder = MetricsRecorder(f"{self._id}:{socket.gethostname()}:{os.getpid()}")
         self._gateway: Gateway | None = None
+        self._tool_clients: AgentToolClients | None = None
         self._supervisor = Supervisor(self._id, on_restart=self._recorder.background_restart)
         # Ray restarted this worker: its previous process died (killed, out of memory,
         # crashed), busy or idle. Recorded once, at the first start that can write it.
@@ -101,6 +103,9 @@ class AgentWorker:
 
     async def _undo_start(self) -> None:
         # Everything a failed try opened: the gateway's HTTP pools leaked here before.
+        if self._tool_clients is not None:
+            clients, self._tool_clients = self._tool_clients, None
+            await clients.aclose()
         if self._gateway is not None:
             gateway, self._gateway = self._gateway, None
             await gateway.aclose()
@@ -116,9 +121,10 @@ class AgentWorker:
 
         from orchestrator.agents import AgentRunner
         from orchestrator.inference import ready_endpoints
+        from orchestrator.marketplace import Marketplace
         from orchestrator.memory import MemoryStore
         from orchestrator.providers import Gateway
-        from orchestrator.toolset import service_tools
+        from orchestrator.toolset import AgentToolClients
         from orchestrator.workspace import Workspace
 
         assert self._settings.database_url
@@ -144,16 +150,20 @@ class AgentWorker:
             pgvector=self._db.pgvector,
             auto_embed=self._settings.embedder != "none",
         )
+        # Users' MCP servers and HTTP tools are called from here: one MCP connection pool
+        # (and stdio children) per worker process.
+        self._tool_clients = AgentToolClients(self._settings)
         runner = AgentRunner(
             self._settings,
             gateway,
             events,
-            service_tools(),
+            self._tool_clients.catalog(pool),
             {
                 "pool": pool,
                 "events": events,
                 "memory": memory,
                 "workspace": Workspace(self._settings),
+                "marketplace": Marketplace.of(pool, self._settings),
             },
         )
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]

@@ -42,7 +42,6 @@ from orchestrator.channels import (
     InboundLimits,
     LocalChannels,
     channel_egress,
-    secret_box,
 )
 from orchestrator.config import Settings
 from orchestrator.db import connect
@@ -63,7 +62,9 @@ from orchestrator.observability import (
 from orchestrator.providers import Gateway, InferenceLog
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import JobStore, SchedulerService
-from orchestrator.toolset import service_tools
+from orchestrator.secret_box import configured_box
+from orchestrator.tools import ToolLimits, ToolStore
+from orchestrator.toolset import AgentToolClients
 from orchestrator.workflows import WorkflowEngine, WorkflowStore
 from orchestrator.workspace import Workspace
 
@@ -212,22 +213,29 @@ def create_app(
         # reverse order).
         stack.push_async_callback(ctx.memory.settle)
         ctx.workspace = Workspace(settings)
-        ctx.marketplace = Marketplace(
-            ctx.db.pool,
-            publish_per_hour=settings.marketplace_publish_per_hour,
-            body_max=settings.skill_body_max,
-            browse_limit=settings.marketplace_browse_limit,
+        ctx.marketplace = Marketplace.of(ctx.db.pool, settings)
+        box = configured_box(settings)
+        # Users' MCP servers, HTTP tools and tool policies; their secrets sealed by the box
+        # that seals the channels'. This process calls them when it runs tasks itself (served
+        # without Ray) and lists an MCP server's tools when one is registered.
+        ctx.tool_store = ToolStore(
+            ctx.db.pool, box, events=ctx.events, limits=ToolLimits.of(settings)
         )
+        tool_clients = AgentToolClients(settings)
+        stack.push_async_callback(tool_clients.aclose)
+        ctx.mcp = tool_clients.mcp
+        ctx.tool_catalog = tool_clients.catalog(ctx.db.pool, ctx.tool_store)
         agents = AgentRunner(
             settings,
             ctx.gateway,
             ctx.events,
-            service_tools(),
+            ctx.tool_catalog,
             {
                 "pool": ctx.db.pool,
                 "events": ctx.events,
                 "memory": ctx.memory,
                 "workspace": ctx.workspace,
+                "marketplace": ctx.marketplace,
             },
         )
         dispatcher = LocalDispatcher(agents, on_busy=ctx.recorder.active_workers)
@@ -256,10 +264,9 @@ def create_app(
             stack.push_async_callback(runner.close)
             ctx.worker_pool = settings.agent_workers
         ctx.workflow_runner = runner
-        key = settings.channel_secret_key
         ctx.channels = ChannelStore(
             ctx.db.pool,
-            secret_box(key.get_secret_value() if key else None, settings.data_dir),
+            box,
             teams_audience=settings.teams_audience,
             egress=EgressPolicy(settings.outbound_allowed_cidrs),
         )

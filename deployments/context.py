@@ -27,6 +27,7 @@ from orchestrator.observability import (
 )
 from orchestrator.providers import Gateway, InferenceLog
 from orchestrator.scheduler import JobStore
+from orchestrator.tools import McpPool, ToolCatalog, ToolStore
 from orchestrator.workflows import WorkflowStore
 from orchestrator.workspace import Workspace
 
@@ -100,6 +101,9 @@ class AppContext:
     channels: ChannelStore = field(init=False)
     channel_runner: ChannelRunner = field(init=False)
     channel_limits: InboundLimits = field(init=False)
+    tool_store: ToolStore = field(init=False)
+    tool_catalog: ToolCatalog = field(init=False)
+    mcp: McpPool = field(init=False)
     teams_verifiers: dict[Any, Any] = field(default_factory=dict)
     workflow_runner: WorkflowRunner = field(init=False)
     worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)

@@ -7,8 +7,12 @@ import base64
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.fernet import Fernet
+
+if TYPE_CHECKING:
+    from orchestrator.config import Settings
 
 KEY_FILE = "channel_key"  # its first user's name, kept so existing deployments keep their key
 
@@ -29,3 +33,9 @@ def secret_box(configured: str | None, data_dir: Path) -> Fernet:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(Fernet.generate_key() + b"\n")
     return Fernet(path.read_bytes().strip())
+
+
+def configured_box(settings: Settings) -> Fernet:
+    """The box of this deployment's settings."""
+    key = settings.channel_secret_key
+    return secret_box(key.get_secret_value() if key else None, settings.data_dir)

@@ -1,12 +1,21 @@
 """Every tool an agent can be offered, from each part that has some (built-ins, memory,
-workspace, marketplace)."""
+workspace, marketplace), and what a process needs to call its users' own (MCP servers, HTTP
+tools)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from orchestrator.agents import ToolRegistry, default_registry
 from orchestrator.marketplace import MARKETPLACE_TOOLS
 from orchestrator.memory import MEMORY_TOOLS
 from orchestrator.workspace import WORKSPACE_TOOLS
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from orchestrator.config import Settings
+    from orchestrator.tools import ToolCatalog, ToolStore
 
 
 def service_tools() -> ToolRegistry:
@@ -14,3 +23,28 @@ def service_tools() -> ToolRegistry:
     for tool in (*MEMORY_TOOLS, *WORKSPACE_TOOLS, *MARKETPLACE_TOOLS):
         tools.register(tool)
     return tools
+
+
+class AgentToolClients:
+    """What calls users' tools in one process (an AgentWorker, or the API served without
+    Ray): one MCP connection pool (and its stdio children) and one egress-guarded HTTP
+    client, closed with the process."""
+
+    def __init__(self, settings: Settings) -> None:
+        from orchestrator.tools import McpPool, http_tools_client
+
+        self.settings = settings
+        self.mcp = McpPool(settings)
+        self.http = http_tools_client(settings)
+
+    def catalog(self, pool: asyncpg.Pool, store: ToolStore | None = None) -> ToolCatalog:
+        """The tools of this process's tasks: the service's and each task user's."""
+        from orchestrator.secret_box import configured_box
+        from orchestrator.tools import ToolCatalog, ToolStore
+
+        store = store or ToolStore(pool, configured_box(self.settings))
+        return ToolCatalog(service_tools(), store, self.settings, mcp=self.mcp, http=self.http)
+
+    async def aclose(self) -> None:
+        await self.mcp.aclose()
+        await self.http.aclose()

@@ -13,6 +13,7 @@ from deployments.routers import (
     operations,
     scheduler,
     tokens,
+    tools,
     workflows,
     workspace,
 )
@@ -33,6 +34,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     scheduler.router,
     channels.router,
     marketplace.router,
+    tools.router,
     workspace.router,
 )
 

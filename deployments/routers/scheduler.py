@@ -159,6 +159,10 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> JobCreated
     if body.delete_after_run and schedule.type != "at":
         raise _bad("delete_after_run", "only for at jobs")
     opts = body.opts.model_dump(exclude_none=True) if body.opts else {}
+    # The job runs as its creator: the tools it names must be theirs (GET /tools).
+    unknown = await ctx.tool_catalog.unknown(opts.get("tools") or (), caller.user_uuid)
+    if unknown:
+        raise _bad("opts.tools", f"no tool {unknown[0]!r} (GET /tools lists yours)")
     name = body.name or body.prompt.strip().splitlines()[0][:60]
     spec = JobSpec(
         name=name,

@@ -19,6 +19,7 @@ from orchestrator.workflows import (
     WorkflowSpec,
     WorkflowState,
     fill_template,
+    named_tools,
     pin_skills,
     resolve_request,
     template_variables,
@@ -176,10 +177,17 @@ ParentQ = Annotated[
 ]
 
 
-async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext) -> None:
-    """A step that names tools for a model whose server says it takes none is a 400 now,
-    not a failed step later (a model that nothing serves yet is judged when the step runs).
-    Spawn steps' children too (resolved inline): the field names the child's step."""
+async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext, user_uuid: str) -> None:
+    """A step that names a tool the creator has none of (GET /tools), or names tools for a
+    model whose server says it takes none, is a 400 now, not a failed step later (a model
+    that nothing serves yet is judged when the step runs). Spawn steps' children too
+    (resolved inline): the field names the child's step."""
+    named = named_tools(spec)
+    unknown = set(await ctx.tool_catalog.unknown((n for _, n in named), user_uuid))
+    for where, name in named:
+        if name in unknown:
+            bad = {"field": where, "error": f"no tool {name!r} (GET /tools lists yours)"}
+            raise BadRequest(f"{where}: {bad['error']}", extra={"fields": [bad]})
     asked: dict[str, bool | None] = {}  # one question per model, however many steps use it
     for where, model in tool_steps(spec, ctx.settings.default_model):
         if model not in asked:
@@ -200,7 +208,7 @@ async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -
     limits = SpecLimits.from_settings(ctx.settings)
     spec = await resolve_request(ctx.workflows, given, caller.user_uuid, limits=limits)
     spec = await pin_skills(spec, ctx.marketplace)
-    await _check_step_tools(spec, ctx)
+    await _check_step_tools(spec, ctx, caller.user_uuid)
     workflow_id = await ctx.workflows.create_within(
         spec,
         caller.user_uuid,

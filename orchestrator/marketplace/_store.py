@@ -22,12 +22,15 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
 
 from orchestrator.auth import Principal
 from orchestrator.errors import Conflict, Forbidden, NotFound, RateLimited, ValidationFailed
+
+if TYPE_CHECKING:
+    from orchestrator.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +284,16 @@ class Marketplace:
         self.publish_per_hour = publish_per_hour
         self.body_max = min(body_max, SKILL_BODY_LIMIT)
         self.browse_limit = browse_limit
+
+    @classmethod
+    def of(cls, pool: asyncpg.Pool, settings: Settings) -> Marketplace:
+        """The marketplace as configured (the API's, and the agent workers' tools')."""
+        return cls(
+            pool,
+            publish_per_hour=settings.marketplace_publish_per_hour,
+            body_max=settings.skill_body_max,
+            browse_limit=settings.marketplace_browse_limit,
+        )
 
     # --- reads --------------------------------------------------------------------------
 

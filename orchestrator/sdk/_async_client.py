@@ -93,13 +93,14 @@ from orchestrator.sdk._models import (
     WorkflowSummary,
     WorkflowTemplates,
 )
+from orchestrator.sdk._tools import AsyncToolMethods
 
 __all__ = ["AsyncClient"]
 
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(AsyncToolMethods):
     """Asynchronous client: the same methods as `Client`, as coroutines (iterators and
     streams as async iterators). Use with `async with`, or `aclose()`. `http_client` is an
     httpx.AsyncClient."""

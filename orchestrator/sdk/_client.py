@@ -94,13 +94,14 @@ from orchestrator.sdk._models import (
     WorkflowSummary,
     WorkflowTemplates,
 )
+from orchestrator.sdk._tools import ToolMethods
 
 __all__ = ["Client"]
 
 T = TypeVar("T")
 
 
-class Client:
+class Client(ToolMethods):
     """Blocking client of the whole API. Use as a context manager, or call `close()`.
 
     `base_url` (with or without `/api/v1`) defaults to $ORCH_BASE_URL, then

@@ -30,6 +30,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _CLIENT_INFO = types.Implementation(name="orchestrator", version="0.1.0")
 _CLOSE_GRACE_S = 8.0  # the SDK's stdio shutdown: 2 s after stdin closes, 2 s TERM, 2 s KILL
+IDLE_CLOSE_S = 600.0  # a session unused this long is closed when the pool is next used
 _MAX_PAGES = 100  # tools/list pages: a server paginating forever cannot hang a listing
 
 
@@ -199,6 +201,7 @@ class _Connection:
         self.failure: BaseException | None = None
         self.lost = False  # the server forgot the session (404)
         self.http_status: int | None = None  # the HTTP error status of its last answer
+        self.used = time.monotonic()  # the last time a call or a listing took it
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._ended = asyncio.Event()
@@ -349,6 +352,12 @@ class McpPool:
             text = f"error: MCP server {server.name!r} did not answer within {limit:g}s"
             return CallOutcome(text, is_error=True)
 
+    def forget(self, server_id: str) -> None:
+        """Close this process's sessions to a server (deleted): its stdio child ends too."""
+        for key, conn in list(self._conns.items()):
+            if key[0] == server_id:
+                self._retire(conn)
+
     async def aclose(self) -> None:
         """Close every session (a stdio child ends with its session)."""
         conns = list(self._conns.values())
@@ -396,12 +405,17 @@ class McpPool:
     def _connection(self, server: McpServer) -> tuple[_Connection, bool]:
         """The pooled connection to this version of the server, or a new one (and whether it
         is new). No await between the lookup and the insert: one connection per key."""
-        for sid, version in list(self._conns):
-            if sid == server.id and version < server.version:
-                self._retire(self._conns[(sid, version)])
+        now = time.monotonic()
+        idle = max(IDLE_CLOSE_S, self._settings.mcp_call_timeout_s + 60)  # past any call
+        for (sid, version), pooled in list(self._conns.items()):
+            # An older version of this server, or any session idle for long (a server deleted
+            # elsewhere, one no task uses now: its stdio child need not run on).
+            if (sid == server.id and version < server.version) or now - pooled.used > idle:
+                self._retire(pooled)
         key = (server.id, server.version)
         conn = self._conns.get(key)
         if conn is not None and not conn.dead:
+            conn.used = now
             return conn, False
         if conn is not None:
             self._retire(conn)

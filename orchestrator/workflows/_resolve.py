@@ -201,3 +201,26 @@ def tool_steps(spec: WorkflowSpec, default_model: str | None) -> list[tuple[str,
 
     walk(spec.steps, spec.model, "")
     return found
+
+
+def named_tools(spec: WorkflowSpec) -> list[tuple[str, str]]:
+    """`(field, name)` of every tool a task step of the tree names (children resolved
+    inline), for the names to be checked against the creator's tools at admission."""
+    found: list[tuple[str, str]] = []
+
+    def walk(steps: Any, where: str) -> None:
+        for i, step in enumerate(steps if isinstance(steps, list | tuple) else ()):
+            raw = step.to_json() if isinstance(step, StepSpec) else step
+            if not isinstance(raw, dict):
+                continue
+            at = f"{where}steps[{i}]"
+            if raw.get("type", "task") == "task":
+                for k, name in enumerate(raw.get("tools") or ()):
+                    if isinstance(name, str):
+                        found.append((f"{at}.tools[{k}]", name))
+            for j, child in enumerate(raw.get("workflows") or ()):
+                if isinstance(child, dict):
+                    walk(child.get("steps"), f"{at}.workflows[{j}].")
+
+    walk(spec.steps, "")
+    return found

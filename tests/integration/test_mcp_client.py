@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config import Settings
-from orchestrator.tools._mcp import McpPool, McpUnavailable
+from orchestrator.tools._mcp import IDLE_CLOSE_S, McpPool, McpUnavailable
 from orchestrator.tools._model import CallOutcome, McpServer
 from tests.fakes.mcp_server import ROOT, McpServerProcess
 
@@ -309,6 +309,20 @@ async def test_stdio_child_lifecycle(tmp_path: Path) -> None:
         await _until(lambda: not _alive(second))  # the older version's child is ended
         assert _alive(third)
     assert not _alive(third)
+
+
+async def test_a_forgotten_or_idle_server_loses_its_session(tmp_path: Path) -> None:
+    """`forget` (the server was deleted) ends its stdio child at once; a session unused for
+    IDLE_CLOSE_S is closed the next time the pool is used for any server."""
+    async with _pool(_settings(tmp_path)) as pool:
+        child = await _pid(pool, _stdio())
+        pool.forget(_stdio().id)
+        await _until(lambda: not _alive(child), within=15)
+        again = await _pid(pool, _stdio())
+        for conn in pool._conns.values():
+            conn.used -= IDLE_CLOSE_S + 3600  # last used long ago
+        await _pid(pool, _stdio(id="mcp-8"))
+        await _until(lambda: not _alive(again), within=15)
 
 
 async def test_header_values_never_reach_the_logs(
