@@ -12,6 +12,7 @@ const ROUTES = [
   ["models", "Models"],
   ["channels", "Channels"],
   ["memory", "Memory"],
+  ["tools", "Tools"],
   ["marketplace", "Marketplace"],
   ["ops", "Operations"],
 ];

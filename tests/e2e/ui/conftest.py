@@ -53,6 +53,8 @@ def console(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterat
         inference_ctx_size=2048,
         inference_threads=2,
         inference_poll_interval_s=0.3,
+        # test_console_tools registers an MCP server and an HTTP tool on loopback.
+        outbound_allowed_cidrs=["127.0.0.0/8"],
     )
     with running(work, settings) as orch:
         yield orch

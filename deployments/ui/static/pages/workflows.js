@@ -12,6 +12,8 @@ const WORKFLOW_TYPES = [
 ];
 // What an attempt's agent did (aggregate `<workflow>:<step>:<attempt>`).
 const CALL_TYPES = ["agent.turn_started", "agent.turn_completed", "audit.tool_executed", "audit.tool_denied", "task.failed"];
+// The model's choice each turn: aggregated by request id, so read by type and matched on task_id.
+const DECISION = "audit.llm_decision";
 
 // Coalesce bursts of live events into one reload.
 function useDebounced(fn, ms) {
@@ -88,6 +90,12 @@ function List({ params }) {
   </section>`;
 }
 
+// ` (mcp mcp-3)`: where a called tool comes from, and its server's or tool's id.
+function via(d) {
+  const id = d.mcp_server_id || d.http_tool_id;
+  return d.source ? ` (${d.source}${id ? ` ${id}` : ""})` : "";
+}
+
 // The calls an attempt's agent made, from its events.
 function Calls({ events }) {
   if (!events || events.length === 0) return null;
@@ -97,8 +105,9 @@ function Calls({ events }) {
       let text;
       if (e.type === "agent.turn_started") text = `turn ${d.turn}: model ${d.model}`;
       else if (e.type === "agent.turn_completed") text = `turn ${d.turn} done: ${d.tokens_in} in / ${d.tokens_out} out tokens, ${d.tool_calls} tool call(s)`;
-      else if (e.type === "audit.tool_executed") text = `tool ${d.tool} ${d.ok ? "ok" : "failed"} (${duration(d.duration_ms)})`;
-      else if (e.type === "audit.tool_denied") text = `tool ${d.tool} refused: ${d.reason}`;
+      else if (e.type === "audit.tool_executed") text = `tool ${d.tool}${via(d)} ${d.ok ? "ok" : "failed"} (${duration(d.duration_ms)})`;
+      else if (e.type === "audit.tool_denied") text = `tool ${d.tool}${via(d)} refused: ${d.reason}`;
+      else if (e.type === DECISION) text = d.decision === "final" ? "model answered (final)" : `model chose ${(d.tools || []).join(", ")}`;
       else text = `${e.type}: ${d.error || ""}`;
       return html`<li key=${e.position} data-testid="step-call">${text}</li>`;
     })}
@@ -194,6 +203,12 @@ function Detail({ params }) {
           byTask[t] = r.data;
         }),
       );
+      if (tasks.size > 0) {
+        // Decisions since the workflow's first event (from_seq: a global position here).
+        const r = await api("GET", "/events", { query: { types: DECISION, from_seq: evs[0].position, limit: 1000 } });
+        for (const e of r.data) if (byTask[e.data.task_id]) byTask[e.data.task_id].push(e);
+        for (const t of tasks) byTask[t].sort((a, b) => a.position - b.position);
+      }
       children.current = new Set(d.children || []);
       setTree(await loadTree(d.children || [], 1, { left: 50 }));
       setDetail(d);
@@ -211,7 +226,7 @@ function Detail({ params }) {
     load();
     // One stream for the workflow's own events, its steps' agent calls and its children's:
     // picked out here. On a reconnect it resumes after the last event seen (Last-Event-ID).
-    const s = stream("/sync-events", { types: [...WORKFLOW_TYPES, ...CALL_TYPES].join(",") }, {
+    const s = stream("/sync-events", { types: [...WORKFLOW_TYPES, ...CALL_TYPES, DECISION].join(",") }, {
       onEvent: (ev) => {
         const e = ev.data || {};
         const d = e.data || {};
