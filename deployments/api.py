@@ -223,7 +223,7 @@ def create_app(
         )
         tool_clients = AgentToolClients(settings)
         stack.push_async_callback(tool_clients.aclose)
-        ctx.mcp = tool_clients.mcp
+        ctx.tool_clients = tool_clients
         ctx.tool_catalog = tool_clients.catalog(ctx.db.pool, ctx.tool_store)
         agents = AgentRunner(
             settings,

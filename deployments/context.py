@@ -27,7 +27,8 @@ from orchestrator.observability import (
 )
 from orchestrator.providers import Gateway, InferenceLog
 from orchestrator.scheduler import JobStore
-from orchestrator.tools import McpPool, ToolCatalog, ToolStore
+from orchestrator.tools import ToolCatalog, ToolStore
+from orchestrator.toolset import AgentToolClients
 from orchestrator.workflows import WorkflowStore
 from orchestrator.workspace import Workspace
 
@@ -103,7 +104,7 @@ class AppContext:
     channel_limits: InboundLimits = field(init=False)
     tool_store: ToolStore = field(init=False)
     tool_catalog: ToolCatalog = field(init=False)
-    mcp: McpPool = field(init=False)
+    tool_clients: AgentToolClients = field(init=False)  # .mcp: the MCP pool, made on first use
     teams_verifiers: dict[Any, Any] = field(default_factory=dict)
     workflow_runner: WorkflowRunner = field(init=False)
     worker_pool: int = 1  # AgentWorker actors (for /health workers.idle)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import asyncpg
 
     from orchestrator.config import Settings
-    from orchestrator.tools import ToolCatalog, ToolStore
+    from orchestrator.tools import McpPool, ToolCatalog, ToolStore
 
 
 def service_tools() -> ToolRegistry:
@@ -26,16 +26,25 @@ def service_tools() -> ToolRegistry:
 
 
 class AgentToolClients:
-    """What calls users' tools in one process (an AgentWorker, or the API served without
-    Ray): one MCP connection pool (and its stdio children) and one egress-guarded HTTP
-    client, closed with the process."""
+    """What calls users' tools in one process (an AgentWorker, or an API replica): one MCP
+    connection pool (and its stdio children), made on first use (the MCP SDK costs about
+    half a second of import, which a process that never meets an MCP server does not pay),
+    and one egress-guarded HTTP client; closed with the process."""
 
     def __init__(self, settings: Settings) -> None:
-        from orchestrator.tools import McpPool, http_tools_client
+        from orchestrator.tools import http_tools_client
 
         self.settings = settings
-        self.mcp = McpPool(settings)
         self.http = http_tools_client(settings)
+        self._mcp: McpPool | None = None
+
+    @property
+    def mcp(self) -> McpPool:
+        if self._mcp is None:
+            from orchestrator.tools import McpPool
+
+            self._mcp = McpPool(self.settings)
+        return self._mcp
 
     def catalog(self, pool: asyncpg.Pool, store: ToolStore | None = None) -> ToolCatalog:
         """The tools of this process's tasks: the service's and each task user's."""
@@ -43,8 +52,11 @@ class AgentToolClients:
         from orchestrator.tools import ToolCatalog, ToolStore
 
         store = store or ToolStore(pool, configured_box(self.settings))
-        return ToolCatalog(service_tools(), store, self.settings, mcp=self.mcp, http=self.http)
+        return ToolCatalog(
+            service_tools(), store, self.settings, mcp=lambda: self.mcp, http=self.http
+        )
 
     async def aclose(self) -> None:
-        await self.mcp.aclose()
+        if self._mcp is not None:
+            await self._mcp.aclose()
         await self.http.aclose()

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
-from orchestrator.tools._mcp import McpUnavailable
 from orchestrator.tools._model import HttpTool, McpServer
 from orchestrator.tools._store import StoredPolicy
 
@@ -180,8 +179,10 @@ def _policy(policy: StoredPolicy) -> PolicyOut:
 
 async def _listed(ctx: AppContext, server: McpServer) -> McpServer:
     """`server` with what listing its tools now gives (its tools, or why not)."""
+    from orchestrator.tools import McpUnavailable  # with the MCP SDK: on first use
+
     try:
-        tools = await ctx.mcp.list_tools(server)
+        tools = await ctx.tool_clients.mcp.list_tools(server)
     except McpUnavailable as exc:
         return await ctx.tool_store.record_listing(server, error=str(exc))
     return await ctx.tool_store.record_listing(server, tools)
@@ -260,7 +261,7 @@ async def update_mcp_server(
 @router.delete("/mcp/servers/{server_id}", response_model=Deleted)
 async def delete_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> Deleted:
     server = await ctx.tool_store.delete_mcp_server(caller, server_id)
-    ctx.mcp.forget(server.id)  # (the workers' sessions close when idle: IDLE_CLOSE_S)
+    ctx.tool_clients.mcp.forget(server.id)  # (the workers' sessions close when idle: IDLE_CLOSE_S)
     return Deleted(deleted=server.id)
 
 

@@ -14,7 +14,7 @@ to the server under its own name)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.agents import TaskTools, Tool, ToolContext, ToolOutcome, ToolRegistry
@@ -45,7 +45,7 @@ class ToolCatalog:
         store: ToolStore,
         settings: Settings,
         *,
-        mcp: McpPool | None = None,
+        mcp: Callable[[], McpPool] | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         self._static = static
@@ -102,7 +102,7 @@ class ToolCatalog:
         async def call(ctx: ToolContext, arguments: dict[str, Any]) -> ToolOutcome:
             if pool is None:
                 return ToolOutcome("error: MCP tools cannot be called here", is_error=True)
-            return await pool.call(server, info.name, arguments)
+            return await pool().call(server, info.name, arguments)
 
         return Tool(
             offered_name(server.name, info.name),

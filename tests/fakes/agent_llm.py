@@ -5,7 +5,9 @@ the last "## Task" heading (the step's own prompt; earlier steps' prompts are co
 - `[fail]`            -> an OpenAI 400 error (the task fails)
 - `[sleep S]`         -> answers after S seconds
 - `[tool NAME JSON]`  -> calls tool NAME with arguments JSON once, then answers with what the
-                          tool returned: `tool NAME said: <result>`
+                          tool returned: `tool NAME said: <result>`; `b64:<base64 of JSON>`
+                          instead of JSON: arguments that appear nowhere in the prompt (a
+                          secret the model came by, for the tests that look for it)
 - `[loop NAME JSON]`  -> calls the same tool with the same arguments on every turn
 - `[answer TEXT]`     -> answers TEXT
 - otherwise           -> `done: <the step's prompt>`
@@ -15,6 +17,7 @@ concurrent workflows can share one server."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from typing import Any
@@ -60,6 +63,8 @@ def agent_reply(body: Any) -> FakeReply:
         name, _, args = arg.partition(" ")
         if kind == "tool" and last.get("role") == "tool":
             return FakeReply(text=f"tool {name} said: {_text(last.get('content'))}")
+        if args.startswith("b64:"):
+            args = base64.b64decode(args[4:]).decode()
         return FakeReply(tool_calls=[FakeToolCall(name, json.loads(args or "{}"))])
     if kind == "answer":
         return FakeReply(text=arg)
