@@ -13,7 +13,13 @@ from typing import IO, Any
 from ray.serve.schema import EncodingType, LoggingConfig
 
 from orchestrator.config import Settings
-from orchestrator.observability import OUR_LOGGERS, JsonFormatter, RedactedText, access_at_info
+from orchestrator.observability import (
+    OUR_LOGGERS,
+    JsonFormatter,
+    RedactedText,
+    access_at_info,
+    quiet_url_loggers,
+)
 
 SERVE_LOGGER = "ray.serve"
 
@@ -32,6 +38,7 @@ def log_like_serve(settings: Settings) -> None:
     nowhere); with json, in our JSON shape, Serve's request context included; with text,
     in Serve's shape, secrets masked."""
     print_to_files_again()
+    quiet_url_loggers()  # an MCP server's URL (listed from here) may hold a credential
     handlers = logging.getLogger(SERVE_LOGGER).handlers
     for handler in handlers:
         # Serve buffers its file handler behind a MemoryHandler: the target formats.

@@ -58,23 +58,33 @@ def redact(text: str) -> str:
 
 REDACTED = "***"
 # Argument and header names whose values are secrets wherever they appear (a tool call's
-# arguments in audit events, headers).
+# arguments in audit events): a word of the name (split at `_`, `-`, `.`) that is one of
+# these, or a name ending in one (`accessToken`, `dbPassword`); not `author`, `max_tokens`.
+_SECRET_WORDS = (
+    "password|passwd|passphrase|pwd|secret|token|apikey|api_key|auth|authorization"
+    "|credential|credentials|cookie|privatekey|private_key|accesskey|access_key|sessionid"
+    "|session_id|signature"
+)
 SECRET_NAME = re.compile(
-    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|apikey|auth|credential|private[-_]?key"
-    r"|cookie|session",
+    rf"(?:^|[_\-.])(?:{_SECRET_WORDS})(?:$|[_\-.])"
+    r"|(?:token|secret|password|passwd|apikey|credentials?|privatekey|accesskey)$",
     re.IGNORECASE,
 )
 
 
+def secret_name(name: str) -> bool:
+    return SECRET_NAME.search(name.replace("-", "_")) is not None
+
+
 def mask_secrets(value: Any, depth: int = 0) -> Any:
-    """`value` with the value of every key named like a secret (`password`, `token`,
-    `api_key`, ...) replaced by `***`, at any depth: what events and logs may show of a
+    """`value` with the value of every key named like a secret (`password`, `api_key`,
+    `accessToken`, ...) replaced by `***`, at any depth: what events and logs may show of a
     tool's arguments."""
     if depth > 32:
         return REDACTED
     if isinstance(value, Mapping):
         return {
-            str(k): REDACTED if SECRET_NAME.search(str(k)) else mask_secrets(v, depth + 1)
+            str(k): REDACTED if secret_name(str(k)) else mask_secrets(v, depth + 1)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):

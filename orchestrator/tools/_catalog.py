@@ -59,8 +59,10 @@ class ToolCatalog:
         return TaskTools(self._static.extended(self._own(user)), user.policy)
 
     async def listing(self, user_uuid: str) -> list[dict[str, Any]]:
-        """Every tool the user's agents can use, by name (GET /tools)."""
-        registry = self._static.extended(self._own(await self._store.for_user(user_uuid)))
+        """Every tool the user's agents can use, by name (GET /tools): what their policy
+        denies is left out, as it is not offered to their agents."""
+        user = await self._store.for_user(user_uuid)
+        registry = self._static.extended(self._own(user))
         return [
             {
                 "name": t.name,
@@ -70,7 +72,7 @@ class ToolCatalog:
                 **({"origin": t.origin} if t.origin else {}),
             }
             for t in (registry.get(n) for n in registry.names())
-            if t is not None
+            if t is not None and user.policy.decide(t.name).allowed
         ]
 
     async def unknown(self, names: Iterable[str], user_uuid: str) -> list[str]:
