@@ -31,6 +31,9 @@ __all__ = [
     "CreatedChannel",
     "DirectoryEntry",
     "DirectoryListing",
+    "Embedding",
+    "EmbeddingList",
+    "EmbeddingUsage",
     "Encoding",
     "Event",
     "EventPage",
@@ -41,8 +44,6 @@ __all__ = [
     "FileWritten",
     "Health",
     "HealthComponents",
-    "HttpTool",
-    "HttpToolList",
     "Instance",
     "InstanceDetail",
     "InstanceList",
@@ -52,9 +53,6 @@ __all__ = [
     "JobCreated",
     "JobPage",
     "JobStatus",
-    "McpServer",
-    "McpServerList",
-    "McpTool",
     "MemoryCleared",
     "MemoryCopied",
     "MemoryEntries",
@@ -67,6 +65,7 @@ __all__ = [
     "Message",
     "MessageStreamEvent",
     "MessagingHealth",
+    "Model",
     "ModelInfo",
     "ModelList",
     "ModelsDiscovered",
@@ -94,11 +93,6 @@ __all__ = [
     "TemplateSaved",
     "TokenCreated",
     "TokenRevoked",
-    "ToolDeleted",
-    "ToolInfo",
-    "ToolList",
-    "ToolPolicy",
-    "ToolRule",
     "Usage",
     "WebhookAck",
     "WhoAmI",
@@ -598,94 +592,6 @@ class WebhookAck(ApiModel):
     duplicate: bool = False
     ignored: str | None = None
     answer: str | None = None
-
-
-# --- agent tools: MCP servers, HTTP tools, policies -----------------------------------------
-
-
-class McpTool(ApiModel):
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
-
-class McpServer(ApiModel):
-    """A registered MCP server; header and env values are shown as `***`."""
-
-    id: str
-    name: str
-    transport: Literal["streamable_http", "stdio"]
-    shared: bool
-    owner: str
-    status: Literal["ready", "error"]
-    error: str | None = None
-    tools: list[McpTool]
-    version: int
-    url: str | None = None
-    headers: dict[str, str] | None = None
-    command: str | None = None
-    args: list[str] | None = None
-    env: dict[str, str] | None = None
-    created_at: int
-    updated_at: int
-
-
-class McpServerList(ApiModel):
-    servers: list[McpServer]
-
-
-class ToolDeleted(ApiModel):
-    ok: bool = True
-    deleted: str
-
-
-class HttpTool(ApiModel):
-    """A user's HTTP tool (`tool` is its name for agents: `http__<name>`); header values are
-    shown as `***`."""
-
-    id: str
-    name: str
-    tool: str
-    description: str
-    parameters: dict[str, Any]
-    method: str
-    url: str
-    headers: dict[str, str]
-    created_at: int
-    updated_at: int
-
-
-class HttpToolList(ApiModel):
-    tools: list[HttpTool]
-
-
-class ToolRule(ApiModel):
-    tool: str
-    action: Literal["allow", "deny"]
-
-
-class ToolPolicy(ApiModel):
-    scope: Literal["user", "global"]
-    user_uuid: str | None
-    rules: list[ToolRule]
-    global_rules: list[ToolRule]
-    updated_at: int | None = None
-    updated_by: str | None = None
-
-
-class ToolInfo(ApiModel):
-    """A tool a user's agents can use; `source`: builtin, memory, workspace, mcp, http or
-    marketplace."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    source: str
-    origin: str | None = None
-
-
-class ToolList(ApiModel):
-    tools: list[ToolInfo]
 
 
 # --- inference instances, models, providers ------------------------------------------------

@@ -6,15 +6,61 @@ republished, or its author's next version, never changes what a running or later
 this workflow is told. Spawn steps' children are resolved inline at creation (_resolve.py),
 so their steps are pinned here too, with their root: a child started later runs the
 versions current when its root was created.
+
+The references' form is checked here too, when a step is parsed (_spec.py calls
+`parse_skills`); this module imports _spec.py's types for type checking only, so that
+_spec.py can import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.errors import ValidationFailed
-from orchestrator.workflows._spec import StepSpec, WorkflowSpec, _bad
+from orchestrator.workflows._invalid import _bad
+
+if TYPE_CHECKING:
+    from orchestrator.workflows._spec import SpecLimits, StepSpec, WorkflowSpec
+
+SKILL_REF_MAX = 300
+PINNED_SKILL = {"name": str, "author": str, "version": int, "body": str}
+
+
+def parse_skills(raw: Any, where: str, limits: SpecLimits | None) -> tuple[Any, ...]:
+    """Skill references (strings; the marketplace judges them when they are pinned) or,
+    in a spec read back (no `limits`), pinned skills. At admission a pinned one is refused:
+    pinned skills come from the marketplace, not from a request."""
+    if not isinstance(raw, list):
+        raise _bad(where, "an array of skill references")
+    if limits is not None and len(raw) > limits.max_skills:
+        raise _bad(
+            where,
+            f"{len(raw)} skills, at most {limits.max_skills} (step_max_skills)",
+            "step_max_skills",
+        )
+    for k, item in enumerate(raw):
+        if isinstance(item, str) and item.strip() and len(item) <= SKILL_REF_MAX:
+            continue
+        if limits is None and _pinned(item):
+            continue
+        raise _bad(
+            f"{where}[{k}]",
+            f"a skill reference: name, name@<version>, <author>/name or <author>/name@<version>"
+            f" (a non-empty string of at most {SKILL_REF_MAX} characters)",
+        )
+    return tuple(dict(item) if isinstance(item, dict) else item for item in raw)
+
+
+def _pinned(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and set(item) == set(PINNED_SKILL)
+        and all(
+            isinstance(item[key], kind) and not isinstance(item[key], bool)
+            for key, kind in PINNED_SKILL.items()
+        )
+    )
 
 
 class SkillSource(Protocol):

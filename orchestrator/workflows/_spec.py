@@ -56,8 +56,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ValidationFailed
+from orchestrator.workflows._invalid import _bad as _bad  # _resolve.py imports it from here
 from orchestrator.workflows._patterns import PatternError, Search, check_pattern, pattern_found
+
+# A step's skill references are parsed in _skills.py (its two limits, defined here
+# before, are re-exported).
+from orchestrator.workflows._skills import PINNED_SKILL as PINNED_SKILL
+from orchestrator.workflows._skills import SKILL_REF_MAX as SKILL_REF_MAX
+from orchestrator.workflows._skills import parse_skills
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
@@ -68,14 +74,6 @@ STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
 REF = re.compile(r"\{\{\s*([A-Za-z0-9_][A-Za-z0-9_.\-]*?)\.(result|status)\s*\}\}")
 MAX_TEXT = 100_000
-
-
-def _bad(field_name: str, message: str, limit: str | None = None) -> ValidationFailed:
-    """A 400 naming the field; `limit` names the setting of a limit the input went past."""
-    extra: dict[str, Any] = {"fields": [{"field": field_name, "error": message}]}
-    if limit is not None:
-        extra["limit"] = limit
-    return ValidationFailed(f"{field_name}: {message}", extra=extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +318,7 @@ def _parse_step(
     if raw.get("skills") is not None:
         if kind != "task":
             raise _bad(f"{where}.skills", "only task steps have skills")
-        skills = _parse_skills(raw["skills"], f"{where}.skills", limits)
+        skills = parse_skills(raw["skills"], f"{where}.skills", limits)
     return StepSpec(
         name=raw["name"],
         type=kind,
@@ -334,46 +332,6 @@ def _parse_step(
         compensate=compensate,
         model=model,
         skills=skills,
-    )
-
-
-SKILL_REF_MAX = 300
-PINNED_SKILL = {"name": str, "author": str, "version": int, "body": str}
-
-
-def _parse_skills(raw: Any, where: str, limits: SpecLimits | None) -> tuple[Any, ...]:
-    """Skill references (strings; the marketplace judges them when they are pinned) or,
-    in a spec read back (no `limits`), pinned skills. At admission a pinned one is refused:
-    pinned skills come from the marketplace, not from a request."""
-    if not isinstance(raw, list):
-        raise _bad(where, "an array of skill references")
-    if limits is not None and len(raw) > limits.max_skills:
-        raise _bad(
-            where,
-            f"{len(raw)} skills, at most {limits.max_skills} (step_max_skills)",
-            "step_max_skills",
-        )
-    for k, item in enumerate(raw):
-        if isinstance(item, str) and item.strip() and len(item) <= SKILL_REF_MAX:
-            continue
-        if limits is None and _pinned(item):
-            continue
-        raise _bad(
-            f"{where}[{k}]",
-            f"a skill reference: name, name@<version>, <author>/name or <author>/name@<version>"
-            f" (a non-empty string of at most {SKILL_REF_MAX} characters)",
-        )
-    return tuple(dict(item) if isinstance(item, dict) else item for item in raw)
-
-
-def _pinned(item: Any) -> bool:
-    return (
-        isinstance(item, dict)
-        and set(item) == set(PINNED_SKILL)
-        and all(
-            isinstance(item[key], kind) and not isinstance(item[key], bool)
-            for key, kind in PINNED_SKILL.items()
-        )
     )
 
 
