@@ -11,7 +11,8 @@ configured (tests point them at loopback fakes).
 The MCP SDK speaks through `httpx2` (a fork of httpx with its own classes), so the same guard
 exists twice: `GuardedTransport` for httpx and `Httpx2GuardedTransport` for httpx2, both on
 one resolve-and-check (`_checked_address`). The SDK follows a redirect only within the
-endpoint's origin, and each hop goes through the guard again.
+endpoint's origin, and each hop goes through the guard again. The same check judges a URL
+when it is saved (`destination_refused`: an MCP server's, an HTTP tool's), for a clear 400.
 """
 
 from __future__ import annotations
@@ -153,6 +154,37 @@ async def _checked_address(policy: EgressPolicy, host: str, port: int) -> str:
     if not addresses or not all(policy.allows(a) for a in addresses):
         raise _Refused
     return addresses[0]
+
+
+RESOLVE_TIMEOUT_S = 5.0  # a saved URL's host: a resolver this slow leaves it to the connects
+
+
+async def destination_refused(
+    policy: EgressPolicy, url: str, *, timeout_s: float = RESOLVE_TIMEOUT_S
+) -> bool:
+    """Whether `url`'s host resolves to an address `policy` refuses (any one of them), by
+    the check each connect makes: for a clear 400 when a URL is saved (`localhost`, a name
+    pointing at the metadata service). A host that does not resolve (now, or within
+    `timeout_s`) is not refused here: the connects resolve it again and check each time.
+    Only the host is looked at: a path may hold `{placeholders}`."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return False  # not a URL: its validation says so
+    if not host:
+        return False
+    port = port or (443 if parts.scheme == "https" else 80)
+    if policy.trusted_origin(parts.scheme, host, port):
+        return False
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _checked_address(policy, host, port)
+    except (_Unresolvable, TimeoutError):
+        return False
+    except _Refused:
+        return True
+    return False
 
 
 class GuardedTransport(httpx.AsyncBaseTransport):

@@ -29,7 +29,7 @@ Scope = Annotated[
     Query(description="`global`: the rules that bind every user (admins)"),
 ]
 
-_NAME = "1-32 characters of a-z 0-9 _ -"
+_NAME = "1-32 characters of a-z 0-9 _ -, no two _ in a row"
 
 
 # --- bodies ---------------------------------------------------------------------------------
@@ -178,11 +178,13 @@ def _policy(policy: StoredPolicy) -> PolicyOut:
 
 
 async def _listed(ctx: AppContext, server: McpServer) -> McpServer:
-    """`server` with what listing its tools now gives (its tools, or why not)."""
+    """`server` with what listing its tools now gives (its tools, or why not). The listing's
+    session is this request's alone and closed after it (`keep=False`): an API replica holds
+    no stdio child or open stream for a registration or a refresh."""
     from orchestrator.tools import McpUnavailable  # with the MCP SDK: on first use
 
     try:
-        tools = await ctx.tool_clients.mcp.list_tools(server)
+        tools = await ctx.tool_clients.mcp.list_tools(server, keep=False)
     except McpUnavailable as exc:
         return await ctx.tool_store.record_listing(server, error=str(exc))
     return await ctx.tool_store.record_listing(server, tools)
@@ -253,7 +255,7 @@ async def update_mcp_server(
     """Change a server (shared ones: admins). A new url, headers, command, args or env
     bumps its `version` and lists its tools again."""
     server, reconnect = await ctx.tool_store.update_mcp_server(caller, server_id, body.given())
-    if reconnect:  # (the pool retires its session of the older version on this listing)
+    if reconnect:  # (a pooled session of the older version is retired on its next use)
         server = await _listed(ctx, server)
     return _server(server)
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         ToolOutcome,
         ToolRegistry,
         ToolSource,
+        cut_utf8,
         default_registry,
         evaluate_arithmetic,
     )
@@ -51,6 +52,7 @@ _LAZY = {
     "ToolContext": "_tools",
     "ToolFailed": "_tools",
     "ToolRegistry": "_tools",
+    "cut_utf8": "_tools",
     "default_registry": "_tools",
     "evaluate_arithmetic": "_tools",
 }
@@ -86,6 +88,7 @@ __all__ = [
     "ToolRegistry",
     "ToolSource",
     "created_event",
+    "cut_utf8",
     "default_registry",
     "evaluate_arithmetic",
     "tools_refused",

@@ -30,6 +30,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
+
 from orchestrator.agents._task import (
     MODES,
     AgentTask,
@@ -48,6 +50,7 @@ from orchestrator.agents._tools import (
     ToolOutcome,
     ToolRegistry,
     ToolSource,
+    cut_utf8,
 )
 from orchestrator.config import Settings
 from orchestrator.errors import OrchestratorError
@@ -214,7 +217,12 @@ class _Loop:
         """The task's tools: its user's (MCP, HTTP) with the service's, those of its step's
         list, less what the policy denies (a denied tool is not offered; a call of it is
         still refused and audited)."""
-        tools = await self.runner._tools.for_task(self.task.user_uuid)
+        try:
+            tools = await self.runner._tools.for_task(self.task.user_uuid)
+        except (OrchestratorError, OSError, asyncpg.PostgresError) as exc:
+            # The user's tools could not be read (the database is away): this task fails,
+            # as its other database work would, with a reason.
+            raise TaskFailed(f"could not read the task's tools: {exc}") from exc
         self.registry, self.gate = tools.registry, tools.gate
         offered = self.registry.offered(self.task.tools)
         if self.gate is not None:
@@ -397,18 +405,6 @@ class _Loop:
             limit=limit,
             action=f"truncated older tool results to {after} tokens",
         )
-
-
-def cut_utf8(text: str, max_bytes: int) -> str:
-    """`text` within `max_bytes` of UTF-8 (never splitting a character), with a note of the
-    cut: what the model is given of one tool result (tool_result_max_bytes)."""
-    if len(text) * 4 <= max_bytes:  # cheap common case: it fits whatever its characters
-        return text
-    raw = text.encode()
-    if len(raw) <= max_bytes:
-        return text
-    kept = raw[:max_bytes].decode(errors="ignore")
-    return f"{kept}\n[... {len(raw) - len(kept.encode())} more bytes cut (tool_result_max_bytes)]"
 
 
 def _result(use: ToolUseBlock, text: str, *, error: bool) -> ToolResultBlock:

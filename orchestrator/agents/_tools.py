@@ -40,6 +40,42 @@ class ToolOutcome:
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable["str | ToolOutcome"]]
 
 
+# `cut_utf8(..., omitted=REST_UNKNOWN)`: the reader stopped without knowing how much was left.
+REST_UNKNOWN = -1
+
+
+def cut_utf8(text: str, max_bytes: int, *, omitted: int | None = None) -> str:
+    """`text` in at most `max_bytes` of UTF-8, whole characters, the note of a cut included:
+    what the model is given of one tool result (tool_result_max_bytes), by whichever part
+    made it (an MCP call, an HTTP tool, the runner), so a result is cut once.
+
+    `omitted`: how many bytes of the answer never reached `text` (a reader that stopped
+    early), or REST_UNKNOWN; None when `text` is the whole answer. The note says how many
+    bytes were cut when that is known, else that the answer was longer than the limit."""
+    if not omitted:  # None or 0: `text` is all there is
+        if len(text) * 4 <= max_bytes:  # cheap common case: it fits whatever its characters
+            return text
+        raw = text.encode()
+        if len(raw) <= max_bytes:
+            return text
+    else:
+        raw = text.encode()
+    rest = None if omitted is not None and omitted < 0 else (omitted or 0)
+    # Room for the note at its longest (the count if nothing of `text` were kept).
+    room = max_bytes - len(_cut_note(None if rest is None else len(raw) + rest).encode())
+    if room < 0:  # a limit smaller than the note: what fits of the note (ASCII)
+        return _cut_note(None).lstrip("\n")[: max(max_bytes, 0)]
+    kept = raw[:room].decode(errors="ignore")  # only a character split at the end is lost
+    cut = None if rest is None else len(raw) - len(kept.encode()) + rest
+    return kept + _cut_note(cut)
+
+
+def _cut_note(cut: int | None) -> str:
+    if cut is None:
+        return "\n[... the answer was longer than tool_result_max_bytes: the rest was cut]"
+    return f"\n[... {cut} more bytes cut (tool_result_max_bytes)]"
+
+
 @dataclass(frozen=True, slots=True)
 class Tool:
     name: str
@@ -53,6 +89,9 @@ class Tool:
 
     def definition(self) -> ToolDef:
         return ToolDef(self.name, self.description, self.parameters)
+
+
+GROUP_PREFIX = "mcp__"  # `mcp__<server>` in a step's tools: all of that server's
 
 
 class ToolRegistry:
@@ -81,16 +120,16 @@ class ToolRegistry:
         return out
 
     def offered(self, allowed: tuple[str, ...] | None) -> list[Tool]:
-        """The tools a task may call: all of them, or those of its `tools` list, where a
-        name that is a prefix up to `__` (`mcp__github`) stands for all the tools under it."""
+        """The tools a task may call: all of them, or those of its `tools` list, where
+        `mcp__<server>` stands for all of one MCP server's tools."""
         if allowed is None:
             return [self._tools[n] for n in self.names()]
         chosen: dict[str, Tool] = {}
         for name in allowed:
             if name in self._tools:
                 chosen.setdefault(name, self._tools[name])
-            else:
-                prefix = f"{name}__"
+            elif name.startswith(GROUP_PREFIX) and "__" not in name[len(GROUP_PREFIX) :]:
+                prefix = f"{name}__"  # mcp__<server>: every tool of that server
                 for key in self.names():
                     if key.startswith(prefix):
                         chosen.setdefault(key, self._tools[key])

@@ -1,13 +1,16 @@
 """Users' HTTP tools: a request a user describes once (`POST /tools/http`) that agents call as
-`http__<name>`. The URL may hold `{param}` placeholders filled from the call's arguments; the
-other arguments go in the query string (GET, DELETE) or as a JSON body (POST, PUT, PATCH).
+`http__<name>`. The URL may hold `{param}` placeholders filled from the call's arguments
+(URL-encoded: a value cannot add a `/`, and `.` or `..`, which would walk the path, is
+refused); the other arguments go in the query string (GET) or as a JSON body (POST, PUT,
+PATCH, DELETE).
 
 The destination is the user's choice, so everything goes through the egress guard
-(orchestrator/egress.py): a literal internal address is refused when the tool is saved, a
-name is checked on the address each connect resolves to, and redirects are never followed
-(a 3xx is an error result naming the Location). The answer is read as a stream and cut at
-`tool_result_max_bytes`, so a huge or endless body costs at most that much memory. The
-tool's headers are secrets: sent, never logged, never in an error text.
+(orchestrator/egress.py): a refused destination is a 400 when the tool is saved (its host
+resolved by the store), each connect is checked again on the address it resolves to, and
+redirects are never followed (a 3xx is an error result naming the Location). The answer is
+read as a stream no further than `tool_result_max_bytes` (+1, to know there was more), so a
+huge or endless body costs at most that much memory, and cut there with the runner's cut
+(`cut_utf8`). The tool's headers are secrets: sent, never logged, never in an error text.
 """
 
 from __future__ import annotations
@@ -20,14 +23,23 @@ import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import httpx
 
+from orchestrator.agents._tools import REST_UNKNOWN, cut_utf8
 from orchestrator.config import Settings
 from orchestrator.egress import DestinationNotAllowed, EgressPolicy, egress_client
-from orchestrator.errors import ValidationFailed
-from orchestrator.tools._model import NAME_PATTERN, CallOutcome, HttpTool
+from orchestrator.tools._model import CallOutcome, HttpTool
+from orchestrator.tools._validate import (
+    MAX_URL,
+    PLACEHOLDER,
+    REFUSED_HEADERS,
+    invalid,
+    validate_headers,
+    validate_name,
+    validate_url,
+)
 
 __all__ = [
     "METHODS",
@@ -40,40 +52,24 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-_QUERY_METHODS = ("GET", "DELETE")
+_QUERY_METHODS = ("GET",)  # the others send what the URL does not use as a JSON body
 _FIELDS = ("name", "description", "parameters", "method", "url", "headers")
 
 MAX_DESCRIPTION = 1024
 MAX_PROPERTIES = 64
 MAX_PARAMETERS_BYTES = 16 * 1024
-MAX_URL = 2048
-MAX_HEADERS = 32
-MAX_HEADER_NAME = 256
-MAX_HEADER_VALUE = 4096
-# The framing and routing of the request are ours: a tool that set them could smuggle a
-# second request or aim the guarded connection at another virtual host.
-REFUSED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 
 # Property names as model providers accept them in a tool's input schema (Anthropic's rule).
 _PROPERTY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.-]{1,64})\}")
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
-_PRINTABLE = re.compile(r"[\x20-\x7e]*")
-_URL_CHARS = re.compile(r"[\x21-\x7e]+")  # no space, no control, no non-ASCII
+_DOT_SEGMENTS = (".", "..")
 
 USER_AGENT = "orchestrator-http-tool"
 ACCEPT = "application/json, text/*;q=0.9, */*;q=0.1"
 
 
-def _bad(field: str, message: str) -> ValidationFailed:
-    return ValidationFailed(
-        f"{field}: {message}", extra={"fields": [{"field": field, "message": message}]}
-    )
-
-
 def placeholders(url: str) -> list[str]:
     """The `{param}` names of `url`, in order, each once."""
-    return list(dict.fromkeys(_PLACEHOLDER.findall(url)))
+    return list(dict.fromkeys(PLACEHOLDER.findall(url)))
 
 
 # --- validation ---------------------------------------------------------------------------
@@ -89,17 +85,17 @@ def validate_http_tool(
     A URL's placeholders are checked against `parameters` only when both are present: a
     caller applying a partial change validates the merged tool (`partial=False`) too."""
     if not isinstance(raw, Mapping):
-        raise _bad("body", "must be a JSON object")
+        raise invalid("body", "must be a JSON object")
     for key in raw:
         if key not in _FIELDS:
-            raise _bad(str(key), "unknown field")
+            raise invalid(str(key), "unknown field")
     if not partial:
         for key in ("name", "description", "parameters", "method", "url"):
             if raw.get(key) is None:
-                raise _bad(key, "required")
+                raise invalid(key, "required")
     out: dict[str, Any] = {}
     if "name" in raw:
-        out["name"] = _name(raw["name"])
+        out["name"] = validate_name(raw["name"])
     if "description" in raw:
         out["description"] = _description(raw["description"])
     if "parameters" in raw:
@@ -107,64 +103,58 @@ def validate_http_tool(
     if "method" in raw:
         out["method"] = _method(raw["method"])
     if "url" in raw:
-        out["url"] = _url(raw["url"], egress)
+        out["url"] = validate_url(raw["url"], egress, templated=True)
     if "url" in out and "parameters" in out:
         properties = out["parameters"].get("properties", {})
         for param in placeholders(out["url"]):
             if param not in properties:
-                raise _bad("url", f"the placeholder {{{param}}} names no property of parameters")
+                raise invalid("url", f"the placeholder {{{param}}} names no property of parameters")
     if "headers" in raw and raw["headers"] is not None:
-        out["headers"] = _headers(raw["headers"])
+        out["headers"] = validate_headers(raw["headers"])
     elif not partial:
         out["headers"] = {}
     return out
 
 
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise _bad("name", "1-32 characters of a-z 0-9 _ -")
-    return value
-
-
 def _description(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise _bad("description", "a non-empty string")
+        raise invalid("description", "a non-empty string")
     if len(value) > MAX_DESCRIPTION:
-        raise _bad("description", f"at most {MAX_DESCRIPTION} characters")
+        raise invalid("description", f"at most {MAX_DESCRIPTION} characters")
     return value
 
 
 def _parameters(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
-        raise _bad("parameters", 'a JSON Schema object: {"type": "object", "properties": {...}}')
+        raise invalid("parameters", 'a JSON Schema object: {"type": "object", "properties": {...}}')
     if value.get("type") != "object":
-        raise _bad("parameters.type", 'must be "object"')
+        raise invalid("parameters.type", 'must be "object"')
     properties = value.get("properties", {})
     if not isinstance(properties, Mapping):
-        raise _bad("parameters.properties", "must be an object of property schemas")
+        raise invalid("parameters.properties", "must be an object of property schemas")
     if len(properties) > MAX_PROPERTIES:
-        raise _bad("parameters.properties", f"at most {MAX_PROPERTIES} properties")
+        raise invalid("parameters.properties", f"at most {MAX_PROPERTIES} properties")
     for key, schema in properties.items():
         if not isinstance(key, str) or not _PROPERTY.fullmatch(key):
-            raise _bad(
+            raise invalid(
                 f"parameters.properties.{key}", "a name of 1-64 characters of A-Z a-z 0-9 _ . -"
             )
         if not isinstance(schema, Mapping):
-            raise _bad(f"parameters.properties.{key}", "must be a JSON Schema object")
+            raise invalid(f"parameters.properties.{key}", "must be a JSON Schema object")
     required = value.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise _bad("parameters.required", "must be a list of property names")
+        raise invalid("parameters.required", "must be a list of property names")
     for name in required:
         if name not in properties:
-            raise _bad("parameters.required", f"{name!r} is not a property")
+            raise invalid("parameters.required", f"{name!r} is not a property")
     if len(set(required)) != len(required):
-        raise _bad("parameters.required", "a property is named twice")
+        raise invalid("parameters.required", "a property is named twice")
     try:
         size = len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode())
     except (TypeError, ValueError):
-        raise _bad("parameters", "must be plain JSON") from None
+        raise invalid("parameters", "must be plain JSON") from None
     if size > MAX_PARAMETERS_BYTES:
-        raise _bad("parameters", f"at most {MAX_PARAMETERS_BYTES} bytes serialised")
+        raise invalid("parameters", f"at most {MAX_PARAMETERS_BYTES} bytes serialised")
     out = dict(value)
     out["properties"] = dict(properties)
     return out
@@ -172,63 +162,8 @@ def _parameters(value: Any) -> dict[str, Any]:
 
 def _method(value: Any) -> str:
     if not isinstance(value, str) or value.upper() not in METHODS:
-        raise _bad("method", "one of GET, POST, PUT, PATCH, DELETE")
+        raise invalid("method", "one of GET, POST, PUT, PATCH, DELETE")
     return value.upper()
-
-
-def _url(value: Any, egress: EgressPolicy) -> str:
-    if not isinstance(value, str) or not value:
-        raise _bad("url", "an absolute http or https URL")
-    if len(value) > MAX_URL:
-        raise _bad("url", f"at most {MAX_URL} characters")
-    if not _URL_CHARS.fullmatch(value):
-        raise _bad("url", "no spaces, control or non-ASCII characters (percent-encode them)")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018  (raises on a port out of range)
-    except ValueError:
-        raise _bad("url", "not a valid URL (its host or port)") from None
-    if parts.scheme not in ("http", "https"):
-        raise _bad("url", "an absolute http or https URL")
-    if "{" in parts.netloc or "}" in parts.netloc:
-        raise _bad("url", "placeholders may be in the path and query only, not in the host")
-    if "@" in parts.netloc:
-        raise _bad("url", "no credentials in the URL: put them in headers (kept secret)")
-    if not parts.hostname:
-        raise _bad("url", "names no host")
-    if parts.fragment or value.endswith("#"):
-        raise _bad("url", "no fragment: it is never sent")
-    rest = _PLACEHOLDER.sub("", value)
-    if "{" in rest or "}" in rest:
-        raise _bad("url", "a { or } that is not a {param} placeholder (percent-encode it: %7B %7D)")
-    if egress.literal_refused(value):
-        raise _bad("url", "destination not allowed (outbound_allowed_cidrs)")
-    return value
-
-
-def _headers(value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        raise _bad("headers", "must be an object of header names to values")
-    if len(value) > MAX_HEADERS:
-        raise _bad("headers", f"at most {MAX_HEADERS} headers")
-    seen: set[str] = set()
-    out: dict[str, str] = {}
-    for name, header in value.items():
-        if not isinstance(name, str) or not _TOKEN.fullmatch(name) or len(name) > MAX_HEADER_NAME:
-            raise _bad("headers", f"{str(name)[:64]!r} is not a valid header name")
-        lower = name.lower()
-        if lower in REFUSED_HEADERS:
-            raise _bad(f"headers.{name}", "set by the service, not by a tool")
-        if lower in seen:
-            raise _bad(f"headers.{name}", "given twice (header names ignore case)")
-        seen.add(lower)
-        # The value is a secret: the message never quotes it.
-        if not isinstance(header, str) or not _PRINTABLE.fullmatch(header):
-            raise _bad(f"headers.{name}", "the value must be a string of printable ASCII")
-        if len(header) > MAX_HEADER_VALUE:
-            raise _bad(f"headers.{name}", f"the value is at most {MAX_HEADER_VALUE} characters")
-        out[name] = header
-    return out
 
 
 # --- calling ------------------------------------------------------------------------------
@@ -258,6 +193,27 @@ class _Refused(Exception):
     """A call that cannot be made from its arguments: the message is the error result."""
 
 
+def _filled(template: str, arguments: Mapping[str, Any]) -> str:
+    """`template` with its placeholders filled, each value URL-encoded (a `/` in one stays in
+    its segment). A path segment the values make `.` or `..` is refused: the client resolves
+    it (`/users/{id}/profile` with `..` is `/profile`), and the tool's headers would go where
+    its author never pointed them."""
+
+    def fill(part: str) -> str:
+        return PLACEHOLDER.sub(lambda m: quote(_text(arguments[m.group(1)]), safe=""), part)
+
+    path, mark, query = template.partition("?")
+    filled = fill(path)
+    for before, after in zip(path.split("/"), filled.split("/"), strict=True):
+        if after in _DOT_SEGMENTS and before != after:
+            names = " and ".join(repr(n) for n in placeholders(before))
+            raise _Refused(
+                f"the argument {names} may not make the path segment {after!r}: it would "
+                "change which URL is called (nothing was sent)"
+            )
+    return filled + mark + fill(query)
+
+
 def _request_parts(
     tool: HttpTool, arguments: Mapping[str, Any]
 ) -> tuple[str, dict[str, str], bytes | None]:
@@ -266,8 +222,7 @@ def _request_parts(
     for param in used:
         if arguments.get(param) is None:
             raise _Refused(f"missing argument {param!r}: the URL needs it ({{{param}}})")
-    url = _PLACEHOLDER.sub(lambda m: quote(_text(arguments[m.group(1)]), safe=""), tool.url)
-    url = url.split("#", 1)[0]
+    url = _filled(tool.url, arguments).split("#", 1)[0]
     rest = {k: v for k, v in arguments.items() if k not in used}
     headers = {"User-Agent": USER_AGENT, "Accept": ACCEPT, "Accept-Encoding": "identity"}
     body: bytes | None = None
@@ -322,22 +277,35 @@ class _Decoder:
 
 
 async def _read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
-    """At most `max_bytes` of the body, and whether there was more."""
+    """The body, read no further than `max_bytes` + 1 bytes, and whether it went past
+    `max_bytes` (then it is cut, and there may be more that was never read)."""
     decoder = _Decoder(response.headers.get("content-encoding", ""))
     body = bytearray()
     async for chunk in response.aiter_raw():
         body += decoder.decode(chunk, max_bytes + 1 - len(body))
         if len(body) > max_bytes:
-            return bytes(body[:max_bytes]), True
+            return bytes(body), True
     return bytes(body), False
 
 
-def _as_text(body: bytes, cut: bool, max_bytes: int) -> str:
-    # An incremental decoder drops a character the cut split in two rather than show U+FFFD.
-    text = codecs.getincrementaldecoder("utf-8")("replace").decode(body, final=not cut)
-    if cut:
-        text += f"\n[the answer was cut at {max_bytes} bytes]"
-    return text
+def _as_text(body: bytes, cut: bool, headers: httpx.Headers) -> tuple[str, int | None]:
+    """The body as text, and what `cut_utf8` is told of the bytes never read (`omitted`):
+    None when the body was read whole, their number when the answer gave its length, else
+    REST_UNKNOWN."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    # Not final when cut: a character the read split in two is dropped, not shown as U+FFFD.
+    text = decoder.decode(body, final=not cut)
+    if not cut:
+        return text, None
+    read = len(body) - len(decoder.getstate()[0])
+    encoding = headers.get("content-encoding", "").strip().lower()
+    try:
+        total = int(headers.get("content-length", ""))
+    except ValueError:
+        return text, REST_UNKNOWN
+    if encoding not in ("", "identity") or total < read:
+        return text, REST_UNKNOWN  # (a compressed body's length is not the text's)
+    return text, total - read
 
 
 async def call_http_tool(
@@ -349,9 +317,9 @@ async def call_http_tool(
     timeout_s: float | None = None,
 ) -> CallOutcome:
     """Call `tool` with `arguments` through `client` (`http_tools_client`): a 2xx gives the
-    body (cut at `max_bytes`), anything else an error result saying what happened. The whole
-    call, body included, ends within `timeout_s` (default: the client's read timeout).
-    Never raises but CancelledError."""
+    body (in at most `max_bytes`, the note of a cut included), anything else an error result
+    saying what happened. The whole call, body included, ends within `timeout_s` (default:
+    the client's read timeout). Never raises but CancelledError."""
     if not isinstance(arguments, Mapping):
         return CallOutcome("the arguments must be a JSON object", is_error=True)
     deadline = timeout_s if timeout_s is not None else client.timeout.read
@@ -362,7 +330,8 @@ async def call_http_tool(
                 tool.method, url, headers=headers, content=body, follow_redirects=False
             ) as response:
                 status = response.status_code
-                location = response.headers.get("location")
+                answered = response.headers
+                location = answered.get("location")
                 if 300 <= status < 400 and location is not None:
                     return CallOutcome(
                         f"HTTP {status}: redirects are not followed "
@@ -395,10 +364,11 @@ async def call_http_tool(
         # The message could quote a header value: only the type is logged.
         log.warning("HTTP tool %s failed unexpectedly: %s", tool.id, type(exc).__name__)
         return CallOutcome(f"the request failed ({type(exc).__name__})", is_error=True)
-    text = _as_text(raw, cut, max_bytes)
+    text, omitted = _as_text(raw, cut, answered)
     if 200 <= status < 300:
-        return CallOutcome(text)
+        return CallOutcome(cut_utf8(text, max_bytes, omitted=omitted))
     if not text:
         reason = f" {response.reason_phrase}" if response.reason_phrase else ""
         return CallOutcome(f"HTTP {status}{reason}", is_error=True)
-    return CallOutcome(f"HTTP {status}: {text}", is_error=True)
+    # The status counts in the limit: what the model gets is never cut again.
+    return CallOutcome(cut_utf8(f"HTTP {status}: {text}", max_bytes, omitted=omitted), True)

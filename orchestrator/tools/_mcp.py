@@ -15,7 +15,13 @@ Why the shape:
   is noted through a context variable the SDK carries into the tasks that send them
   (`_Attempt`). A timeout is never retried.
 - HTTP goes out through the egress guard (`outbound_allowed_cidrs`); stdio only runs commands
-  the operator listed (`mcp_stdio_commands`).
+  the operator listed (`mcp_stdio_commands`), and a child's stderr goes to /dev/null: it would
+  land in the worker's log (Ray's), and a server that prints its environment would leak the
+  env values set for it.
+- A session unused for IDLE_CLOSE_S is closed by a sweeper that runs while the pool holds
+  sessions (a deleted server's session on a worker, a stdio child no task uses). Listing a
+  server's tools for the API (registration, refresh) uses a session of its own, closed at
+  once: an API replica keeps no stdio child or open stream, and no task's session is touched.
 - Header and env values are secrets: sent, never put in a message (`_scrub`) or a log line.
   Nothing the SDK logs holds a request header: httpx2 logs each request's URL (INFO),
   httpcore2 its method and the response's headers (DEBUG), the SDK the JSON-RPC messages.
@@ -30,6 +36,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -47,6 +54,7 @@ from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
+from orchestrator.agents._tools import cut_utf8
 from orchestrator.config import Settings
 from orchestrator.egress import Httpx2DestinationNotAllowed, httpx2_egress_client
 from orchestrator.observability import REDACTED
@@ -58,7 +66,8 @@ log = logging.getLogger(__name__)
 
 _CLIENT_INFO = types.Implementation(name="orchestrator", version="0.1.0")
 _CLOSE_GRACE_S = 8.0  # the SDK's stdio shutdown: 2 s after stdin closes, 2 s TERM, 2 s KILL
-IDLE_CLOSE_S = 600.0  # a session unused this long is closed when the pool is next used
+IDLE_CLOSE_S = 600.0  # a session unused this long is closed (by the sweeper, or the next use)
+SWEEP_S = 60.0  # how often the sweeper looks for idle sessions
 _MAX_PAGES = 100  # tools/list pages: a server paginating forever cannot hang a listing
 
 
@@ -269,7 +278,11 @@ class _Connection:
             params = StdioServerParameters(
                 command=server.command or "", args=list(server.args), env=dict(server.env)
             )
-            return stdio_client(params)
+            # The child's stderr: not the worker's (its log), where the server's own output
+            # (its environment, a token in a traceback) would be kept.
+            devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: ASYNC230 - never blocks
+            errlog = stack.enter_context(devnull)
+            return stdio_client(params, errlog=errlog)
         limit = self._settings.mcp_connect_timeout_s
         # No read timeout: a tool may think for long; each call is bounded by its own timeout.
         timeout = httpx2.Timeout(limit, read=None, pool=None)
@@ -322,13 +335,19 @@ class McpPool:
         self._settings = settings
         self._conns: dict[tuple[str, int], _Connection] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
 
-    async def list_tools(self, server: McpServer) -> tuple[McpToolInfo, ...]:
+    async def list_tools(self, server: McpServer, *, keep: bool = True) -> tuple[McpToolInfo, ...]:
         """Every tool the server lists (all pages). Raises McpUnavailable when it cannot be
-        reached, is refused, errs or takes longer than `mcp_connect_timeout_s` in all."""
+        reached, is refused, errs or takes longer than `mcp_connect_timeout_s` in all.
+        `keep=False`: on a session of its own, closed right after (the API's listings: the
+        process keeps nothing open for them, and the pooled sessions its tasks use, if it
+        runs any, are left alone)."""
         limit = self._settings.mcp_connect_timeout_s
         try:
             async with asyncio.timeout(limit):
+                if not keep:
+                    return await self._list_once(server)
                 return await self._list_tools(server)
         except TimeoutError:
             message = f"MCP server {server.name!r} is unavailable: did not answer within {limit:g}s"
@@ -360,9 +379,25 @@ class McpPool:
 
     async def aclose(self) -> None:
         """Close every session (a stdio child ends with its session)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         conns = list(self._conns.values())
         self._conns.clear()
         await asyncio.gather(*(c.close() for c in conns), *self._closing)
+
+    async def _list_once(self, server: McpServer) -> tuple[McpToolInfo, ...]:
+        self._check(server)
+        conn = _Connection(server, self._settings)
+        try:
+            client = await conn.ready()
+            try:
+                return await _all_tools(client)
+            except Exception as exc:  # noqa: BLE001 - any failure of the server is McpUnavailable
+                raise McpUnavailable(conn.unavailable(exc)) from None
+        finally:
+            self._retire(conn)  # closed in the background: a stdio child takes seconds to end
 
     async def _list_tools(self, server: McpServer) -> tuple[McpToolInfo, ...]:
         for first in (True, False):
@@ -406,12 +441,10 @@ class McpPool:
         """The pooled connection to this version of the server, or a new one (and whether it
         is new). No await between the lookup and the insert: one connection per key."""
         now = time.monotonic()
-        idle = max(IDLE_CLOSE_S, self._settings.mcp_call_timeout_s + 60)  # past any call
         for (sid, version), pooled in list(self._conns.items()):
-            # An older version of this server, or any session idle for long (a server deleted
-            # elsewhere, one no task uses now: its stdio child need not run on).
-            if (sid == server.id and version < server.version) or now - pooled.used > idle:
+            if sid == server.id and version < server.version:  # an older version of it
                 self._retire(pooled)
+        self._retire_idle(now)
         key = (server.id, server.version)
         conn = self._conns.get(key)
         if conn is not None and not conn.dead:
@@ -419,6 +452,15 @@ class McpPool:
             return conn, False
         if conn is not None:
             self._retire(conn)
+        self._check(server)
+        conn = _Connection(server, self._settings)
+        self._conns[key] = conn
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep(), name="mcp idle sweeper")
+        return conn, True
+
+    def _check(self, server: McpServer) -> None:
+        """Raise McpUnavailable for a server this process may not connect to."""
         if server.transport == "stdio" and server.command not in self._settings.mcp_stdio_commands:
             raise McpUnavailable(
                 _scrub(
@@ -430,9 +472,21 @@ class McpPool:
         scheme = urlsplit(server.url or "").scheme
         if server.transport == "streamable_http" and scheme not in ("http", "https"):
             raise McpUnavailable(f"MCP server {server.name!r} is unavailable: not an http(s) URL")
-        conn = _Connection(server, self._settings)
-        self._conns[key] = conn
-        return conn, True
+
+    def _retire_idle(self, now: float) -> None:
+        """Close the sessions idle for long: a server deleted elsewhere, one no task uses now
+        (its stdio child need not run on). "Long" is past any call's timeout too."""
+        idle = max(IDLE_CLOSE_S, self._settings.mcp_call_timeout_s + 60)
+        for pooled in list(self._conns.values()):
+            if now - pooled.used > idle:
+                self._retire(pooled)
+
+    async def _sweep(self) -> None:
+        """Retire idle sessions every SWEEP_S while the pool holds any (a pool nobody uses
+        again would otherwise keep them, and their children, for good)."""
+        while self._conns:
+            await asyncio.sleep(SWEEP_S)
+            self._retire_idle(time.monotonic())
 
     async def _ready(self, conn: _Connection) -> Client:
         try:
@@ -482,28 +536,12 @@ def _outcome(result: types.CallToolResult, max_bytes: int) -> CallOutcome:
     has_text = any(isinstance(b, types.TextContent) for b in result.content)
     if not has_text and result.structured_content is not None:
         parts.append(json.dumps(result.structured_content, ensure_ascii=False))
-    return CallOutcome(_cut("\n".join(parts), max_bytes), is_error=result.is_error)
+    return CallOutcome(cut_utf8("\n".join(parts), max_bytes), is_error=result.is_error)
 
 
 def _decoded_size(b64: str) -> int:
     data = b64.strip()
     return max(0, len(data) * 3 // 4 - (len(data) - len(data.rstrip("="))))
-
-
-def _cut(text: str, max_bytes: int) -> str:
-    """`text` in at most `max_bytes` of UTF-8, the note of the cut included (whole characters;
-    the runner's own cut, at the same limit, then leaves it as it is)."""
-    data = text.encode("utf-8")
-    if len(data) <= max_bytes:
-        return text
-    total = len(data)
-    room = max_bytes - len(_cut_note(total).encode())
-    head = data[: max(room, 0)].decode("utf-8", errors="ignore")
-    return head + _cut_note(total - len(head.encode("utf-8")))
-
-
-def _cut_note(omitted: int) -> str:
-    return f"\n[... {omitted} more bytes cut (tool_result_max_bytes)]"
 
 
 def _call_error(server: McpServer, exc: Exception) -> str:

@@ -20,7 +20,10 @@ SOURCES: tuple[str, ...] = ("builtin", "memory", "workspace", "mcp", "http", "ma
 
 MCP_PREFIX = "mcp__"  # mcp__<server>__<tool>: the name Claude Code gives an MCP tool
 HTTP_PREFIX = "http__"  # http__<name>
-NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")  # an MCP server's or an HTTP tool's name
+# An MCP server's or an HTTP tool's name. No `__`: it separates the parts of a tool's name, so
+# a server `gh__repo` would offer `mcp__gh__repo__delete` as shared server `gh`'s `repo__delete`.
+NAME_PATTERN = re.compile(r"(?!.*__)[a-z0-9_-]{1,32}")
+NAME_RULE = "1-32 characters of a-z 0-9 _ -, no two _ in a row"
 MCP_ID = re.compile(r"mcp-[0-9]{1,18}")
 HTTP_ID = re.compile(r"http-[0-9]{1,18}")
 

@@ -13,20 +13,29 @@ the same `mcp__<name>__` prefix). The two unique indexes cannot say the last par
 checked under an advisory lock on the name, taken by every write that sets one. A shared
 server registered after a user's own one of that name is hidden from that user (`for_user`).
 
-The agent runtime reads everything a task may use with `for_user`: one statement per task.
+A URL (an MCP server's, an HTTP tool's) is saved only if its host resolves to no address the
+egress guard refuses (`destination_refused`, the check each connect makes): `localhost` or a
+name pointing at the metadata service is a 400 when saved, not a failure at each call. A host
+that does not resolve is saved: the connects resolve it again.
+
+The agent runtime reads everything a task may use with `for_user`: one statement per task. A
+row whose secrets do not open (sealed under another key) is left out with a warning, so one
+bad row does not break every task of every user.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 from cryptography.fernet import Fernet, InvalidToken
 
 from orchestrator.auth import Principal
+from orchestrator.egress import destination_refused
 from orchestrator.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from orchestrator.events import EventStore, NewEvent
 from orchestrator.tools._http import validate_http_tool
@@ -39,9 +48,13 @@ from orchestrator.tools._model import (
     Rule,
 )
 from orchestrator.tools._policy import Policy, parse_rules
-from orchestrator.tools._registration import ToolLimits, invalid, keep_stored, validate_mcp_server
+from orchestrator.tools._registration import ToolLimits, keep_stored, validate_mcp_server
+from orchestrator.tools._validate import URL_REFUSED, invalid
 
 __all__ = ["StoredPolicy", "ToolLimits", "ToolStore", "UserTools", "validate_mcp_server"]
+
+log = logging.getLogger(__name__)
+_Row = TypeVar("_Row", McpServer, HttpTool)
 
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _LOCK = 947741  # with hashtext(<what>): serialises writes of one MCP server name or owner
@@ -55,6 +68,10 @@ _HTTP_COLUMNS = (
 )
 MAX_ERROR = 1000
 _VISIBLE = "((owner = $2 AND NOT shared) OR shared)"  # the caller's own servers and the shared
+
+
+class _Sealed(RuntimeError):
+    """Secrets that do not open with this service's key."""
 
 
 def _over(setting: str, field_name: str, limit: int, what: str) -> ValidationFailed:
@@ -159,11 +176,16 @@ class ToolStore:
         try:
             data: dict[str, str] = json.loads(self._box.decrypt(token))
         except InvalidToken as exc:
-            raise RuntimeError(
+            raise _Sealed(
                 "tool secrets cannot be decrypted: channel_secret_key (or"
                 " <data_dir>/channel_key) is not the key they were stored with"
             ) from exc
         return data
+
+    async def _refused(self, url: Any) -> bool:
+        """Whether `url` (one that passed validation) names a host the egress guard refuses:
+        resolved outside any transaction (no lock is held while the resolver answers)."""
+        return isinstance(url, str) and await destination_refused(self.limits.egress, url)
 
     # --- rows -------------------------------------------------------------------------------
 
@@ -252,6 +274,8 @@ class ToolStore:
         if raw.get("shared") is True and not caller.is_admin:
             raise Forbidden("only admins register shared MCP servers")
         spec = validate_mcp_server(raw, self.limits)
+        if await self._refused(spec.get("url")):
+            raise invalid("url", URL_REFUSED)
         shared = bool(spec.get("shared", False))
         headers = keep_stored("headers", spec.get("headers", {}), {})
         env = keep_stored("env", spec.get("env", {}), {})
@@ -313,6 +337,8 @@ class ToolStore:
         `version` bumped, its tools cleared: list them again). Headers (env) given replace
         the stored ones; `***` keeps a stored value."""
         key = _server_id(server_id)
+        # Resolved before the row is locked; judged once the change is known to be valid.
+        refused = await self._refused(raw.get("url"))
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 row = await conn.fetchrow(
@@ -331,6 +357,8 @@ class ToolStore:
                 )
                 if changes.get("shared", current.shared) != current.shared:
                     raise invalid("shared", "cannot be changed: register the server again")
+                if "url" in changes and refused:
+                    raise invalid("url", URL_REFUSED)
                 name = changes.get("name", current.name)
                 url = changes.get("url", current.url)
                 headers = keep_stored(
@@ -417,6 +445,8 @@ class ToolStore:
 
     async def create_http_tool(self, caller: Principal, raw: Mapping[str, Any]) -> HttpTool:
         spec = validate_http_tool(raw, self.limits.egress)
+        if await self._refused(spec["url"]):
+            raise invalid("url", URL_REFUSED)
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(
@@ -473,6 +503,8 @@ class ToolStore:
         changes = validate_http_tool(
             {k: v for k, v in raw.items() if v is not None}, self.limits.egress, partial=True
         )
+        if await self._refused(changes.get("url")):
+            raise invalid("url", URL_REFUSED)
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 row = await conn.fetchrow(
@@ -646,7 +678,26 @@ class ToolStore:
             _user_scope(user_uuid),
         )
         return UserTools(
-            mcp=tuple(self._server(s) for s in _json(row["mcp"])),
-            http=tuple(self._http(h) for h in _json(row["http"])),
+            mcp=tuple(self._readable(self._server, _json(row["mcp"]), "MCP server mcp")),
+            http=tuple(self._readable(self._http, _json(row["http"]), "HTTP tool http")),
             policy=Policy(_rules(row["global_rules"]), _rules(row["user_rules"])),
         )
+
+    @staticmethod
+    def _readable(
+        read: Callable[[Mapping[str, Any]], _Row], rows: Sequence[Mapping[str, Any]], what: str
+    ) -> list[_Row]:
+        """The rows whose secrets open; each other one is left out with a warning naming it
+        (a row sealed on a node with another key must not break every task of every user)."""
+        out: list[_Row] = []
+        for row in rows:
+            try:
+                out.append(read(row))
+            except _Sealed:
+                log.warning(
+                    "%s-%s left out of the user's tools: its secrets do not open with this"
+                    " service's key (channel_secret_key)",
+                    what,
+                    row["id"],
+                )
+        return out

@@ -188,10 +188,13 @@ async def test_every_turn_is_an_llm_decision_and_executions_name_their_source(
     assert by_tool["login"]["arguments"] == {"user": "carol", "api_key": "***"}
     assert by_tool["flaky"]["ok"] is False and by_tool["flaky"]["mcp_server_id"] == "mcp-3"
     assert by_tool["shout"]["ok"] is True
-    # A tool's answer the model sees is cut at tool_result_max_bytes (1,024), whole characters.
+    # A tool's answer the model sees is cut at tool_result_max_bytes (1,024), whole characters,
+    # the note of the cut included.
     shouted = llm.chat_requests[2].json["messages"][-1]["content"]
-    assert shouted.startswith("é" * 512) and "é" * 513 not in shouted
-    assert "tool_result_max_bytes" in shouted
+    assert len(shouted.encode()) <= 1024
+    kept, note = shouted.split("\n", 1)
+    assert kept == "é" * len(kept) and 480 <= len(kept) < 512
+    assert note == f"[... {4000 - 2 * len(kept)} more bytes cut (tool_result_max_bytes)]"
     # The error result is marked as one for the model.
     flaky_result = llm.chat_requests[1].json["messages"][-1]
     assert "the server said no" in str(flaky_result["content"])

@@ -39,7 +39,9 @@ class ToolApi(LoopbackServer):
 
     async def handle(self, request: RecordedRequest, send: Send) -> None:
         path = request.path
-        if path == "/missing":
+        if path == "/missing-big":
+            await self.send_body(send, 404, b"x" * 5000, [("Content-Type", "text/plain")])
+        elif path == "/missing":
             await self.send_body(send, 404, b"no such city", [("Content-Type", "text/plain")])
         elif path == "/empty-error":
             await self.send_body(send, 503, b"", [])
@@ -109,6 +111,39 @@ async def test_placeholders_are_filled_url_encoded(api: ToolApi, client: httpx.A
     assert json.loads(out.text) == {"ok": True, "path": "/cities/a b/c/weather"}
 
 
+@pytest.mark.parametrize(
+    ("template", "arguments", "named"),
+    [
+        ("/users/{city}/profile", {"city": ".."}, "'city'"),
+        ("/users/{city}/profile", {"city": "."}, "'city'"),
+        ("/users/{city}", {"city": ".."}, "'city'"),
+        ("/{city}{units}/x", {"city": ".", "units": "."}, "'city' and 'units'"),
+    ],
+)
+async def test_a_dot_segment_value_in_the_path_sends_nothing(
+    api: ToolApi, client: httpx.AsyncClient, template: str, arguments: dict[str, str], named: str
+) -> None:
+    """`quote("..")` is `..`, and the client resolves `/users/../profile` to `/profile`: the
+    call (with the tool's secret headers) would go where the tool never pointed."""
+    tool = _tool(f"{api.url}{template}", headers={"Authorization": "Bearer t0k"})
+    out = await call_http_tool(tool, arguments, client, MAX)
+    assert out.is_error, out.text
+    assert named in out.text and "path segment" in out.text
+    assert api.requests == []
+
+
+async def test_dots_elsewhere_are_plain_values(api: ToolApi, client: httpx.AsyncClient) -> None:
+    tool = _tool(f"{api.url}/users/{{city}}/x{{units}}?q={{days}}")
+    out = await call_http_tool(tool, {"city": "...", "units": "..", "days": ".."}, client, MAX)
+    assert not out.is_error, out.text
+    [request] = api.requests
+    assert request.raw_path == "/users/.../x.."
+    assert request.query == "q=.."
+    out = await call_http_tool(tool, {"city": "../admin", "units": "", "days": 1}, client, MAX)
+    assert not out.is_error, out.text
+    assert api.requests[1].raw_path == "/users/..%2Fadmin/x"
+
+
 async def test_a_missing_placeholder_argument_sends_nothing(
     api: ToolApi, client: httpx.AsyncClient
 ) -> None:
@@ -147,18 +182,7 @@ async def test_get_arguments_not_in_the_url_go_in_the_query(
     assert "content-type" not in request.headers
 
 
-async def test_delete_arguments_go_in_the_query_too(
-    api: ToolApi, client: httpx.AsyncClient
-) -> None:
-    tool = _tool(f"{api.url}/cities/{{city}}", method="DELETE")
-    out = await call_http_tool(tool, {"city": "x", "hourly": False}, client, MAX)
-    assert not out.is_error, out.text
-    [request] = api.requests
-    assert (request.method, request.raw_path) == ("DELETE", "/cities/x")
-    assert request.query == "hourly=false"
-
-
-@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH"])
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
 async def test_body_methods_send_the_other_arguments_as_json(
     api: ToolApi, client: httpx.AsyncClient, method: str
 ) -> None:
@@ -211,6 +235,13 @@ async def test_a_404_is_an_error_result_with_its_body(
     out = await call_http_tool(_tool(f"{api.url}/missing"), {}, client, MAX)
     assert out.is_error
     assert out.text == "HTTP 404: no such city"
+    # A long error body is cut with the status inside the limit.
+    big = await call_http_tool(_tool(f"{api.url}/missing-big"), {}, client, MAX)
+    assert big.is_error and big.text.startswith("HTTP 404: xxx")
+    assert len(big.text.encode()) <= MAX
+    head, note = big.text.split("\n", 1)
+    kept = len(head) - len("HTTP 404: ")
+    assert note == f"[... {5000 - kept} more bytes cut (tool_result_max_bytes)]"
     empty = await call_http_tool(_tool(f"{api.url}/empty-error"), {}, client, MAX)
     assert empty.is_error
     assert empty.text == "HTTP 503 Service Unavailable"
@@ -233,15 +264,21 @@ async def test_a_big_body_is_cut_at_max_bytes(api: ToolApi, client: httpx.AsyncC
         tracemalloc.stop()
     assert peak < 2 << 20  # the body is 8 MiB: never all of it in memory
     assert not out.is_error
+    # The note is inside the limit: what the model gets is not cut again by the runner.
+    assert len(out.text.encode()) <= MAX
     body, note = out.text.split("\n", 1)
-    assert body == "a" * MAX
-    assert note == f"[the answer was cut at {MAX} bytes]"
+    assert body == "a" * len(body) and len(body) > MAX - 100
+    # Chunked, read no further than the limit: how much more there was is not known.
+    assert note == "[... the answer was longer than tool_result_max_bytes: the rest was cut]"
 
 
 async def test_a_cut_through_a_character_drops_it(api: ToolApi, client: httpx.AsyncClient) -> None:
     out = await call_http_tool(_tool(f"{api.url}/utf8"), {}, client, MAX + 1)
-    body, _ = out.text.split("\n", 1)
-    assert body == "\u00e9" * (MAX // 2)  # the half character at the cut is not shown
+    assert len(out.text.encode()) <= MAX + 1
+    body, note = out.text.split("\n", 1)
+    assert body == "\u00e9" * len(body) and len(body) > (MAX - 100) // 2  # whole characters
+    # The answer gave its length (2,000 bytes): the note says how much was cut.
+    assert note == f"[... {2000 - 2 * len(body)} more bytes cut (tool_result_max_bytes)]"
     whole = await call_http_tool(_tool(f"{api.url}/utf8"), {}, client, 2000)
     assert whole.text == "\u00e9" * 1000
 
@@ -258,7 +295,8 @@ async def test_a_compressed_body_is_cut_while_decompressing(
         tracemalloc.stop()
     assert not out.is_error, out.text[:200]
     assert peak < 8 << 20  # never the 64 MiB the body inflates to
-    assert out.text == "0" * MAX + f"\n[the answer was cut at {MAX} bytes]"
+    note = "\n[... the answer was longer than tool_result_max_bytes: the rest was cut]"
+    assert out.text == "0" * (MAX - len(note)) + note
     assert api.requests[0].headers["accept-encoding"] == "identity"
 
 

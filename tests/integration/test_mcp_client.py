@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config import Settings
+from orchestrator.tools import _mcp
 from orchestrator.tools._mcp import IDLE_CLOSE_S, McpPool, McpUnavailable
 from orchestrator.tools._model import CallOutcome, McpServer
 from tests.fakes.mcp_server import ROOT, McpServerProcess
@@ -323,6 +325,89 @@ async def test_a_forgotten_or_idle_server_loses_its_session(tmp_path: Path) -> N
             conn.used -= IDLE_CLOSE_S + 3600  # last used long ago
         await _pid(pool, _stdio(id="mcp-8"))
         await _until(lambda: not _alive(again), within=15)
+
+
+async def test_idle_sessions_are_reaped_without_another_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper closes a session idle past IDLE_CLOSE_S though the pool is not used
+    again (a worker whose tasks stopped calling a server keeps no child for it)."""
+    monkeypatch.setattr(_mcp, "SWEEP_S", 0.1)
+    async with _pool(_settings(tmp_path)) as pool:
+        child = await _pid(pool, _stdio())
+        await asyncio.sleep(0.3)  # swept a few times: a recent session stays
+        assert _alive(child) and len(pool._conns) == 1
+        for conn in pool._conns.values():
+            conn.used -= IDLE_CLOSE_S + 3600  # last used long ago
+        await _until(lambda: not _alive(child), within=15)  # no call, no listing since
+        assert pool._conns == {}
+        # A new session starts the sweeper again.
+        again = await _pid(pool, _stdio())
+        for conn in pool._conns.values():
+            conn.used -= IDLE_CLOSE_S + 3600
+        await _until(lambda: not _alive(again), within=15)
+
+
+async def test_a_listing_that_keeps_nothing(pool: McpPool, tmp_path: Path) -> None:
+    """`keep=False` (the API's registrations and refreshes): the listing's session is closed
+    right after it, its stdio child ends, and a pooled session of the server is untouched."""
+    record = tmp_path / "stdio.jsonl"
+    server = _stdio(record)
+    pooled = await _pid(pool, server)
+    before = set(_children())
+    assert {t.name for t in await pool.list_tools(server, keep=False)} == TOOLS
+    await _until(lambda: set(_children()) == before, within=15)  # its own child has ended
+    assert _alive(pooled) and list(pool._conns) == [(server.id, server.version)]
+    assert await pool.call(server, "echo", {"text": "still"}) == CallOutcome("still")
+    with pytest.raises(McpUnavailable, match="not allowed"):
+        await pool.list_tools(dataclasses.replace(server, command="/bin/sh"), keep=False)
+
+
+def _children() -> list[int]:
+    """This process's live child processes (Linux /proc)."""
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_stdio_childs_stderr_is_not_the_workers(
+    pool: McpPool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A server that prints its environment (a token set for it) to stderr: none of it
+    reaches the worker's stderr, which ends in its logs. The child's fd 2 is looked at too:
+    pytest's own capture may hold what the SDK's default (the stderr of import time) got."""
+    secret = f"env-secret-{uuid.uuid4().hex}"
+    script = (
+        "import os, sys\n"
+        "sys.stderr.write('starting with ' + repr(dict(os.environ)) + '\\n')\n"
+        "sys.stderr.flush()\n"
+        "from tests.fakes.mcp_server import main\n"
+        "main(['--stdio'])\n"
+    )
+    server = McpServer(
+        id="mcp-11",
+        owner="u-1",
+        name="chatty",
+        transport="stdio",
+        command=sys.executable,
+        args=("-c", script),
+        env={"PYTHONPATH": str(ROOT), "API_TOKEN": secret},
+    )
+    child = await _pid(pool, server)
+    assert os.readlink(f"/proc/{child}/fd/2") == os.devnull
+    assert await pool.call(server, "echo", {"text": "hi"}) == CallOutcome("hi")
+    await pool.aclose()  # the child has ended: all it wrote has been written
+    captured = capfd.readouterr()
+    assert secret not in captured.err and secret not in captured.out
 
 
 async def test_header_values_never_reach_the_logs(

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
+from cryptography.fernet import Fernet
 
 from orchestrator.auth import Principal
 from orchestrator.config import Settings
 from orchestrator.db import connect
+from orchestrator.errors import ValidationFailed
 from orchestrator.events import EventStore
 from orchestrator.sdk import ApiError, AsyncClient
 from orchestrator.secret_box import secret_box
@@ -182,7 +188,74 @@ async def test_refused_destinations_are_400(make_settings: Any) -> None:
             }
             r = await c.post("/tools/http", headers=ann, json=tool)
             assert r.status_code == 400 and _fields(r) == ["url"], r.text
+            # A host name is resolved when saved, by the check each connect makes.
+            for url in ("http://localhost:9/mcp", "http://LocalHost/mcp"):
+                r = await c.post("/mcp/servers", headers=ann, json={"name": "x", "url": url})
+                assert r.status_code == 400, (url, r.text)
+                assert r.json()["fields"] == [
+                    {"field": "url", "message": "destination not allowed (outbound_allowed_cidrs)"}
+                ]
+                r = await c.post("/tools/http", headers=ann, json={**tool, "url": url})
+                assert r.status_code == 400 and _fields(r) == ["url"], r.text
+            # By its host only: placeholders in the path.
+            templated = {**tool, "url": "http://localhost:9/users/{id}", "parameters": _ID}
+            r = await c.post("/tools/http", headers=ann, json=templated)
+            assert r.status_code == 400 and _fields(r) == ["url"], r.text
             assert (await c.get("/mcp/servers", headers=ann)).json()["servers"] == []
+            # A host that does not resolve is no 400: the server is registered with its
+            # error, the tool accepted (each call resolves it again).
+            r = await c.post(
+                "/mcp/servers", headers=ann, json={"name": "x", "url": "http://nowhere.invalid/m"}
+            )
+            assert r.status_code == 201 and r.json()["status"] == "error", r.text
+            sid = r.json()["id"]
+            unresolved = {**tool, "url": "http://nowhere.invalid/users/{id}", "parameters": _ID}
+            r = await c.post("/tools/http", headers=ann, json=unresolved)
+            assert r.status_code == 201, r.text
+            tid = r.json()["id"]
+            # And a change of the URL to a refused host is a 400 too, the stored one kept.
+            r = await c.put(f"/mcp/servers/{sid}", headers=ann, json={"url": "http://localhost/"})
+            assert r.status_code == 400 and _fields(r) == ["url"], r.text
+            r = await c.put(f"/tools/http/{tid}", headers=ann, json={"url": "http://localhost/"})
+            assert r.status_code == 400 and _fields(r) == ["url"], r.text
+            got = (await c.get(f"/mcp/servers/{sid}", headers=ann)).json()
+            assert got["url"] == "http://nowhere.invalid/m"
+            got = (await c.get(f"/tools/http/{tid}", headers=ann)).json()
+            assert got["url"] == "http://nowhere.invalid/users/{id}"
+
+
+_ID = {"type": "object", "properties": {"id": {"type": "string"}}}
+
+
+async def test_a_name_resolving_to_the_metadata_service_is_refused_when_saved(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the store (the API's uvicorn resolves with uvloop, which this test cannot
+    point a name elsewhere in): a name whose address is 169.254.169.254 is a 400."""
+    real = socket.getaddrinfo
+
+    def dns(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "metadata.rebind.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    db, store = await _store(_settings(make_settings, outbound_allowed_cidrs=[]))
+    ann = Principal("ann")
+    try:
+        for url in ("http://metadata.rebind.test/latest", "https://metadata.rebind.test/{id}"):
+            with pytest.raises(ValidationFailed) as mcp:
+                await store.create_mcp_server(ann, {"name": "meta", "url": url.replace("{id}", "")})
+            assert mcp.value.extra["fields"][0]["field"] == "url"
+            body = {**_http_tool(), "url": url, "parameters": _ID}
+            with pytest.raises(ValidationFailed) as http:
+                await store.create_http_tool(ann, body)
+            assert http.value.extra["fields"] == [
+                {"field": "url", "message": "destination not allowed (outbound_allowed_cidrs)"}
+            ]
+        assert await store.list_mcp_servers(ann) == [] and await store.list_http_tools(ann) == []
+    finally:
+        await db.close()
 
 
 async def test_refresh_follows_the_server(
@@ -333,6 +406,32 @@ async def test_stdio_servers_are_admins_and_allowed_commands_only(
     assert "url" not in made and "headers" not in made
     assert made["status"] == "ready", made
     assert {t["name"] for t in made["tools"]} == FAKE_TOOLS
+    # The listing's session was the request's own: the API process keeps no stdio child.
+    await _until_true(lambda: not _stdio_children())
+    r = await api.post(f"/mcp/servers/{made['id']}/refresh", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["status"] == "ready", r.text
+    await _until_true(lambda: not _stdio_children())
+
+
+def _stdio_children() -> list[int]:
+    """This process's live children running the fake MCP server over stdio (Linux /proc)."""
+    me, found = str(os.getpid()), []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if stat[1] == me and stat[0] != "Z" and b"--stdio" in command:
+            found.append(int(entry.name))
+    return found
+
+
+async def _until_true(check: Any, within: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -340,6 +439,7 @@ async def test_stdio_servers_are_admins_and_allowed_commands_only(
     [
         ({"name": "Bad Name", "url": "http://127.0.0.1:9/mcp"}, "name"),
         ({"name": "x" * 33, "url": "http://127.0.0.1:9/mcp"}, "name"),
+        ({"name": "gh__repo", "url": "http://127.0.0.1:9/mcp"}, "name"),
         ({"name": "ok"}, "url"),
         ({"name": "ok", "url": "ftp://127.0.0.1/mcp"}, "url"),
         ({"name": "ok", "url": "http://user:pw@127.0.0.1/mcp"}, "url"),
@@ -465,6 +565,7 @@ async def test_http_tools_crud_and_tenancy(api: httpx.AsyncClient, settings: Set
     ("change", "field"),
     [
         ({"name": "Bad"}, "name"),
+        ({"name": "my__tool"}, "name"),
         ({"description": ""}, "description"),
         ({"parameters": {"type": "string"}}, "parameters.type"),
         ({"method": "TRACE"}, "method"),
@@ -631,6 +732,65 @@ async def test_for_user_gives_what_the_routes_stored(
     finally:
         await db.close()
     assert bob  # (Bob exists: a user with nothing of his own sees the shared servers)
+
+
+async def test_for_user_leaves_out_a_row_sealed_with_another_key(
+    api: httpx.AsyncClient,
+    settings: Settings,
+    mcp_server: McpServerProcess,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A row whose secrets another node sealed with its own key: every other server and tool
+    of the user still reaches their tasks, and the warning names the row, never a value."""
+    ann = await _user(api, "ann")
+    good = await _register(api, ann, mcp_server.url, name="good")
+    tool = (await api.post("/tools/http", headers=ann, json=_http_tool())).json()
+    foreign = Fernet(Fernet.generate_key())
+    stray_value = "stray-secret-value"
+    sealed = foreign.encrypt(json.dumps({"Authorization": stray_value}).encode())
+    db, store = await _store(settings)
+    try:
+        bad_server = await db.pool.fetchval(
+            "INSERT INTO mcp_servers (owner, name, transport, url, headers) VALUES"
+            " ('ann', 'elsewhere', 'streamable_http', 'https://mcp.example.com/mcp', $1)"
+            " RETURNING id",
+            sealed,
+        )
+        bad_tool = await db.pool.fetchval(
+            "INSERT INTO http_tools (user_uuid, name, description, parameters, method, url,"
+            " headers) VALUES ('ann', 'elsewhere', 'd', '{\"type\": \"object\"}', 'GET',"
+            " 'https://api.example.com/x', $1) RETURNING id",
+            sealed,
+        )
+        with caplog.at_level(logging.WARNING, logger="orchestrator.tools"):
+            mine = await store.for_user("ann")
+        assert [s.id for s in mine.mcp] == [good["id"]]
+        assert mine.mcp[0].headers == {"Authorization": SECRET}
+        assert [t.id for t in mine.http] == [tool["id"]]
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(f"mcp-{bad_server}" in m for m in warned), warned
+        assert any(f"http-{bad_tool}" in m for m in warned), warned
+        assert stray_value not in caplog.text and SECRET not in caplog.text
+    finally:
+        await db.close()
+
+
+async def test_the_database_refuses_a_name_with_two_underscores(settings: Settings) -> None:
+    """The rule holds in the schema too (migration 0022), whatever writes the row."""
+    db = await connect(settings.database_url or "")  # (migrates the database)
+    try:
+        with pytest.raises(asyncpg.CheckViolationError):
+            await db.pool.execute(
+                "INSERT INTO mcp_servers (owner, name, transport, url)"
+                " VALUES ('ann', 'gh__repo', 'streamable_http', 'https://a.example/mcp')"
+            )
+        with pytest.raises(asyncpg.CheckViolationError):
+            await db.pool.execute(
+                "INSERT INTO http_tools (user_uuid, name, description, parameters, method,"
+                " url) VALUES ('ann', 'my__tool', 'd', '{}', 'GET', 'https://a.example/')"
+            )
+    finally:
+        await db.close()
 
 
 # --- the SDK --------------------------------------------------------------------------------

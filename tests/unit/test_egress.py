@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ from orchestrator.egress import (
     GuardedTransport,
     Httpx2DestinationNotAllowed,
     Httpx2GuardedTransport,
+    destination_refused,
     httpx2_egress_client,
 )
 
@@ -283,3 +286,86 @@ async def test_httpx2_name_resolving_to_metadata_is_refused(
         with pytest.raises(Httpx2DestinationNotAllowed):
             await client.post("https://mcp.rebind.test/mcp", json={})
     assert network.sent == []
+
+
+# The same check when a URL is saved (an MCP server's, an HTTP tool's): a 400, not a failure
+# at each call.
+
+
+@pytest.fixture
+def dns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Names the resolver answers for the test (others: as the host resolves them)."""
+    names: dict[str, list[str]] = {}
+    real = socket.getaddrinfo
+
+    def resolve(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in names:
+            if not names[host]:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return [
+                (
+                    socket.AF_INET6 if ":" in a else socket.AF_INET,
+                    socket.SOCK_STREAM,
+                    6,
+                    "",
+                    (a, port, 0, 0) if ":" in a else (a, port),
+                )
+                for a in names[host]
+            ]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("url", "refused"),
+    [
+        ("http://localhost:9/mcp", True),
+        ("http://metadata.rebind.test/latest", True),
+        ("https://mixed.test/x", True),  # one refused address among public ones is enough
+        ("http://public.test/users/{id}/profile?q={q}", False),  # the host only
+        ("http://metadata.rebind.test/users/{id}", True),
+        ("https://nowhere.test/mcp", False),  # does not resolve: the connects judge it
+        ("http://127.0.0.1:8080/x", True),
+        ("http://8.8.8.8/x", False),
+    ],
+)
+async def test_a_saved_urls_host_is_judged_by_what_it_resolves_to(
+    dns: dict[str, list[str]], url: str, refused: bool
+) -> None:
+    dns.update(
+        {
+            "metadata.rebind.test": ["169.254.169.254"],
+            "mixed.test": ["8.8.8.8", "10.0.0.7"],
+            "public.test": ["8.8.4.4", "2001:4860:4860::8888"],
+            "nowhere.test": [],
+        }
+    )
+    assert await destination_refused(EgressPolicy(), url) is refused
+
+
+async def test_an_allowed_range_opens_a_saved_urls_host(dns: dict[str, list[str]]) -> None:
+    dns["svc.internal.test"] = ["10.1.2.3"]
+    assert await destination_refused(EgressPolicy(), "http://svc.internal.test/mcp")
+    opened = EgressPolicy(["10.0.0.0/8", "127.0.0.0/8"])
+    assert not await destination_refused(opened, "http://svc.internal.test/mcp")
+    assert not await destination_refused(opened, "http://127.0.0.1:9/mcp")
+
+
+async def test_a_slow_resolver_leaves_a_saved_url_to_the_connects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+
+    def stuck(*args: Any, **kwargs: Any) -> Any:
+        release.wait(5)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    started = time.monotonic()
+    try:
+        assert not await destination_refused(EgressPolicy(), "http://slow.test/", timeout_s=0.2)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 2

@@ -1,6 +1,7 @@
 """What `POST /tools/http` accepts (orchestrator/tools/_http.py `validate_http_tool`): each
 rule of the spec refuses with a 400 naming its field, a valid body comes back normalised,
-and a PUT's partial body is checked field by field."""
+and a PUT's partial body is checked field by field. The name, URL and header rules are the
+ones MCP servers get (orchestrator/tools/_validate.py): the same limits for both kinds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from orchestrator.egress import EgressPolicy
 from orchestrator.errors import ValidationFailed
 from orchestrator.tools._http import placeholders, validate_http_tool
+from orchestrator.tools._registration import ToolLimits, validate_mcp_server
 
 PUBLIC = EgressPolicy()
 
@@ -73,12 +75,24 @@ def test_a_body_must_be_an_object() -> None:
     assert _refused(["x"])[0] == "body"  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", ["", "x" * 33, "Weather", "a b", "a.b", "wé", 5])
+@pytest.mark.parametrize(
+    "name", ["", "x" * 33, "Weather", "a b", "a.b", "wé", 5, "gh__repo", "__", "a___b", "x__"]
+)
 def test_bad_names(name: Any) -> None:
     assert _refused(_body(name=name))[0] == "name"
 
 
-@pytest.mark.parametrize("name", ["a", "x" * 32, "my-tool_2"])
+def test_a_name_may_not_hold_two_underscores_in_a_row() -> None:
+    """`__` separates a tool name's parts: an MCP server `gh__repo` would offer
+    `mcp__gh__repo__delete`, the name of shared server `gh`'s tool `repo__delete`."""
+    message = "1-32 characters of a-z 0-9 _ -, no two _ in a row"
+    assert _refused(_body(name="gh__repo")) == ("name", message)
+    with pytest.raises(ValidationFailed) as caught:
+        validate_mcp_server({"name": "gh__repo", "url": "https://a.example/mcp"}, ToolLimits())
+    assert caught.value.extra["fields"] == [{"field": "name", "message": message}]
+
+
+@pytest.mark.parametrize("name", ["a", "x" * 32, "my-tool_2", "a_b_c", "_a_", "a-_-b", "a--b"])
 def test_good_names(name: str) -> None:
     assert validate_http_tool(_body(name=name), PUBLIC)["name"] == name
 
@@ -216,9 +230,79 @@ def test_allowed_cidrs_open_a_literal_address() -> None:
     opened = EgressPolicy(["127.0.0.0/8"])
     url = "http://127.0.0.1:8080/x/{city}"
     assert validate_http_tool(_body(url=url), opened)["url"] == url
-    # A host name is checked when connecting, not here.
+    # A host name is resolved by the store when the tool is saved (no I/O here).
     url = "http://localhost/x"
     assert validate_http_tool(_body(url=url), PUBLIC)["url"] == url
+
+
+MCP_URL = "https://mcp.example.com/mcp"
+
+
+def _mcp_refused(raw: dict[str, Any]) -> tuple[str, str]:
+    with pytest.raises(ValidationFailed) as caught:
+        validate_mcp_server(raw, ToolLimits())
+    [entry] = caught.value.extra["fields"]
+    return entry["field"], entry["message"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "http_tool_ok"),
+    [
+        ({"X-Key": "v" * 8192}, True),  # one limit for both kinds (the larger)
+        ({f"X-H{i}": "v" for i in range(32)}, True),
+        ({"x" * 256: "v"}, True),
+        ({"Content-Type": "application/x+json"}, True),  # the MCP client's own headers:
+        ({"Accept": "text/csv"}, True),  # refused for MCP servers only
+        ({"Mcp-Session-Id": "s"}, True),
+        ({"MCP-Protocol-Version": "2025-06-18"}, True),
+    ],
+)
+def test_headers_are_checked_alike_for_both_kinds(
+    headers: dict[str, str], http_tool_ok: bool
+) -> None:
+    assert validate_http_tool(_body(headers=headers), PUBLIC)["headers"] == headers
+    name = next(iter(headers))
+    mcp = {"name": "x", "url": MCP_URL, "headers": headers}
+    if name.lower() in ("content-type", "accept", "mcp-session-id", "mcp-protocol-version"):
+        assert _mcp_refused(mcp) == (
+            f"headers.{name}",
+            "set by the service, not by a tool's settings",
+        )
+    else:
+        assert validate_mcp_server(mcp, ToolLimits())["headers"] == headers
+
+
+@pytest.mark.parametrize(
+    ("headers", "field", "says"),
+    [
+        ({"X-Key": "v" * 8193}, "headers.X-Key", "8192"),
+        ({f"X-H{i}": "v" for i in range(33)}, "headers", "32"),
+        ({"x" * 257: "v"}, "headers", "not a valid header name"),
+        ({"Host": "h"}, "headers.Host", "set by the service"),
+        ({"X-Key": "a\r\nb"}, "headers.X-Key", "printable ASCII"),
+        ({"A": "1", "a": "2"}, "headers.a", "twice"),
+    ],
+)
+def test_mcp_headers_meet_the_same_rules(headers: Any, field: str, says: str) -> None:
+    named, message = _mcp_refused({"name": "x", "url": MCP_URL, "headers": headers})
+    assert named == field and says in message
+    assert _refused(_body(headers=headers))[0] == field
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("https://mcp.example.com/" + "x" * 2030, "2048"),
+        ("https://user:pw@mcp.example.com/mcp", "credentials"),
+        ("https://mcp.example.com/mcp#x", "fragment"),
+        ("https://mcp.example.com/{x}", "{ or }"),  # no placeholders in an MCP server's URL
+        ("ftp://mcp.example.com/mcp", "absolute"),
+        ("http://169.254.169.254/mcp", "outbound_allowed_cidrs"),
+    ],
+)
+def test_mcp_urls_meet_the_same_rules(url: str, says: str) -> None:
+    field, message = _mcp_refused({"name": "x", "url": url})
+    assert field == "url" and says in message
 
 
 @pytest.mark.parametrize(
@@ -241,7 +325,7 @@ def test_allowed_cidrs_open_a_literal_address() -> None:
         ({"X-Key": "a\r\nHost: evil"}, "headers.X-Key", "printable ASCII"),
         ({"X-Key": "caf\u00e9"}, "headers.X-Key", "printable ASCII"),
         ({"X-Key": "a\tb"}, "headers.X-Key", "printable ASCII"),
-        ({"X-Key": "v" * 4097}, "headers.X-Key", "4096"),
+        ({"X-Key": "v" * 8193}, "headers.X-Key", "8192"),
         ({"X-Key": "a", "x-key": "b"}, "headers.x-key", "twice"),
     ],
 )
@@ -260,7 +344,7 @@ def test_a_header_value_is_never_in_the_message() -> None:
 
 def test_headers_at_their_limits_are_accepted() -> None:
     headers = {f"X-H{i}": "v" for i in range(31)}
-    headers["Authorization"] = "B" * 4096
+    headers["Authorization"] = "B" * 8192
     headers["X-Empty"] = ""
     headers.pop("X-H0")
     assert validate_http_tool(_body(headers=headers), PUBLIC)["headers"] == headers

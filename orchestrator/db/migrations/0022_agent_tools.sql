@@ -3,12 +3,13 @@
 -- user's own). Secret values (MCP header values and stdio env, HTTP tool header values) are
 -- stored only as Fernet tokens of a JSON object (orchestrator/secret_box.py): a database dump
 -- shows none of them. Ids are shown as `mcp-<id>` and `http-<id>`. Times are Unix ms from the
--- database's clock, so replicas on different hosts agree.
+-- database's clock, so replicas on different hosts agree. A name has no `__`: it separates the
+-- parts of a tool's name (`mcp__<server>__<tool>`), so it may not appear inside one.
 
 CREATE TABLE mcp_servers (
     id          bigserial PRIMARY KEY,
     owner       text NOT NULL,                  -- the registering user's user_uuid
-    name        text NOT NULL CHECK (name ~ '^[a-z0-9_-]{1,32}$'),
+    name        text NOT NULL CHECK (name ~ '^[a-z0-9_-]{1,32}$' AND name !~ '__'),
     transport   text NOT NULL CHECK (transport IN ('streamable_http', 'stdio')),
     url         text,                           -- streamable_http
     headers     bytea,                          -- Fernet token of the JSON headers; NULL: none
@@ -34,7 +35,8 @@ CREATE UNIQUE INDEX mcp_servers_shared_name ON mcp_servers (name) WHERE shared;
 CREATE TABLE http_tools (
     id          bigserial PRIMARY KEY,
     user_uuid   text NOT NULL,
-    name        text NOT NULL CHECK (name ~ '^[a-z0-9_-]{1,32}$'),  -- offered as http__<name>
+    name        text NOT NULL CHECK (name ~ '^[a-z0-9_-]{1,32}$' AND name !~ '__'),
+                                                -- offered as http__<name>
     description text NOT NULL,
     parameters  jsonb NOT NULL,                 -- a JSON Schema object
     method      text NOT NULL CHECK (method IN ('GET', 'POST', 'PUT', 'PATCH', 'DELETE')),
