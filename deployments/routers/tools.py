@@ -13,8 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
-from orchestrator.tools._model import HttpTool, McpServer
-from orchestrator.tools._store import StoredPolicy
+from orchestrator.tools import HttpTool, McpServer, StoredPolicy
 
 router = APIRouter(tags=["tools"])
 
