@@ -241,6 +241,13 @@ class _Loop:
             # The step named no tools: its model's server takes none, so it gets none
             # rather than a call its server refuses.
             self.offered, self.allowed = [], set()
+        max_tokens = self.settings.agent_max_tokens
+        window = await self.runner._gateway.context_window(model)
+        if window is not None:
+            # A local server's window holds the prompt and the answer: one answer may fill
+            # at most half of it, so that a later step given this result still fits (a
+            # small model rambling to the limit made the next step's prompt overflow).
+            max_tokens = max(1, min(max_tokens, window // 2))
         for turn in range(1, self.settings.agent_max_turns + 1):
             self.turns = turn
             await self._fit_context()
@@ -251,7 +258,7 @@ class _Loop:
                 messages=tuple(self.messages),
                 system=self._system(),
                 tools=tuple(t.definition() for t in self.offered),
-                max_tokens=self.settings.agent_max_tokens,
+                max_tokens=max_tokens,
                 user=self.task.user_uuid,
             )
             response, route = await self.runner._gateway.complete(request)

@@ -280,6 +280,16 @@ class Gateway:
             return None
         return all(route.tools for route in routes)
 
+    async def context_window(self, model: str) -> int | None:
+        """The smallest context window of the local servers serving `model` (tokens); None
+        when none does (a provider's model, or nothing ready)."""
+        sizes = [
+            size
+            for t in await self.local_targets()
+            if t.model == model and isinstance(size := getattr(t, "ctx_size", None), int)
+        ]
+        return min(sizes) if sizes else None
+
     async def _routes_for(self, model: str) -> list[Route]:
         out = [
             Route(LOCAL_PROVIDER, t.id, self._local_adapter(t), t.model, t.tools is not False)

@@ -135,7 +135,8 @@ async def test_a_local_server_that_takes_no_tools_gets_none(
 ) -> None:
     """A step that names no tools, on a model whose local server says it takes none (its
     /props), is sent without tools; one that names tools fails saying why. A server that
-    did not say (None) or takes them gets the tools as before."""
+    did not say (None) or takes them gets the tools as before. An answer is bounded by half
+    the server's context window."""
     from orchestrator.inference import LocalEndpoint
 
     settings = make_settings(provider_retries=0, agent_max_turns=2)
@@ -153,6 +154,9 @@ async def test_a_local_server_that_takes_no_tools_gets_none(
         assert result.status == "completed" and result.result == "three fruits"
         sent = llm.chat_requests[-1].json
         assert ("tools" in sent) is (takes is not False)
+        # One answer may fill at most half of the server's 2,048-token window (a later
+        # step given it must still fit), below agent_max_tokens (2,048).
+        assert sent.get("max_tokens", sent.get("max_completion_tokens")) == 1024
 
         llm.script([FakeReply(text="noon")])
         named = AgentTask(
