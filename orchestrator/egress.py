@@ -136,11 +136,11 @@ class EgressPolicy:
 
 
 class _Unresolvable(Exception):
-    pass
+    """The host has no address (not a refusal: a name may resolve later)."""
 
 
 class _Refused(Exception):
-    pass
+    """An address the host resolves to may not be reached."""
 
 
 async def _checked_address(policy: EgressPolicy, host: str, port: int) -> str:

@@ -19,7 +19,6 @@ from orchestrator.workflows import (
     WorkflowSpec,
     WorkflowState,
     fill_template,
-    named_tools,
     pin_skills,
     resolve_request,
     template_variables,
@@ -182,14 +181,19 @@ async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext, user_uuid: str)
     model whose server says it takes none, is a 400 now, not a failed step later (a model
     that nothing serves yet is judged when the step runs). Spawn steps' children too
     (resolved inline): the field names the child's step."""
-    named = named_tools(spec)
-    unknown = set(await ctx.tool_catalog.unknown((n for _, n in named), user_uuid))
-    for where, name in named:
-        if name in unknown:
-            bad = {"field": where, "error": f"no tool {name!r} (GET /tools lists yours)"}
-            raise BadRequest(f"{where}: {bad['error']}", extra={"fields": [bad]})
+    steps = tool_steps(spec, ctx.settings.default_model)
+    names = (name for _, _, named in steps for name in named)
+    unknown = set(await ctx.tool_catalog.unknown(names, user_uuid))
+    for where, _, named in steps:
+        for k, name in enumerate(named):
+            if name in unknown:
+                at = f"{where}[{k}]"
+                bad = {"field": at, "error": f"no tool {name!r} (GET /tools lists yours)"}
+                raise BadRequest(f"{at}: {bad['error']}", extra={"fields": [bad]})
     asked: dict[str, bool | None] = {}  # one question per model, however many steps use it
-    for where, model in tool_steps(spec, ctx.settings.default_model):
+    for where, model, _ in steps:
+        if model is None:
+            continue
         if model not in asked:
             asked[model] = await ctx.gateway.takes_tools(model)
         if asked[model] is False:

@@ -6,9 +6,9 @@ about a second of import, which a process that never calls an MCP server does no
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from orchestrator._lazy import lazy_exports
 from orchestrator.tools._catalog import ToolCatalog, offered_name
 from orchestrator.tools._http import call_http_tool, http_tools_client, validate_http_tool
 from orchestrator.tools._model import (
@@ -32,13 +32,7 @@ if TYPE_CHECKING:
 _LAZY = {"McpPool": "_mcp", "McpUnavailable": "_mcp"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

@@ -2,7 +2,7 @@
 the engine. No Ray here: `actors/workflow_shard.py` hosts engines in shards."""
 
 from orchestrator.workflows._engine import WorkflowEngine
-from orchestrator.workflows._resolve import named_tools, resolve_request, tool_steps, tree_size
+from orchestrator.workflows._resolve import resolve_request, tool_steps, tree_size
 from orchestrator.workflows._skills import SkillSource, pin_skills
 from orchestrator.workflows._spec import (
     BranchRule,
@@ -54,7 +54,6 @@ __all__ = [
     "evaluate_condition",
     "fill_refs",
     "fill_template",
-    "named_tools",
     "pin_skills",
     "resolve_request",
     "shard_of",

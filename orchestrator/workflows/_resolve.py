@@ -178,13 +178,15 @@ async def resolve_child(
     return await resolve_request(templates, child, user_uuid, where=f"{label}.")
 
 
-def tool_steps(spec: WorkflowSpec, default_model: str | None) -> list[tuple[str, str]]:
-    """`(field, model)` of every task step in the tree (children resolved inline, as
-    `resolve_request` leaves them) that names tools, with the model it would run on. A
-    child's steps fall back to the child's own model, then `default_model` (not to the
-    parent's: a child runs as its own workflow). The tree was admitted within the spec
-    limits, so the walk is bounded by them."""
-    found: list[tuple[str, str]] = []
+def tool_steps(
+    spec: WorkflowSpec, default_model: str | None
+) -> list[tuple[str, str | None, tuple[str, ...]]]:
+    """`(field, model, names)` of every task step in the tree (children resolved inline, as
+    `resolve_request` leaves them) that names tools: the tools it names and the model it
+    would run on (None: none yet). A child's steps fall back to the child's own model, then
+    `default_model` (not to the parent's: a child runs as its own workflow). The tree was
+    admitted within the spec limits, so the walk is bounded by them."""
+    found: list[tuple[str, str | None, tuple[str, ...]]] = []
 
     def walk(steps: Any, model: str | None, where: str) -> None:
         for i, step in enumerate(steps if isinstance(steps, list | tuple) else ()):
@@ -192,35 +194,12 @@ def tool_steps(spec: WorkflowSpec, default_model: str | None) -> list[tuple[str,
             if not isinstance(raw, dict):
                 continue
             at = f"{where}steps[{i}]"
-            chosen = raw.get("model") or model or default_model
-            if raw.get("type", "task") == "task" and raw.get("tools") and chosen:
-                found.append((f"{at}.tools", chosen))
+            names = tuple(n for n in raw.get("tools") or () if isinstance(n, str))
+            if raw.get("type", "task") == "task" and names:
+                found.append((f"{at}.tools", raw.get("model") or model or default_model, names))
             for j, child in enumerate(raw.get("workflows") or ()):
                 if isinstance(child, dict):
                     walk(child.get("steps"), child.get("model"), f"{at}.workflows[{j}].")
 
     walk(spec.steps, spec.model, "")
-    return found
-
-
-def named_tools(spec: WorkflowSpec) -> list[tuple[str, str]]:
-    """`(field, name)` of every tool a task step of the tree names (children resolved
-    inline), for the names to be checked against the creator's tools at admission."""
-    found: list[tuple[str, str]] = []
-
-    def walk(steps: Any, where: str) -> None:
-        for i, step in enumerate(steps if isinstance(steps, list | tuple) else ()):
-            raw = step.to_json() if isinstance(step, StepSpec) else step
-            if not isinstance(raw, dict):
-                continue
-            at = f"{where}steps[{i}]"
-            if raw.get("type", "task") == "task":
-                for k, name in enumerate(raw.get("tools") or ()):
-                    if isinstance(name, str):
-                        found.append((f"{at}.tools[{k}]", name))
-            for j, child in enumerate(raw.get("workflows") or ()):
-                if isinstance(child, dict):
-                    walk(child.get("steps"), f"{at}.workflows[{j}].")
-
-    walk(spec.steps, "")
     return found

@@ -31,12 +31,14 @@ def test_spawned_childrens_steps_are_walked_with_their_own_models() -> None:
         ],
         model="root-model",
     )
-    assert tool_steps(spec, "default-model") == [
+    assert [(at, model) for at, model, _ in tool_steps(spec, "default-model")] == [
         ("steps[0].tools", "root-model"),
         ("steps[1].workflows[0].steps[0].tools", "child-model"),
         ("steps[1].workflows[0].steps[2].workflows[0].steps[0].tools", "smol"),
         # A child runs as its own workflow: the root's model is not its fallback.
         ("steps[1].workflows[1].steps[0].tools", "default-model"),
     ]
-    # No model anywhere: nothing to ask about (judged when the step runs).
-    assert tool_steps(WorkflowSpec.parse("b", bare["steps"]), None) == []
+    # No model anywhere: the names are still checked; the model is judged when it runs.
+    assert tool_steps(WorkflowSpec.parse("b", bare["steps"]), None) == [
+        ("steps[0].tools", None, ("calculator",))
+    ]
