@@ -46,7 +46,7 @@ class InboundLimits:
     """The two budgets of an inbound message; `admit` counts one or raises RateLimited."""
 
     def __init__(self, redis: aioredis.Redis, settings: Settings) -> None:
-        sync_s = settings.rate_limit_sync_s
+        sync_s = self._sync_s = settings.rate_limit_sync_s
         self._per_channel = settings.channel_inbound_per_minute
         self._per_owner = settings.channel_inbound_per_owner_per_minute
         self._channel = RateLimiter(redis, self._per_channel, "rl-ch", sync_s)
@@ -95,13 +95,14 @@ class InboundLimits:
             self._owner.refund(channel.user_uuid)
 
     async def run(self) -> None:
-        """Both limiters' syncs (leases given back, replicas counted), forever."""
-        # A TaskGroup: if one loop fails, the other is cancelled with it (the supervisor
-        # restarts both), instead of running on orphaned.
-        async with asyncio.TaskGroup() as group:
-            for limiter in (self._channel, self._owner):
-                if limiter.enabled:
-                    group.create_task(limiter.run())
+        """Both limiters' syncs (leases given back, replicas counted), forever: one loop, not
+        a task per limiter (a TaskGroup here once outlived its cancel at shutdown under
+        uvloop, holding the app's shutdown past its flushes)."""
+        limiters = [limiter for limiter in (self._channel, self._owner) if limiter.enabled]
+        while True:
+            await asyncio.sleep(self._sync_s)
+            for limiter in limiters:
+                await limiter.sync()
 
 
 def _named(exc: RateLimited, message: str, setting: str) -> RateLimited:

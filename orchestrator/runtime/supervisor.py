@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 # A run this long resets the backoff: the loop was healthy, its next failure is news.
 HEALTHY_RUN_S = 60.0
+# At shutdown, a task that has not stopped this long after its cancel is cancelled again.
+RECANCEL_S = 0.25
 
 
 class Supervisor:
@@ -69,14 +71,23 @@ class Supervisor:
         return dict(self._restarts)
 
     async def aclose(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 (bounds the wait after cancelling, not the call)
-        """Cancel every task and wait (up to `timeout`) until each has finished."""
+        """Cancel every task and wait (up to `timeout`) until each has finished.
+
+        A task still running after a moment is cancelled again: Python 3.11's
+        `asyncio.wait_for` loses a cancel that arrives as its inner call completes (fixed in
+        3.12), and redis-py writes through it whenever a socket timeout is set, so a loop
+        that syncs with Redis could swallow the one cancel and hold the shutdown for the
+        whole timeout (the inference records flushed after it came too late)."""
         self._closed = True
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        pending = set(self._tasks.values())
+        deadline = time.monotonic() + timeout
+        while pending:
+            for task in pending:
+                task.cancel()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(left, RECANCEL_S))
         for task in pending:
             log.error("%s: task %s did not stop within %.1fs", self.owner, task.get_name(), timeout)
 

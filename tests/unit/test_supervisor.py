@@ -182,3 +182,27 @@ async def test_a_failing_restart_callback_does_not_end_the_loop() -> None:
     sup.spawn("loop", loop)
     await asyncio.wait_for(second.wait(), 5)
     await sup.aclose()
+
+
+async def test_aclose_cancels_again_a_loop_that_lost_its_cancel() -> None:
+    # As Python 3.11's wait_for does when the cancel meets its inner call's completion
+    # (redis-py writes through it): the first cancel is swallowed, the loop goes on.
+    cancels = 0
+
+    async def loop() -> None:
+        nonlocal cancels
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels == 1:
+                    continue  # lost
+                raise
+
+    sup = Supervisor("test")
+    task = sup.spawn("sync", loop)
+    await asyncio.sleep(0)
+    # Within the timeout (not at its end): a second cancel reached it.
+    await asyncio.wait_for(sup.aclose(timeout=30), 5)
+    assert task.cancelled() and cancels == 2
