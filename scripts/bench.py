@@ -96,6 +96,7 @@ for _module in (
     "coldstart",
     "telemetry",
     "fairness",
+    "dispatch",
     "suite",
 ):
     importlib.import_module(f"benchmarks.{_module}")
