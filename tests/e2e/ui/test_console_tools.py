@@ -277,7 +277,7 @@ def test_the_timeline_names_each_calls_source_and_the_models_decisions(
     step_a = page.locator('[data-testid="wf-step"][data-step="a"]').get_by_test_id("step-call")
     expect(step_a.filter(has_text="model chose")).to_have_text("model chose mcp__files__echo")
     expect(step_a.filter(has_text="tool mcp__files__echo")).to_have_text(
-        re.compile(rf"^tool mcp__files__echo \(mcp {sid}\) ok \({DURATION}\)$")
+        re.compile(rf"^tool mcp__files__echo \(mcp {sid}\) ok \((?:{DURATION})\)$")
     )
     expect(step_a.filter(has_text="model answered")).to_have_text("model answered (final)")
     step_b = page.locator('[data-testid="wf-step"][data-step="b"]').get_by_test_id("step-call")
