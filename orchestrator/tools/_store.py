@@ -2,10 +2,8 @@
 tool policies (global and per user).
 
 Every statement is scoped by the caller in its SQL: another user's server or tool is not found
-(a 404), a shared server is readable by everyone and changed by admins only. Secret values (MCP
-header values, a stdio server's env, HTTP tool header values) are sealed with the service's
-Fernet box before they reach the database and opened only when read back for a call; the API
-shows them as `***`.
+(a 404), a shared server is readable by everyone and changed by admins only. Secret values are
+sealed before they reach the database and opened only when read back (`_rows`).
 
 Names: an MCP server's name is unique among its owner's own servers and among the shared
 ones, and an own server may not take a shared server's name (its tools would be offered under
@@ -19,20 +17,18 @@ name pointing at the metadata service is a 400 when saved, not a failure at each
 that does not resolve is saved: the connects resolve it again.
 
 The agent runtime reads everything a task may use with `for_user`: one statement per task. A
-row whose secrets do not open (sealed under another key) is left out with a warning, so one
-bad row does not break every task of every user.
+row whose secrets do not open (sealed under another key) is left out with a warning (`_rows`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import asyncpg
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet
 
 from orchestrator.auth import Principal
 from orchestrator.egress import destination_refused
@@ -49,12 +45,10 @@ from orchestrator.tools._model import (
 )
 from orchestrator.tools._policy import Policy, parse_rules
 from orchestrator.tools._registration import ToolLimits, keep_stored, validate_mcp_server
+from orchestrator.tools._rows import ToolRows, json_value, rules_of
 from orchestrator.tools._validate import URL_REFUSED, invalid
 
 __all__ = ["StoredPolicy", "ToolLimits", "ToolStore", "UserTools", "validate_mcp_server"]
-
-log = logging.getLogger(__name__)
-_Row = TypeVar("_Row", McpServer, HttpTool)
 
 _NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _LOCK = 947741  # with hashtext(<what>): serialises writes of one MCP server name or owner
@@ -68,10 +62,6 @@ _HTTP_COLUMNS = (
 )
 MAX_ERROR = 1000
 _VISIBLE = "((owner = $2 AND NOT shared) OR shared)"  # the caller's own servers and the shared
-
-
-class _Sealed(RuntimeError):
-    """Secrets that do not open with this service's key."""
 
 
 def _over(setting: str, field_name: str, limit: int, what: str) -> ValidationFailed:
@@ -131,14 +121,6 @@ def _http_id(tool_id: str) -> int:
     return int(tool_id[5:])
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def _rules(value: Any) -> tuple[Rule, ...]:
-    return tuple(Rule(r["tool"], r["action"]) for r in _json(value) or ())
-
-
 def _user_scope(user_uuid: str) -> str:
     return f"user:{user_uuid}"
 
@@ -160,71 +142,14 @@ class ToolStore:
         limits: ToolLimits | None = None,
     ) -> None:
         self._pool = pool
-        self._box = box
+        self._rows = ToolRows(box)
         self._events = events
         self.limits = limits or ToolLimits()
-
-    # --- secrets ----------------------------------------------------------------------------
-
-    def _seal(self, values: Mapping[str, str]) -> bytes | None:
-        return self._box.encrypt(json.dumps(dict(values)).encode()) if values else None
-
-    def _open(self, sealed: bytes | str | None) -> dict[str, str]:
-        if not sealed:
-            return {}
-        token = sealed.encode() if isinstance(sealed, str) else bytes(sealed)
-        try:
-            data: dict[str, str] = json.loads(self._box.decrypt(token))
-        except InvalidToken as exc:
-            raise _Sealed(
-                "tool secrets cannot be decrypted: channel_secret_key (or"
-                " <data_dir>/channel_key) is not the key they were stored with"
-            ) from exc
-        return data
 
     async def _refused(self, url: Any) -> bool:
         """Whether `url` (one that passed validation) names a host the egress guard refuses:
         resolved outside any transaction (no lock is held while the resolver answers)."""
         return isinstance(url, str) and await destination_refused(self.limits.egress, url)
-
-    # --- rows -------------------------------------------------------------------------------
-
-    def _server(self, row: Mapping[str, Any]) -> McpServer:
-        return McpServer(
-            id=f"mcp-{row['id']}",
-            owner=row["owner"],
-            name=row["name"],
-            transport=row["transport"],
-            url=row["url"],
-            headers=self._open(row["headers"]),
-            command=row["command"],
-            args=tuple(_json(row["args"]) or ()),
-            env=self._open(row["env"]),
-            shared=row["shared"],
-            status=row["status"],
-            error=row["error"],
-            tools=tuple(
-                McpToolInfo(t["name"], t.get("description") or "", t.get("input_schema") or {})
-                for t in _json(row["tools"]) or ()
-            ),
-            version=row["version"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-        )
-
-    def _http(self, row: Mapping[str, Any]) -> HttpTool:
-        return HttpTool(
-            id=f"http-{row['id']}",
-            user_uuid=row["user_uuid"],
-            name=row["name"],
-            description=row["description"],
-            parameters=_json(row["parameters"]),
-            method=row["method"],
-            url=row["url"],
-            headers=self._open(row["headers"]),
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-        )
 
     # --- MCP servers ------------------------------------------------------------------------
 
@@ -293,15 +218,15 @@ class ToolStore:
                     spec["name"],
                     spec["transport"],
                     spec.get("url"),
-                    self._seal(headers),
+                    self._rows.seal(headers),
                     spec.get("command"),
                     json.dumps(spec.get("args", [])),
-                    self._seal(env),
+                    self._rows.seal(env),
                     shared,
                 )
         except asyncpg.UniqueViolationError:
             raise Conflict(f"an MCP server named {spec['name']!r} exists") from None
-        return self._server(row)
+        return self._rows.server(row)
 
     async def list_mcp_servers(self, caller: Principal) -> list[McpServer]:
         """The caller's own servers, then the shared ones."""
@@ -310,7 +235,7 @@ class ToolStore:
             " OR shared ORDER BY shared, id",
             caller.user_uuid,
         )
-        return [self._server(r) for r in rows]
+        return [self._rows.server(r) for r in rows]
 
     async def get_mcp_server(self, caller: Principal, server_id: str) -> McpServer:
         """One of the caller's own servers or a shared one (NotFound otherwise)."""
@@ -321,7 +246,7 @@ class ToolStore:
         )
         if row is None:
             raise NotFound(f"MCP server {server_id} not found")
-        return self._server(row)
+        return self._rows.server(row)
 
     async def editable_mcp_server(self, caller: Principal, server_id: str) -> McpServer:
         """A server the caller may change: their own, or (admins) a shared one."""
@@ -349,7 +274,7 @@ class ToolStore:
                 )
                 if row is None:
                     raise NotFound(f"MCP server {server_id} not found")
-                current = self._server(row)
+                current = self._rows.server(row)
                 if current.shared and not caller.is_admin:
                     raise Forbidden("only admins change shared MCP servers")
                 changes = validate_mcp_server(
@@ -389,15 +314,15 @@ class ToolStore:
                     key,
                     name,
                     url,
-                    self._seal(headers),
+                    self._rows.seal(headers),
                     command,
                     json.dumps(list(args)),
-                    self._seal(env),
+                    self._rows.seal(env),
                     reconnect,
                 )
         except asyncpg.UniqueViolationError:
             raise Conflict(f"an MCP server named {raw.get('name')!r} exists") from None
-        return self._server(row), reconnect
+        return self._rows.server(row), reconnect
 
     async def delete_mcp_server(self, caller: Principal, server_id: str) -> McpServer:
         """Delete a server the caller may change; the server as it was."""
@@ -409,7 +334,7 @@ class ToolStore:
         )
         if row is None:
             raise NotFound(f"MCP server {server_id} not found")
-        return self._server(row)
+        return self._rows.server(row)
 
     async def record_listing(
         self,
@@ -439,7 +364,7 @@ class ToolStore:
             )
             if row is None:
                 raise NotFound(f"MCP server {server.id} not found")
-        return self._server(row)
+        return self._rows.server(row)
 
     # --- HTTP tools -------------------------------------------------------------------------
 
@@ -471,18 +396,18 @@ class ToolStore:
                     json.dumps(spec["parameters"]),
                     spec["method"],
                     spec["url"],
-                    self._seal(keep_stored("headers", spec["headers"], {})),
+                    self._rows.seal(keep_stored("headers", spec["headers"], {})),
                 )
         except asyncpg.UniqueViolationError:
             raise Conflict(f"you have an HTTP tool named {spec['name']!r}") from None
-        return self._http(row)
+        return self._rows.http(row)
 
     async def list_http_tools(self, caller: Principal) -> list[HttpTool]:
         rows = await self._pool.fetch(
             f"SELECT {_HTTP_COLUMNS} FROM http_tools WHERE user_uuid = $1 ORDER BY name",
             caller.user_uuid,
         )
-        return [self._http(r) for r in rows]
+        return [self._rows.http(r) for r in rows]
 
     async def get_http_tool(self, caller: Principal, tool_id: str) -> HttpTool:
         row = await self._pool.fetchrow(
@@ -492,7 +417,7 @@ class ToolStore:
         )
         if row is None:
             raise NotFound(f"HTTP tool {tool_id} not found")
-        return self._http(row)
+        return self._rows.http(row)
 
     async def update_http_tool(
         self, caller: Principal, tool_id: str, raw: Mapping[str, Any]
@@ -515,7 +440,7 @@ class ToolStore:
                 )
                 if row is None:
                     raise NotFound(f"HTTP tool {tool_id} not found")
-                current = self._http(row)
+                current = self._rows.http(row)
                 merged = {
                     "name": current.name,
                     "description": current.description,
@@ -539,11 +464,11 @@ class ToolStore:
                     json.dumps(spec["parameters"]),
                     spec["method"],
                     spec["url"],
-                    self._seal(spec["headers"]),
+                    self._rows.seal(spec["headers"]),
                 )
         except asyncpg.UniqueViolationError:
             raise Conflict("you have an HTTP tool of that name") from None
-        return self._http(row)
+        return self._rows.http(row)
 
     async def delete_http_tool(self, caller: Principal, tool_id: str) -> None:
         deleted = await self._pool.fetchval(
@@ -592,8 +517,8 @@ class ToolStore:
         return StoredPolicy(
             scope=kind,
             user_uuid=whose,
-            rules=_rules(row["rules"]),
-            global_rules=_rules(row["global_rules"]),
+            rules=rules_of(row["rules"]),
+            global_rules=rules_of(row["global_rules"]),
             updated_at=row["updated_at"],
             updated_by=row["updated_by"],
         )
@@ -615,7 +540,7 @@ class ToolStore:
         key = "global" if whose is None else _user_scope(whose)
         async with self._events.transaction() as tx:
             await tx.conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK, key)
-            before = _rules(
+            before = rules_of(
                 await tx.conn.fetchval("SELECT rules FROM tool_policies WHERE scope = $1", key)
             )
             row = await tx.conn.fetchrow(
@@ -645,7 +570,7 @@ class ToolStore:
                         for tool in dict.fromkeys(granted)
                     ]
                 )
-        global_rules = parsed if whose is None else _rules(row["global_rules"])
+        global_rules = parsed if whose is None else rules_of(row["global_rules"])
         return StoredPolicy(
             scope=kind,
             user_uuid=whose,
@@ -677,27 +602,9 @@ class ToolStore:
             user_uuid,
             _user_scope(user_uuid),
         )
+        rows = self._rows
         return UserTools(
-            mcp=tuple(self._readable(self._server, _json(row["mcp"]), "MCP server mcp")),
-            http=tuple(self._readable(self._http, _json(row["http"]), "HTTP tool http")),
-            policy=Policy(_rules(row["global_rules"]), _rules(row["user_rules"])),
+            mcp=tuple(rows.readable(rows.server, json_value(row["mcp"]), "MCP server mcp")),
+            http=tuple(rows.readable(rows.http, json_value(row["http"]), "HTTP tool http")),
+            policy=Policy(rules_of(row["global_rules"]), rules_of(row["user_rules"])),
         )
-
-    @staticmethod
-    def _readable(
-        read: Callable[[Mapping[str, Any]], _Row], rows: Sequence[Mapping[str, Any]], what: str
-    ) -> list[_Row]:
-        """The rows whose secrets open; each other one is left out with a warning naming it
-        (a row sealed on a node with another key must not break every task of every user)."""
-        out: list[_Row] = []
-        for row in rows:
-            try:
-                out.append(read(row))
-            except _Sealed:
-                log.warning(
-                    "%s-%s left out of the user's tools: its secrets do not open with this"
-                    " service's key (channel_secret_key)",
-                    what,
-                    row["id"],
-                )
-        return out
