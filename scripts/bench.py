@@ -3,6 +3,7 @@
 
     python scripts/bench.py ingress [--json] [--duration S] [--concurrency C]
     python scripts/bench.py events [--json] [--duration S] [--subscribers 100,1000] [--append-only]
+                              [--horizon [--horizon-idle 10,50,200]]
     python scripts/bench.py gateway [--json] [--duration S] [--concurrency C]
     python scripts/bench.py workflows [--json] [--workflows 100] [--sequential 20]
     python scripts/bench.py workflow-engine [--json] [--workflows 100] [--sequential 20]
@@ -20,7 +21,9 @@ loads both with the same generator on the same authenticated route and compares 
 
 `events` measures the event store's append throughput directly (embedded Postgres, no
 HTTP) against plain autocommit INSERTs on the same disk, then the SSE delivery latency of
-`orchestrator serve` to 100 and 1,000 concurrent `GET /api/v1/sync-events` streams.
+`orchestrator serve` to 100 and 1,000 concurrent `GET /api/v1/sync-events` streams. With
+`--horizon` it measures only what one horizon read (the bound every follower read stops at)
+costs with 10, 50 and 200 idle connections open and 16 writers appending.
 
 `gateway` measures the latency the model gateway adds: `POST /api/v1/chat/completions`
 (non-streaming latency at concurrency 1, streaming time to first token, throughput at

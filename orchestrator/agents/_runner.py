@@ -146,7 +146,6 @@ class Emitter:
         self._task = task
         self._pending: list[NewEvent] = []
         self._written: list[asyncio.Future[Any]] = []
-        self._chain: asyncio.Task[None] | None = None
 
     def add(self, type_: str, **data: Any) -> None:
         self._pending.append(
@@ -157,19 +156,9 @@ class Emitter:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
-        try:
-            # Straight into the store's commit queue: order kept, no task per batch.
-            self._written.append(self._events.enqueue(batch))
-        except RuntimeError:  # the store has pre-commit hooks: chain appends instead
-            previous = self._chain
-
-            async def write() -> None:
-                if previous is not None:
-                    await previous
-                await self._events.append(batch)
-
-            self._chain = asyncio.create_task(write())
-            self._written.append(self._chain)
+        # Queued at once (one aggregate's batches commit in the order they were appended),
+        # not awaited here: no task per batch.
+        self._written.append(self._events.append(batch))
 
     async def flush(self) -> None:
         self.flush_soon()

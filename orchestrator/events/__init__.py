@@ -18,9 +18,12 @@ from orchestrator.events._model import (
     NewEvent,
     SeqConflict,
 )
+from orchestrator.events._notifier import NOTIFY_CHANNEL, FeedNotifier
 from orchestrator.events._projections import EventTypeCounts, Projection, ProjectionRunner
+from orchestrator.events._reader import EventReader
 from orchestrator.events._services import EventServices
-from orchestrator.events._store import NOTIFY_CHANNEL, EventStore, EventTransaction
+from orchestrator.events._store import EventStore
+from orchestrator.events._writer import EventTransaction, EventWriter
 
 __all__ = [
     "CATALOG",
@@ -29,13 +32,16 @@ __all__ = [
     "EventFeed",
     "EventPage",
     "EventQuery",
+    "EventReader",
     "EventRejected",
     "EventServices",
     "EventStore",
     "EventTransaction",
     "EventType",
     "EventTypeCounts",
+    "EventWriter",
     "Fanout",
+    "FeedNotifier",
     "InvalidEventData",
     "NewEvent",
     "Projection",

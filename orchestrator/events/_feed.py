@@ -19,7 +19,8 @@ import asyncpg
 
 from orchestrator.errors import ServiceUnavailable
 from orchestrator.events._model import Event
-from orchestrator.events._store import NOTIFY_CHANNEL, EventStore
+from orchestrator.events._notifier import NOTIFY_CHANNEL
+from orchestrator.events._store import EventStore
 from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)

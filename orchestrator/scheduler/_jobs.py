@@ -13,7 +13,7 @@ import asyncpg
 
 from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest, Conflict, NotFound
-from orchestrator.events import Event, EventStore, EventTransaction, NewEvent
+from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.runtime.claims import Fence, StaleClaim
 from orchestrator.scheduler._schedule import Schedule
 
@@ -371,25 +371,23 @@ class JobStore:
     ) -> tuple[int, list[tuple[Job, int, str]]]:
         """One tick in one transaction of four round trips: BEGIN; the claim checked and
         up to `limit` due jobs read under their row locks (with run ids drawn for them) in
-        one statement; every change and event in one more (`EventStore.append_beside`);
+        one statement; every change and event in one more (`EventTransaction.write`);
         COMMIT. `plan(due)` splits what was read into runs (job, its next run, catch-up?)
         and skips (job, its next run, queue?), as `start_runs` takes them. A pause or
         DELETE waits for the row lock, so one that has answered is never followed by a
         dispatch. StaleClaim when the claim is not at `fence`'s epoch. How many jobs were
         due, and (job, run id, task id) of each started."""
-        async with self._pool.acquire() as conn:
-            async with conn.transaction():
-                rows = await conn.fetch(_DUE_LOCKED, now, limit, fence.kind, fence.key, fence.epoch)
-                if not rows:
-                    raise StaleClaim(f"{fence.kind} {fence.key}: epoch {fence.epoch} is stale")
-                due = [_job(r) for r in rows if r["id"] is not None]
-                if not due:
-                    return 0, []
-                runs, skips = plan(due)
-                out, committed = await self._write_runs(
-                    conn, now, runs, list(rows[0]["_run_ids"]), skips, extra_events
-                )
-        await self._events.committed(committed)
+        async with self._events.transaction() as tx:
+            rows = await tx.conn.fetch(_DUE_LOCKED, now, limit, fence.kind, fence.key, fence.epoch)
+            if not rows:
+                raise StaleClaim(f"{fence.kind} {fence.key}: epoch {fence.epoch} is stale")
+            due = [_job(r) for r in rows if r["id"] is not None]
+            if not due:
+                return 0, []
+            runs, skips = plan(due)
+            out = await self._write_runs(
+                tx, now, runs, list(rows[0]["_run_ids"]), skips, extra_events
+            )
         return len(due), out
 
     async def next_due(self) -> int | None:
@@ -423,40 +421,37 @@ class JobStore:
         them (the task's task.created)."""
         if not runs:
             return []
-        async with self._pool.acquire() as conn:
-            async with conn.transaction():
-                if fence is not None:
-                    await fence.check(conn)
-                live = {
-                    r["id"]: r["run_id"]
-                    for r in await conn.fetch(
-                        "SELECT id, nextval(pg_get_serial_sequence('scheduled_runs', 'id'))"
-                        " AS run_id FROM scheduled_jobs WHERE id = ANY($1::bigint[]) AND enabled"
-                        " ORDER BY id FOR UPDATE",
-                        sorted({job.id for job, _, _ in runs}),
-                    )
-                }
-                runs = [run for run in runs if run[0].id in live]
-                out, committed = await self._write_runs(
-                    conn, now, runs, [live[job.id] for job, _, _ in runs], (), extra_events
+        async with self._events.transaction() as tx:
+            if fence is not None:
+                await fence.check(tx.conn)
+            live = {
+                r["id"]: r["run_id"]
+                for r in await tx.conn.fetch(
+                    "SELECT id, nextval(pg_get_serial_sequence('scheduled_runs', 'id'))"
+                    " AS run_id FROM scheduled_jobs WHERE id = ANY($1::bigint[]) AND enabled"
+                    " ORDER BY id FOR UPDATE",
+                    sorted({job.id for job, _, _ in runs}),
                 )
-        await self._events.committed(committed)
-        return out
+            }
+            runs = [run for run in runs if run[0].id in live]
+            return await self._write_runs(
+                tx, now, runs, [live[job.id] for job, _, _ in runs], (), extra_events
+            )
 
     async def _write_runs(
         self,
-        conn: asyncpg.Connection,
+        tx: EventTransaction,
         now: int,
         runs: Sequence[Slot],
         run_ids: Sequence[int],
         skips: Sequence[Slot],
         extra_events: Callable[[Job, str], Sequence[NewEvent]] | None,
-    ) -> tuple[list[tuple[Job, int, str]], list[Event]]:
+    ) -> list[tuple[Job, int, str]]:
         """In the caller's transaction, holding the jobs' row locks: the runs (with their
         drawn ids) inserted, their jobs moved on, the skipped slots passed, and the
         dispatch events (plus `extra_events`) appended, in one statement (`_TICK_CTES`)."""
         if not runs and not skips:
-            return [], []
+            return []
         out = [
             (job, run_id, f"job-{job.id}-run-{run_id}")
             for (job, _, _), run_id in zip(runs, run_ids, strict=False)
@@ -466,8 +461,7 @@ class JobStore:
             events.append(_dispatched(job, task_id, next_run, catchup))
             if extra_events is not None:
                 events.extend(extra_events(job, task_id))
-        committed = await self._events.append_beside(
-            conn,
+        await tx.write(
             _TICK_CTES,
             [
                 now,
@@ -482,7 +476,7 @@ class JobStore:
             ],
             events,
         )
-        return out, committed
+        return out
 
     async def reschedule(
         self, job: Job, next_run: int | None, *, queue: bool = False, fence: Fence | None = None
@@ -515,83 +509,78 @@ class JobStore:
         round trips: BEGIN; the run ended and its job read under its row lock in one
         statement; the job's change and its event in one more; COMMIT."""
         ts = now_ms()
-        async with self._pool.acquire() as conn:
-            async with conn.transaction():
-                row = await conn.fetchrow(
-                    "WITH ended AS (UPDATE scheduled_runs SET finished_at = $3, result = $4,"
-                    " error = $5 WHERE id = $2 AND finished_at IS NULL RETURNING id)"
-                    f" SELECT {_COLUMNS}, EXISTS (SELECT 1 FROM ended) AS _ended"
-                    " FROM scheduled_jobs WHERE id = $1 FOR UPDATE",
-                    job_id,
-                    run_id,
-                    ts,
-                    result,
-                    error,
-                )
-                if row is None:
-                    return None
-                job = _job(row)
-                if not row["_ended"]:
-                    return job  # already recorded (e.g. as interrupted): count it once
-                errors = 0 if result == "ok" else job.consecutive_errors + 1
-                pause = job.enabled and errors >= max_errors
-                reason = (
-                    f"auto-paused after {errors} consecutive errors (last: {error})"
-                    if pause
-                    else None
-                )
-                # As this commit leaves it (under its row lock): no read after it.
-                updated = replace(
-                    job,
-                    running=max(job.running - 1, 0),
-                    last_result=result,
-                    last_error=error,
-                    consecutive_errors=errors,
-                    enabled=job.enabled and not pause,
-                    paused_reason=reason or job.paused_reason,
-                    updated_at=ts,
-                )
-                # An `at` job marked delete_after_run goes with its run's end.
-                gone = job.delete_after_run and job.schedule.type == "at" and job.next_run is None
-                change = (
-                    ("state AS (DELETE FROM scheduled_jobs WHERE id = $1 RETURNING 1)", [job_id])
-                    if gone
-                    else (
-                        "state AS (UPDATE scheduled_jobs SET running = $2, last_result = $3,"
-                        " last_error = $4, consecutive_errors = $5, enabled = $6,"
-                        " paused_reason = $7, updated_at = $8 WHERE id = $1 RETURNING 1)",
-                        [
-                            job_id,
-                            updated.running,
-                            result,
-                            error,
-                            errors,
-                            updated.enabled,
-                            updated.paused_reason,
-                            ts,
-                        ],
-                    )
-                )
-                committed = await self._events.append_beside(
-                    conn,
-                    [change[0]],
-                    change[1],
+        async with self._events.transaction() as tx:
+            row = await tx.conn.fetchrow(
+                "WITH ended AS (UPDATE scheduled_runs SET finished_at = $3, result = $4,"
+                " error = $5 WHERE id = $2 AND finished_at IS NULL RETURNING id)"
+                f" SELECT {_COLUMNS}, EXISTS (SELECT 1 FROM ended) AS _ended"
+                " FROM scheduled_jobs WHERE id = $1 FOR UPDATE",
+                job_id,
+                run_id,
+                ts,
+                result,
+                error,
+            )
+            if row is None:
+                return None
+            job = _job(row)
+            if not row["_ended"]:
+                return job  # already recorded (e.g. as interrupted): count it once
+            errors = 0 if result == "ok" else job.consecutive_errors + 1
+            pause = job.enabled and errors >= max_errors
+            reason = (
+                f"auto-paused after {errors} consecutive errors (last: {error})" if pause else None
+            )
+            # As this commit leaves it (under its row lock): no read after it.
+            updated = replace(
+                job,
+                running=max(job.running - 1, 0),
+                last_result=result,
+                last_error=error,
+                consecutive_errors=errors,
+                enabled=job.enabled and not pause,
+                paused_reason=reason or job.paused_reason,
+                updated_at=ts,
+            )
+            # An `at` job marked delete_after_run goes with its run's end.
+            gone = job.delete_after_run and job.schedule.type == "at" and job.next_run is None
+            change = (
+                ("state AS (DELETE FROM scheduled_jobs WHERE id = $1 RETURNING 1)", [job_id])
+                if gone
+                else (
+                    "state AS (UPDATE scheduled_jobs SET running = $2, last_result = $3,"
+                    " last_error = $4, consecutive_errors = $5, enabled = $6,"
+                    " paused_reason = $7, updated_at = $8 WHERE id = $1 RETURNING 1)",
                     [
-                        _event(
-                            job_id,
-                            "scheduler.job_executed",
-                            job.user_uuid,
-                            result=result,
-                            error=error,
-                            task_id=task_id,
-                            duration_ms=duration_ms,
-                            consecutive_errors=errors,
-                            auto_paused=pause or None,
-                            reason=reason,
-                        )
+                        job_id,
+                        updated.running,
+                        result,
+                        error,
+                        errors,
+                        updated.enabled,
+                        updated.paused_reason,
+                        ts,
                     ],
                 )
-        await self._events.committed(committed)
+            )
+            await tx.write(
+                [change[0]],
+                change[1],
+                [
+                    _event(
+                        job_id,
+                        "scheduler.job_executed",
+                        job.user_uuid,
+                        result=result,
+                        error=error,
+                        task_id=task_id,
+                        duration_ms=duration_ms,
+                        consecutive_errors=errors,
+                        auto_paused=pause or None,
+                        reason=reason,
+                    )
+                ],
+            )
         return None if gone else updated
 
     async def interrupted_runs(self) -> list[tuple[int, int, str]]:

@@ -34,6 +34,7 @@ from benchmarks._common import (
     say,
     start_serve,
 )
+from benchmarks.horizon import horizon, horizon_arguments
 
 # Every stream comes from this one client address: lift HAProxy's per-source connection cap
 # (proxy hardening, default 256), or most of the 1,000 streams are refused at connect.
@@ -109,6 +110,7 @@ def _events_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only the append runs (no orchestrator serve, no SSE rounds)",
     )
+    horizon_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -569,6 +571,8 @@ async def _sse_rounds(service: Service, args: argparse.Namespace) -> list[SseRou
 def events(args: argparse.Namespace) -> Result:
     from orchestrator.runtime import EmbeddedPostgres
 
+    if args.horizon:
+        return horizon(args)
     if args.sse_events < 1 or args.sse_spacing < 0:
         raise SystemExit("bench: --sse-events must be >= 1 and --sse-spacing >= 0")
     nofile = raise_nofile_limit()

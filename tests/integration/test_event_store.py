@@ -30,7 +30,7 @@ from orchestrator.events import (
     SeqConflict,
     SubscriberTooSlow,
 )
-from orchestrator.events import _store as events_store
+from orchestrator.events import _notifier as notifier_module
 from orchestrator.observability import MetricsRecorder
 
 ADMIN = Principal("test", is_admin=True)
@@ -167,7 +167,7 @@ async def test_hooks(db: Database) -> None:
     store = EventStore(db.pool)
     seen: list[int] = []
 
-    async def enrich(event: NewEvent) -> NewEvent:
+    def enrich(event: NewEvent) -> NewEvent:
         if event.data.get("prompt") == "forbidden":
             raise EventRejected("policy: that prompt is not allowed")
         return NewEvent(event.type, {**event.data, "mode": "general"}, event.user_uuid)
@@ -424,8 +424,8 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
 ) -> None:
     """The proof by test: 16 concurrent writers, each transaction with random work before its
     append (some take a transaction id early), random delays before commit, some rolled
-    back; some appends are single statements beside a state change (`append_with` on the
-    pool, the `append_event` function, some failing); a follower reading by position in a
+    back; some appends are single statements beside a state change (`write`, the
+    `append_event` function, some failing); a follower reading by position in a
     tight loop, and a live-feed subscriber, each see every committed event exactly once, in
     position order, and per aggregate in seq order with no gap."""
     import random
@@ -453,26 +453,23 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
                 try:
                     # The state's RETURNING sleeps: the event's position is drawn, then the
                     # statement takes a while to commit (as a slow one would).
-                    _, events = await store.append_with(
-                        db.pool,
-                        "INSERT INTO scratch VALUES ($1) RETURNING v, pg_sleep($2)",
+                    _, events = await store.write(
+                        ["state AS (INSERT INTO scratch VALUES ($1) RETURNING v, pg_sleep($2))"],
                         [-1 if rng.random() < 0.1 else i, rng.random() * 0.01],
                         [task_event(aggregate, "task.dispatched", note=f"{w}-{i}")],
+                        returning="state",
                     )
                 except asyncpg.CheckViolationError:
                     continue
                 committed.extend(events)
                 continue
-            async with db.pool.acquire() as conn:
-                tx = conn.transaction()
-                await tx.start()
-                try:
+            try:
+                async with store.transaction() as tx:
                     if rng.random() < 0.5:  # a write first: this transaction's id comes early
-                        await conn.execute("INSERT INTO scratch VALUES ($1)", i)
+                        await tx.conn.execute("INSERT INTO scratch VALUES ($1)", i)
                     await asyncio.sleep(rng.random() * 0.004)
                     aggregate = f"{tag}-{rng.randrange(4)}" if rng.random() < 0.5 else f"{tag}-w{w}"
-                    events = await store.append_in(
-                        conn,
+                    events = await tx.append(
                         [
                             task_event(aggregate, "task.dispatched", note=f"{w}-{i}-{j}")
                             for j in range(rng.randrange(1, 4))
@@ -481,14 +478,9 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
                     await asyncio.sleep(rng.random() * 0.01)
                     if rng.random() < 0.1:
                         raise RuntimeError("rolled back")
-                except RuntimeError:
-                    await tx.rollback()
-                    continue
-                except BaseException:
-                    await tx.rollback()
-                    raise
-                await tx.commit()
-                committed.extend(events)
+            except RuntimeError:
+                continue
+            committed.extend(events)
 
     try:
         for r in range(rounds):
@@ -574,37 +566,50 @@ async def test_enqueued_batches_of_one_aggregate_commit_in_order(db: Database) -
         assert [int(e.data["note"]) for e in mine] == sorted(int(e.data["note"]) for e in mine)
 
 
-async def test_a_cancelled_writer_keeps_its_connection_until_the_notify_ends(
+async def test_a_cancelled_writer_keeps_its_connection_until_its_commit_ends(
     db: Database,
 ) -> None:
-    """The NOTIFY after a commit runs on the transaction's connection; a caller cancelled
-    meanwhile must not hand that connection back to the pool mid-statement (seen in a full
-    run: a workflow cancelled during its NOTIFY, then the cancel request's transaction on the
-    same connection failed with 'another operation is in progress', a 500)."""
+    """A caller cancelled during its COMMIT must not hand the connection back to the pool
+    mid-statement (seen in a full run: a workflow cancelled during its commit's NOTIFY, then
+    the cancel request's transaction on the same connection failed with 'another operation
+    is in progress', a 500); once the commit is through, the hooks run, then the cancel."""
     store = EventStore(db.pool)
-    started = asyncio.Event()
-    finished: list[int] = []
+    # A deferred constraint trigger: the COMMIT itself takes half a second.
+    await db.pool.execute(
+        """CREATE TABLE slow_commit (v int);
+           CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$;
+           CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON slow_commit
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();"""
+    )
+    hooked: list[int] = []
 
-    async def slow_notify(conn: asyncpg.Connection) -> None:
-        started.set()
-        finished.append(await conn.fetchval("SELECT 1 FROM pg_sleep(0.5)"))
+    async def record(events: list[Event]) -> None:
+        hooked.extend(e.position for e in events)
 
-    store._notify_after_commit = slow_notify  # type: ignore[method-assign]
+    store.add_post_commit_hook(record)
+    committing = asyncio.Event()
 
     async def write() -> None:
         async with store.transaction() as tx:
+            await tx.conn.execute("INSERT INTO slow_commit VALUES (1)")
             await tx.append([task_event("cancelled-writer")])
+            committing.set()
 
     writer = asyncio.create_task(write())
-    await started.wait()
+    await committing.wait()
+    await asyncio.sleep(0.1)  # inside the COMMIT
     writer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await writer
-    assert finished == [1], "the connection was released before its NOTIFY ended"
     # Every connection the pool hands out is idle and works.
     assert await asyncio.gather(*(db.pool.fetchval("SELECT 1") for _ in range(30))) == [1] * 30
     events, _ = await store.query(EventQuery(aggregate="cancelled-writer"), ADMIN)
     assert len(events) == 1  # committed before the cancel: kept
+    assert hooked == [events[0].position]  # and its hooks ran
+
+
+# --- the writer: every way of writing ends the same way -------------------------------------
 
 
 class _Listener:
@@ -621,7 +626,7 @@ class _Listener:
         self._got.set()
 
     async def start(self) -> None:
-        await self.conn.add_listener(events_store.NOTIFY_CHANNEL, self._on)
+        await self.conn.add_listener(notifier_module.NOTIFY_CHANNEL, self._on)
 
     async def until(self, payload: str, within: float = 10) -> None:
         async with asyncio.timeout(within):
@@ -630,7 +635,7 @@ class _Listener:
                 await self._got.wait()
 
     async def marker(self, db: Database) -> list[str]:
-        await db.pool.execute(f"NOTIFY {events_store.NOTIFY_CHANNEL}, 'marker'")
+        await db.pool.execute(f"NOTIFY {notifier_module.NOTIFY_CHANNEL}, 'marker'")
         await self.until("marker")
         got = self.payloads[: self.payloads.index("marker")]
         self.payloads.clear()
@@ -641,9 +646,9 @@ class _Listener:
 async def listener(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[_Listener]:
     # The notifier's own NOTIFYs say so: a carried one's payload is empty.
     monkeypatch.setattr(
-        events_store,
-        "_NOTIFY_SQL",
-        f"SELECT pg_notify('{events_store.NOTIFY_CHANNEL}', 'separate')",
+        notifier_module,
+        "NOTIFY_SQL",
+        f"SELECT pg_notify('{notifier_module.NOTIFY_CHANNEL}', 'separate')",
     )
     conn = await asyncpg.connect(database_url)
     got = _Listener(conn)
@@ -652,10 +657,182 @@ async def listener(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncI
     await conn.close()
 
 
-async def _store_one(store: EventStore, db: Database, v: int, tag: str) -> None:
-    await store.append_with(
-        db.pool,
-        "INSERT INTO notify_scratch VALUES ($1) RETURNING v",
+async def _four_ways(store: EventStore, tag: str) -> list[Event]:
+    """One write of each kind, one after another; what each committed."""
+    written = list(await store.append([task_event(f"{tag}-append")]))
+    _, events = await store.write(
+        ["state AS (INSERT INTO scratch VALUES (1) RETURNING v)"],
+        [],
+        [task_event(f"{tag}-write")],
+        returning="state",
+    )
+    written += events
+    async with store.transaction() as tx:
+        await tx.conn.execute("INSERT INTO scratch VALUES (2)")
+        await tx.append([task_event(f"{tag}-tx-append")])
+    written += tx.appended
+    async with store.transaction() as tx:
+        await tx.write(
+            ["state AS (INSERT INTO scratch VALUES (3) RETURNING v)"],
+            [],
+            [task_event(f"{tag}-tx-write")],
+        )
+    written += tx.appended
+    return written
+
+
+async def test_every_way_of_writing_runs_the_hooks_and_wakes_the_feeds(
+    db: Database, listener: _Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """append, write, and append / write inside a transaction: after each commit the post-
+    commit hooks get exactly its events and the feeds are woken (carried by the commit
+    when the window is open, else sent by the notifier), with nothing for the caller to
+    call afterwards."""
+    await db.pool.execute("CREATE TABLE scratch (v int CHECK (v >= 0))")
+    store = EventStore(db.pool)
+    hooked: list[list[int]] = []
+
+    async def record(events: list[Event]) -> None:
+        hooked.append([e.position for e in events])
+
+    store.add_post_commit_hook(record)
+    written = await _four_ways(store, "open")
+    assert hooked == [[e.position] for e in written]
+    if store.notifier.sender is not None:
+        await asyncio.wait_for(store.notifier.sender, 10)
+    assert not store.notifier.owed
+    assert await listener.marker(db)  # woken (how often depends on the machine's pace)
+    # Each in a window of its own: each commit carries its own NOTIFY.
+    monkeypatch.setattr(notifier_module, "NOTIFY_COALESCE_S", 0.0)
+    hooked.clear()
+    written = await _four_ways(store, "carried")
+    assert hooked == [[e.position] for e in written]
+    assert await listener.marker(db) == ["", "", "", ""]
+    # All in one window already used: none carries, the notifier sends one for all.
+    monkeypatch.setattr(notifier_module, "NOTIFY_COALESCE_S", 3600.0)
+    monkeypatch.setattr(notifier_module, "NOTIFY_LATE_S", 0.05)
+    written = await _four_ways(store, "owed")
+    assert store.notifier.owed and store.notifier.sender is not None
+    store.notifier._sent_at -= 3600.0  # the window ends
+    await asyncio.wait_for(store.notifier.sender, 10)
+    assert await listener.marker(db) == ["separate"]
+
+
+async def test_a_write_that_does_not_commit_runs_no_hook_and_wakes_nobody(
+    db: Database, listener: _Listener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await db.pool.execute("CREATE TABLE scratch (v int CHECK (v >= 0))")
+    monkeypatch.setattr(notifier_module, "NOTIFY_COALESCE_S", 0.0)  # every commit carries
+    store = EventStore(db.pool)
+    hooked: list[Event] = []
+
+    async def record(events: list[Event]) -> None:
+        hooked.extend(events)
+
+    store.add_post_commit_hook(record)
+    # The block fails after appending: rolled back.
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as tx:
+            await tx.append([task_event("doomed-1")])
+            raise RuntimeError("the caller fails")
+    # A statement fails and the block swallows it: Postgres rolls the transaction back at
+    # COMMIT, and the writer says so instead of reporting the events committed.
+    with pytest.raises(asyncpg.InFailedSQLTransactionError):
+        async with store.transaction() as tx:
+            await tx.append([task_event("doomed-2")])
+            with contextlib.suppress(asyncpg.CheckViolationError):
+                await tx.conn.execute("INSERT INTO scratch VALUES (-1)")
+    # One statement whose state change fails: nothing of it commits.
+    with pytest.raises(asyncpg.CheckViolationError):
+        await store.write(
+            ["state AS (INSERT INTO scratch VALUES (-1) RETURNING v)"],
+            [],
+            [task_event("doomed-3")],
+        )
+    # An appended batch with an invalid event: rejected before anything is sent.
+    with pytest.raises(EventRejected):
+        await store.append([task_event("doomed-4"), NewEvent("task.teleported", {})])
+    assert hooked == []
+    assert await store.read_after(0) == []
+    assert not store.notifier.owed
+    assert await listener.marker(db) == []
+    # The pool's connections are all usable afterwards.
+    assert await asyncio.gather(*(db.pool.fetchval("SELECT 1") for _ in range(25))) == [1] * 25
+
+
+async def test_append_queues_at_once_and_a_caller_need_not_wait(db: Database) -> None:
+    """`append` validates and queues before it returns: a caller that never awaits (a
+    fire-and-forget record) still gets its events written, and in its order."""
+    store = EventStore(db.pool)
+    hooked = asyncio.Event()
+
+    async def record(events: list[Event]) -> None:
+        if any(e.aggregate_id == "unawaited" and e.seq == 5 for e in events):
+            hooked.set()
+
+    store.add_post_commit_hook(record)
+    for i in range(5):
+        store.append([task_event("unawaited", "task.dispatched", note=str(i))])
+    await asyncio.wait_for(hooked.wait(), 10)
+    events, _ = await store.query(EventQuery(aggregate="unawaited"), ADMIN)
+    assert [e.data["note"] for e in events] == ["0", "1", "2", "3", "4"]
+
+
+async def test_append_with_still_works_for_the_memory_store(db: Database) -> None:
+    """The one old path kept until the memory store moves to `write`."""
+    await db.pool.execute("CREATE TABLE scratch (v int)")
+    store = EventStore(db.pool)
+    row, events = await store.append_with(
+        db.pool, "INSERT INTO scratch VALUES ($1) RETURNING v", [7], [task_event("legacy")]
+    )
+    assert row is not None and row["v"] == 7 and events[0].seq == 1
+    assert [e.aggregate_id for e in await store.read_after(0)] == ["legacy"]
+
+
+# --- the horizon: probed from a known one ---------------------------------------------------
+
+
+async def test_the_horizon_stops_at_the_oldest_append_in_flight_whatever_the_chunks(
+    db: Database,
+) -> None:
+    """The probe walks the floor keys from the last horizon in chunks of 64: an append in
+    flight whose floor is a few hundred positions on holds it there, and once it commits
+    the probe runs on to the last position drawn."""
+    store, reader = EventStore(db.pool), EventStore(db.pool)
+    for _ in range(3):
+        await store.append([task_event(f"h{i}") for i in range(100)])
+    assert await reader.horizon() == 300
+    await store.append([task_event(f"g{i}") for i in range(150)])
+    async with store.transaction() as slow:
+        [held] = await slow.append([task_event("held")])  # floor 450
+        for _ in range(2):
+            await store.append([task_event(f"k{i}") for i in range(100)])
+        assert await reader.horizon() == held.position - 1
+        assert reader.in_flight
+        # A fresh reader starts from the published horizon, not from 0.
+        assert await EventStore(db.pool).horizon() == held.position - 1
+    assert await reader.horizon() == held.position + 200
+    assert not reader.in_flight
+
+
+async def test_far_behind_any_known_horizon_one_scan_finds_it(db: Database) -> None:
+    """More than 4,096 positions past every horizon known (the first read after a crash
+    empties the published one): one scan of the locks, as before, then probes again."""
+    store = EventStore(db.pool)
+    await db.pool.execute("SELECT setval('events_position_seq', 100000)")
+    async with store.transaction() as slow:
+        [held] = await slow.append([task_event("far-slow")])
+        await store.append([task_event("far-quick")])
+        assert await EventStore(db.pool).horizon() == 100000
+    assert await EventStore(db.pool).horizon() == held.position + 1
+
+
+# --- the feeds' NOTIFY: carried by the commits, coalesced -----------------------------------
+
+
+async def _store_one(store: EventStore, v: int, tag: str) -> None:
+    await store.write(
+        ["state AS (INSERT INTO notify_scratch VALUES ($1) RETURNING v)"],
         [v],
         [task_event(tag, "task.dispatched", note=str(v))],
     )
@@ -672,11 +849,11 @@ async def test_a_stream_of_single_statement_appends_carries_its_notify(
     loop = asyncio.get_running_loop()
     started = loop.time()
     for v in range(300):
-        await _store_one(store, db, v, "carried")
-    windows = (loop.time() - started) / events_store.NOTIFY_COALESCE_S
-    if store._notifier is not None:  # what the last statements owed, if anything
-        await asyncio.wait_for(store._notifier, 10)
-    assert not store._notify_due
+        await _store_one(store, v, "carried")
+    windows = (loop.time() - started) / notifier_module.NOTIFY_COALESCE_S
+    if store.notifier.sender is not None:  # what the last statements owed, if anything
+        await asyncio.wait_for(store.notifier.sender, 10)
+    assert not store.notifier.owed
     got = await listener.marker(db)
     carried, separate = got.count(""), got.count("separate")
     # Own NOTIFYs only where a store took longer than the notifier waits (a loaded
@@ -689,30 +866,31 @@ async def test_an_owed_notify_is_sent_when_its_carrier_fails(
     db: Database, listener: _Listener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await db.pool.execute("CREATE TABLE notify_scratch (v int CHECK (v >= 0))")
-    monkeypatch.setattr(events_store, "NOTIFY_COALESCE_S", 3600.0)  # windows opened by hand
-    monkeypatch.setattr(events_store, "NOTIFY_LATE_S", 0.05)
+    monkeypatch.setattr(notifier_module, "NOTIFY_COALESCE_S", 3600.0)  # windows opened by hand
+    monkeypatch.setattr(notifier_module, "NOTIFY_LATE_S", 0.05)
     store = EventStore(db.pool)
-    await _store_one(store, db, 1, "owed")  # carries the window's NOTIFY
-    await _store_one(store, db, 2, "owed")  # in the window: owed
-    store._notified_at -= 3600.0  # the window ends
+    await _store_one(store, 1, "owed")  # carries the window's NOTIFY
+    await _store_one(store, 2, "owed")  # in the window: owed
+    store.notifier._sent_at -= 3600.0  # the window ends
     with pytest.raises(asyncpg.CheckViolationError):
-        await _store_one(store, db, -1, "owed")  # would carry it, but fails
-    store._notified_at -= 3600.0  # its window ends too: the notifier sends what is owed
+        await _store_one(store, -1, "owed")  # would carry it, but fails
+    store.notifier._sent_at -= 3600.0  # its window ends too: the notifier sends what is owed
     await listener.until("separate")
     assert await listener.marker(db) == ["", "separate"]
 
 
-async def test_an_owed_notify_carried_by_the_next_statement_is_not_sent_again(
+async def test_an_owed_notify_carried_by_the_next_commit_is_not_sent_again(
     db: Database, listener: _Listener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await db.pool.execute("CREATE TABLE notify_scratch (v int CHECK (v >= 0))")
-    monkeypatch.setattr(events_store, "NOTIFY_COALESCE_S", 3600.0)
-    monkeypatch.setattr(events_store, "NOTIFY_LATE_S", 0.05)
+    monkeypatch.setattr(notifier_module, "NOTIFY_COALESCE_S", 3600.0)
+    monkeypatch.setattr(notifier_module, "NOTIFY_LATE_S", 0.05)
     store = EventStore(db.pool)
-    await _store_one(store, db, 1, "owed")  # carries
-    await _store_one(store, db, 2, "owed")  # owed
-    store._notified_at -= 3600.0
-    await _store_one(store, db, 3, "owed")  # carries what 2 owed
-    assert store._notifier is not None
-    await asyncio.wait_for(store._notifier, 10)  # it wakes, finds nothing owed, ends
+    await _store_one(store, 1, "owed")  # carries
+    await _store_one(store, 2, "owed")  # owed
+    store.notifier._sent_at -= 3600.0
+    async with store.transaction() as tx:  # its COMMIT carries what 2 owed
+        await tx.append([task_event("owed", "task.dispatched", note="3")])
+    assert store.notifier.sender is not None
+    await asyncio.wait_for(store.notifier.sender, 10)  # it wakes, finds nothing owed, ends
     assert await listener.marker(db) == ["", ""]

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.db import Database, connect
 from orchestrator.errors import Conflict
-from orchestrator.events import EventStore
+from orchestrator.events import EventStore, EventTransaction
 from orchestrator.runtime.claims import StaleClaim
 from orchestrator.scheduler import Job, JobSpec, JobStore, SchedulerService, every
 
@@ -73,16 +73,24 @@ class _MidTick(JobStore):
 
 
 class _HeldEvents(EventStore):
-    """The real event store; the tick's one write (`append_beside`) first waits for
+    """The real event store; the tick's one write (`tx.write`) first waits for
     `store.hold_the_write()` when a mid-tick request is out."""
 
     store: _MidTick | None = None
 
-    async def append_beside(self, conn: Any, ctes: Any, args: Any, events: Any) -> Any:
-        if self.store is not None and self.store.request is not None:
-            store, self.store = self.store, None
-            await store.hold_the_write()
-        return await super().append_beside(conn, ctes, args, events)
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[EventTransaction]:
+        async with super().transaction() as tx:
+            write = tx.write
+
+            async def held(*args: Any, **kwargs: Any) -> Any:
+                if self.store is not None and self.store.request is not None:
+                    store, self.store = self.store, None
+                    await store.hold_the_write()
+                return await write(*args, **kwargs)
+
+            tx.write = held  # type: ignore[method-assign]
+            yield tx
 
 
 @pytest.fixture
