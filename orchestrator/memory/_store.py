@@ -1,5 +1,4 @@
-"""Memory entries: durable in Postgres, hot reads cached in Redis (TTL-aware, never the only
-copy: every write goes to Postgres first and drops the cached copy).
+"""Memory entries: durable in Postgres, hot reads cached in Redis (never the only copy).
 
 Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`, and keys are
 unique per owner: two users' `config` in one namespace are two entries (migration 0011).
@@ -8,25 +7,26 @@ is a 404 (not theirs to know about). Admins see all: a key held by several owner
 naming them unless the admin picks one (`owner`).
 Expired entries (`ttl` ms after their write) answer 410 until they are purged, and never
 show in lists or searches.
+
+The cache (`_cache.py`): a read fills a copy only under a lease it took before reading
+Postgres; every write drops the copies of the entries it changed after its statement and
+before it answers. A write runs to its end (statement, then the drop) even if its caller
+goes away, so a committed change is never left behind an older copy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import json
 import logging
-import math
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
-from orchestrator._json import dumps
 from orchestrator.auth import Principal
 from orchestrator.errors import (
     Conflict,
@@ -37,83 +37,13 @@ from orchestrator.errors import (
     ValidationFailed,
 )
 from orchestrator.events import EventStore, NewEvent
-from orchestrator.memory._cache_writer import CacheWriter
-from orchestrator.memory._embed import Embedder, EmbedderUnavailable
+from orchestrator.memory._cache import CACHE_TTL_S, MemoryCache
+from orchestrator.memory._embed import Embedder
+from orchestrator.memory._filler import EmbeddingFiller
 
 log = logging.getLogger(__name__)
 
-CACHE_TTL_S = 300
-# Cached copies are "<version>|<json>" (an empty json: a tombstone, a miss), the version
-# being the row's `updated_at`, which the store keeps strictly increasing per row. A copy
-# is written only over an older one, so a reader that read the row before a store and
-# caches it after the store's own write-back cannot put the older value back.
-#
-# A store does not wait for the new copy to be written: beside its statement (in
-# parallel, not after it) it marks the key as being written (`_MARK`: a counter of
-# stores in flight, and the cached copy turned into a tombstone at its own version), and
-# it answers once both are done; the new copy is written after the answer (`_WRITE_BACK`).
-# From the acknowledgement on, a reader finds either the tombstone (and reads Postgres)
-# or the new copy. While stores are in flight, readers cache nothing (`_PUT_NEWER` with
-# "r"); the write-back of a store that is not the last in flight only raises the
-# tombstone's version, so an older store's late write-back cannot follow a newer one's.
-# A write-back that never comes (the process died) leaves the counter to expire after
-# PENDING_TTL_MS and the tombstone in place: readers read Postgres and cache again.
-PENDING_TTL_MS = 30_000
-_PUT_NEWER = """
-if ARGV[4] == 'r' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local bar = string.find(cur, '|', 1, true)
-  if bar and tonumber(string.sub(cur, 1, bar - 1)) >= tonumber(ARGV[1]) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'EX', ARGV[3])
-return 1
-"""
-_MARK = """
-redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local bar = string.find(cur, '|', 1, true)
-  if bar and bar < string.len(cur) then
-    redis.call('SET', KEYS[1], string.sub(cur, 1, bar), 'KEEPTTL')
-  end
-end
-return 1
-"""
-_WRITE_BACK = """
-local left = redis.call('DECR', KEYS[2])
-if left <= 0 then redis.call('DEL', KEYS[2]) end
-if ARGV[1] == '' then return 0 end
-local body, ttl = ARGV[2], ARGV[3]
-if left > 0 then body, ttl = '', ARGV[4] end
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local bar = string.find(cur, '|', 1, true)
-  if bar and tonumber(string.sub(cur, 1, bar - 1)) >= tonumber(ARGV[1]) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. body, 'EX', ttl)
-return 1
-"""
-_MARK_SHA, _WRITE_BACK_SHA = CacheWriter.sha(_MARK), CacheWriter.sha(_WRITE_BACK)
-FILL_BATCH = 32
-FILL_POLL_S = 1.0  # entries another process stored (agent workers) are found this fast
-# After a wake-up the filler waits this long for more stores: one embedding call (and one
-# SELECT, one UPDATE) for a burst instead of one per store, which costs the stores far less
-# CPU; an entry is findable by vector this much later (by key and text at once).
-FILL_LINGER_S = 0.2
-# The filler yields to the stores: it fills once this process has stored nothing for
-# FILL_QUIET_S, or once an entry has waited FILL_MAX_WAIT_S (then it keeps filling until it
-# has caught up, so a steady stream of stores cannot starve it). An embedding and its HNSW
-# insert cost more CPU than the store itself (on two cores, filling alongside held the
-# stores to 0.31-0.41x a plain INSERT; issue 17).
-FILL_QUIET_S = 0.02
-FILL_MAX_WAIT_S = 2.0
-FILL_MAX_ATTEMPTS = 5
-FILL_BACKOFF_MAX_S = 30.0
-PROBE_TEXT = "hello"
-EMBED_MAX_CHARS = 8000  # longer values are embedded by their start (models cap their input)
-FLOAT32_MAX = 3.4028234663852886e38
+_T = TypeVar("_T")
 REFLECTION_PREFIX = "reflection:"
 
 
@@ -193,21 +123,15 @@ class MemoryStore:
         this store has an embedder; agent workers set it without one)."""
         self._pool = pool
         self._events = events
-        self._redis = redis
         self._dim = dim
         self.pgvector = pgvector
-        self.embedder = embedder
         self._auto_embed = embedder is not None if auto_embed is None else auto_embed
         self._ef_search = int(ef_search)
-        self._distrust_until = 0.0
-        self._fill_wake = asyncio.Event()
-        self._last_store = 0.0  # monotonic time of this process's last store to embed
-        self._unfilled_since: float | None = None  # of the oldest such store not yet filled
         self._iterative = False
-        self._put_newer = redis.register_script(_PUT_NEWER) if redis is not None else None
-        # A store's mark and write-back go through one writer, which sends the write-back
-        # of one store in the same pipeline as the next one's mark (`_cache_writer.py`).
-        self._writer = CacheWriter(redis, _MARK, _WRITE_BACK) if redis is not None else None
+        self._filler = EmbeddingFiller(pool, dim, pgvector, embedder)
+        self._cache = MemoryCache(redis) if redis is not None else None
+        # Writes whose callers went away, still running to their end (`_to_the_end`).
+        self._writes: set[asyncio.Task[Any]] = set()
 
     async def prepare(self) -> None:
         """With pgvector: the `embedding vector(dim)` column and its HNSW (cosine) index,
@@ -230,108 +154,99 @@ class MemoryStore:
         # hnsw.iterative_scan exists from pgvector 0.8; setting it on older ones is an error.
         self._iterative = _version(version) >= (0, 8)
 
-    # --- cache (best effort) --------------------------------------------------------------
+    # --- cache -----------------------------------------------------------------------------
 
     @staticmethod
-    def _cache_key(agent_id: str, owner: str | None, key: str) -> str:
-        who = owner or ""
-        return f"mem2:{len(agent_id)}:{agent_id}:{len(who)}:{who}:{key}"
-
-    @staticmethod
-    def _pending_key(cache_key: str) -> str:
-        return "mem2w" + cache_key[4:]
-
-    async def _cached(self, agent_id: str, owner: str | None, key: str) -> Entry | None:
-        if self._redis is None or time.monotonic() < self._distrust_until:
-            return None
-        try:
-            raw = await self._redis.get(self._cache_key(agent_id, owner, key))
-        except (RedisError, OSError):
-            return None
-        if raw is None:
-            return None
-        _, _, body = (raw.decode() if isinstance(raw, bytes) else raw).partition("|")
-        if not body:  # a tombstone: deleted since
-            return None
-        data = json.loads(body)
-        return Entry(agent_id=agent_id, key=key, **data)
-
-    @staticmethod
-    def _body(entry: Entry) -> tuple[str, int]:
-        """The cached copy's JSON and its TTL in seconds."""
+    def _copy(entry: Entry) -> tuple[dict[str, Any], int]:
+        """The cached copy of `entry` and its TTL in seconds."""
         ttl = CACHE_TTL_S
         if entry.expires_at is not None:
             ttl = min(ttl, max(1, (entry.expires_at - now_ms()) // 1000))
-        body = dumps(
-            {
-                "value": entry.value,
-                "user_uuid": entry.user_uuid,
-                "created_at": entry.created_at,
-                "expires_at": entry.expires_at,
-                "pinned": entry.pinned,
-            }
-        )
-        return body.decode(), ttl
+        copy = {
+            "value": entry.value,
+            "user_uuid": entry.user_uuid,
+            "created_at": entry.created_at,
+            "expires_at": entry.expires_at,
+            "pinned": entry.pinned,
+        }
+        return copy, ttl
 
-    async def _cache(
-        self, entry: Entry, version: int, *, gone: bool = False, reader: bool = False
-    ) -> None:
-        """Put `entry` (or, `gone`, a tombstone) in the cache unless a copy of a version as
-        new or newer is there (`reader`: a copy read from Postgres, and not while a store
-        of the key is in flight). A write that fails may leave an older copy behind: this
-        process then reads from Postgres until such a copy has expired."""
-        if self._put_newer is None:
-            return
-        body, ttl = ("", CACHE_TTL_S) if gone else self._body(entry)
-        key = self._cache_key(entry.agent_id, entry.user_uuid, entry.key)
-        try:
-            await self._put_newer(
-                keys=[key, self._pending_key(key)], args=[version, body, ttl, "r" if reader else ""]
-            )
-        except (RedisError, OSError):
-            self._distrust_until = time.monotonic() + CACHE_TTL_S
+    async def _to_the_end(self, write: Coroutine[Any, Any, _T]) -> _T:
+        """Run `write` (a statement, then its cache drop) in a task of its own: if the caller
+        is cancelled, the write still finishes, so no committed change is left with an older
+        copy in the cache (and no statement is cut off before we know its outcome)."""
+        task = asyncio.ensure_future(write)
+        self._writes.add(task)
+        task.add_done_callback(self._written)
+        return await asyncio.shield(task)
 
-    async def _mark_writing(self, cache_key: str) -> bool:
-        """The key's cached copy is about to be replaced (see `_MARK`); False if Redis failed
-        (this process then distrusts the cache, as after any failed cache write)."""
-        if self._writer is None:
-            return True
-        try:
-            await self._writer.now(
-                _MARK_SHA, [cache_key, self._pending_key(cache_key)], [PENDING_TTL_MS]
-            )
-        except (RedisError, OSError):
-            self._distrust_until = time.monotonic() + CACHE_TTL_S
-            return False
-        return True
+    def _written(self, task: asyncio.Task[Any]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its caller, if gone, cannot
 
-    def _after_store(self, cache_key: str, entry: Entry | None, version: int | None) -> None:
-        """Write the new copy (or, `entry` None: only end the mark) after the answer: queued
-        for the writer's next pipeline. If it fails, the mark expires by itself and the
-        tombstone stays: readers use Postgres."""
-        if self._writer is None:
-            return
-        body, ttl = self._body(entry) if entry is not None else ("", 0)
-        self._writer.later(
-            _WRITE_BACK_SHA,
-            [cache_key, self._pending_key(cache_key)],
-            ["" if version is None else version, body, ttl, PENDING_TTL_MS // 1000],
-        )
+    async def _write_one(
+        self, agent_id: str, owner: str | None, key: str, statement: Coroutine[Any, Any, _T]
+    ) -> _T:
+        """`statement` on one entry, then its copy dropped; if the statement raised (it may
+        still commit: a connection lost), the key poisoned instead."""
+        cache = self._cache
+        if cache is None:
+            return await statement
+        cache_key = cache.key(agent_id, owner, key)
+
+        async def then_drop() -> _T:
+            try:
+                done = await statement
+            except BaseException:
+                await cache.poison(cache_key)
+                raise
+            await cache.drop(cache_key)
+            return done
+
+        return await self._to_the_end(then_drop())
+
+    async def _write_rows(
+        self, statement: Coroutine[Any, Any, list[asyncpg.Record]]
+    ) -> list[asyncpg.Record]:
+        """`statement` returning the (`agent_id`, `user_uuid`, `key`) of the entries it
+        changed, then their copies dropped."""
+        cache = self._cache
+        if cache is None:
+            return await statement
+
+        async def then_drop() -> list[asyncpg.Record]:
+            rows = await statement
+            await cache.drop(*(cache.key(r["agent_id"], r["user_uuid"], r["key"]) for r in rows))
+            return rows
+
+        return await self._to_the_end(then_drop())
 
     async def settle(self) -> None:
-        """Send the cache write-backs queued so far and wait for them (tests, shutdown)."""
-        if self._writer is not None:
-            await self._writer.settle()
+        """Wait for the writes whose callers went away, and try the owed cache drops once
+        more (shutdown, before Redis closes; tests)."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+        if self._cache is not None:
+            await self._cache.settle()
 
-    async def _forget_cached(self, agent_id: str, *rows: tuple[str | None, str]) -> None:
-        """Drop the cached copies of (owner, key) entries of `agent_id`."""
-        if rows and self._redis is not None:
-            try:
-                await self._redis.delete(*(self._cache_key(agent_id, o, k) for o, k in rows))
-            except (RedisError, OSError):
-                # A copy we could not drop may still be in Redis once it is back: read from
-                # Postgres until any such copy has expired.
-                self._distrust_until = time.monotonic() + CACHE_TTL_S
+    # --- embeddings (`_filler.py`) ----------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder | None:
+        return self._filler.embedder
+
+    async def embed_query(self, text: str, user: str | None = None) -> list[float]:
+        """The embedding of a search text for `user`; 503 when no embedder can make one."""
+        return await self._filler.embed_query(text, user)
+
+    async def fill_embeddings(self) -> int:
+        """Embed a batch of pending entries; how many were embedded."""
+        return await self._filler.fill_embeddings()
+
+    async def run_filler(self) -> None:
+        """Embed pending entries until cancelled."""
+        await self._filler.run_filler()
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -367,208 +282,21 @@ class MemoryStore:
                     "memory.reflected", {"agent_id": agent_id, "key": key}, principal.user_uuid
                 )
             )
-        cache_key = self._cache_key(agent_id, principal.user_uuid, key)
-        # The cache mark runs beside the statement (see `_MARK`): both finish before "ok".
-        marking = (
-            asyncio.ensure_future(self._mark_writing(cache_key))
-            if self._writer is not None
-            else None
+        # The entry and its events in one statement, autocommitted: one round trip and one
+        # commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
+        statement = self._events.append_with(
+            self._pool,
+            _store_sql(self.pgvector),
+            [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
+            events,
         )
-        try:
-            # The entry and its events in one statement, autocommitted: one round trip and
-            # one commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
-            row, _ = await self._events.append_with(
-                self._pool,
-                _store_sql(self.pgvector),
-                [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
-                events,
-            )
-        except BaseException:
-            if marking is not None:
-                marked = await asyncio.shield(marking)
-                if marked:
-                    self._after_store(cache_key, None, None)
-            raise
+        row, _ = await self._write_one(agent_id, principal.user_uuid, key, statement)
         assert row is not None
         if pending:
-            self._last_store = time.monotonic()
-            if self._unfilled_since is None:
-                self._unfilled_since = self._last_store
-            self._fill_wake.set()
-        entry = Entry(
+            self._filler.stored()
+        return Entry(
             agent_id, key, value, row["user_uuid"], row["created_at"], expires, row["pinned"]
         )
-        if marking is not None:
-            version = row["updated_at"]
-            try:
-                # Shielded: the entry is committed, so the cache must learn of it even if
-                # this caller goes away now (an unmarked old copy would be served for up
-                # to CACHE_TTL_S).
-                marked = await asyncio.shield(marking)
-            except asyncio.CancelledError:
-                marking.add_done_callback(
-                    lambda done: (
-                        self._after_store(cache_key, entry, version)
-                        if not done.cancelled() and done.result()
-                        else None
-                    )
-                )
-                raise
-            if marked:
-                self._after_store(cache_key, entry, version)
-        return entry
-
-    # --- embeddings (best effort, after the write) -----------------------------------------
-
-    async def embed_query(self, text: str, user: str | None = None) -> list[float]:
-        """The embedding of a search text for `user` (whose turn it waits for among the
-        tenants on a local embedder); 503 when no embedder can make one."""
-        if self.embedder is None:
-            raise ServiceUnavailable(
-                "text: no embedder is configured (embedder: none); give an embedding"
-            )
-        [vector] = await self._embed_checked([text[:EMBED_MAX_CHARS]], user=user)
-        return vector
-
-    async def fill_embeddings(self, batch: int = FILL_BATCH) -> int:
-        """Embed up to `batch` pending entries, oldest first; how many were embedded.
-
-        No transaction is held while the embedder works (a provider call can take long):
-        the rows are read, embedded, and written back only where they are unchanged since
-        (`updated_at`), so a store meanwhile wins. When a batch fails, its entries are tried
-        one at a time: if some succeed, the embedder works and each failing entry is
-        charged an attempt (given up after FILL_MAX_ATTEMPTS), so one bad entry never blocks
-        the others; if none succeeds and a known-good text fails too, the embedder is down:
-        EmbedderUnavailable, nothing is charged, and the filler backs off."""
-        if self.embedder is None:
-            return 0
-        rows = await self._pool.fetch(
-            "SELECT agent_id, owner, key, value, updated_at FROM memory_entries WHERE embed_pending"
-            " ORDER BY updated_at LIMIT $1",
-            batch,
-        )
-        if not rows:
-            return 0
-        texts = [r["value"][:EMBED_MAX_CHARS] for r in rows]
-        try:
-            vectors: list[list[float] | None] = list(await self._embed_checked(texts, behind=True))
-        except EmbedderUnavailable as batch_error:
-            vectors = [None] * len(texts)
-            if len(texts) > 1:
-                for i, text in enumerate(texts):
-                    with contextlib.suppress(EmbedderUnavailable):
-                        [vectors[i]] = await self._embed_checked([text], behind=True)
-            if all(v is None for v in vectors):
-                # Nothing worked: the embedder is down, unless a known-good text embeds.
-                try:
-                    await self._embed_checked([PROBE_TEXT], behind=True)
-                except EmbedderUnavailable:
-                    raise batch_error from None
-        done = [(r, v) for r, v in zip(rows, vectors, strict=True) if v is not None]
-        failed = [r for r, v in zip(rows, vectors, strict=True) if v is None]
-        if failed:
-            await self._pool.execute(
-                "UPDATE memory_entries m SET embed_attempts = embed_attempts + 1,"
-                " embed_pending = embed_attempts + 1 < $4"
-                " FROM unnest($1::text[], $2::text[], $3::bigint[], $5::text[])"
-                " AS f(agent_id, key, at, owner) WHERE m.agent_id = f.agent_id"
-                " AND m.owner = f.owner AND m.key = f.key AND m.updated_at = f.at",
-                [r["agent_id"] for r in failed],
-                [r["key"] for r in failed],
-                [r["updated_at"] for r in failed],
-                FILL_MAX_ATTEMPTS,
-                [r["owner"] for r in failed],
-            )
-            log.warning("memory embeddings: %d entries could not be embedded", len(failed))
-        if done:
-            vector_set = ", embedding = v.raw::vector" if self.pgvector else ""
-            # The vectors go as one flat real[] in asyncpg's binary encoding, each row taking
-            # its slice: formatting them as text cost the event loop ~5 ms a batch (issue 17:
-            # the stores' CPU while the filler ran).
-            await self._pool.execute(
-                "UPDATE memory_entries m SET embedding_raw = v.raw, embed_pending = false"
-                f"{vector_set} FROM (SELECT u.agent_id, u.key, u.at, u.owner,"
-                " ($4::real[])[(u.i - 1) * $6 + 1 : u.i * $6] AS raw"
-                " FROM unnest($1::text[], $2::text[], $3::bigint[], $5::text[])"
-                " WITH ORDINALITY AS u(agent_id, key, at, owner, i)) AS v"
-                " WHERE m.agent_id = v.agent_id AND m.owner = v.owner AND m.key = v.key"
-                " AND m.updated_at = v.at AND m.embed_pending",
-                [r["agent_id"] for r, _ in done],
-                [r["key"] for r, _ in done],
-                [r["updated_at"] for r, _ in done],
-                [x for _, v in done for x in v],
-                [r["owner"] for r, _ in done],
-                self._dim,
-            )
-        return len(done)
-
-    async def _embed_checked(
-        self, texts: list[str], *, behind: bool = False, user: str | None = None
-    ) -> list[list[float]]:
-        """Embeddings of the right dimension and finite float32 values, or EmbedderUnavailable.
-        `behind`: for the filler (the embedder may give its CPU to the stores first)."""
-        assert self.embedder is not None
-        if user is None:
-            vectors = await self.embedder.embed(texts, behind=behind)
-        else:  # only then: embedders made before `user` (tests' own) need not take it
-            vectors = await self.embedder.embed(texts, behind=behind, user=user)
-        if len(vectors) != len(texts):
-            raise EmbedderUnavailable(f"{self.embedder.name}: {len(vectors)} for {len(texts)}")
-        for vector in vectors:
-            if len(vector) != self._dim:
-                raise EmbedderUnavailable(
-                    f"{self.embedder.name} makes {len(vector)}-dimension embeddings; this"
-                    f" service uses {self._dim} (memory_embedding_dim)"
-                )
-            if not all(math.isfinite(x) and abs(x) <= FLOAT32_MAX for x in vector):
-                raise EmbedderUnavailable(f"{self.embedder.name} returned a non-finite value")
-        return vectors
-
-    async def run_filler(self) -> None:
-        """Embed pending entries until cancelled: within FILL_LINGER_S for this store's
-        writes (in batches), within FILL_POLL_S for other processes', backing off while the
-        embedder fails."""
-        backoff = FILL_POLL_S
-        while True:
-            await self._until_quiet()
-            # Cleared before the batch is read: a store from here on wakes the next round.
-            self._fill_wake.clear()
-            try:
-                started = time.monotonic()
-                filled = await self.fill_embeddings()
-                if filled < FILL_BATCH:
-                    # Caught up with what was stored before this batch was read; a store
-                    # since is the oldest unfilled one now (counted from `started`).
-                    self._unfilled_since = None if self._last_store <= started else started
-                backoff = FILL_POLL_S
-            except EmbedderUnavailable as exc:
-                log.warning("memory embeddings: %s", exc.message)
-                filled = 0
-                backoff = min(FILL_BACKOFF_MAX_S, backoff * 2)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("memory embeddings: database trouble (%r)", exc)
-                filled = 0
-                backoff = min(FILL_BACKOFF_MAX_S, backoff * 2)
-            if filled >= FILL_BATCH:
-                continue  # a full batch: likely more waiting
-            if not self._fill_wake.is_set():
-                try:
-                    await asyncio.wait_for(self._fill_wake.wait(), backoff)
-                except TimeoutError:
-                    continue
-            await asyncio.sleep(FILL_LINGER_S)
-
-    async def _until_quiet(self) -> None:
-        """Wait while this process's stores keep coming (FILL_QUIET_S between them), but not
-        past FILL_MAX_WAIT_S after the oldest unfilled one."""
-        while True:
-            now = time.monotonic()
-            quiet_at = self._last_store + FILL_QUIET_S
-            since = self._unfilled_since
-            due_at = quiet_at if since is None else min(quiet_at, since + FILL_MAX_WAIT_S)
-            if now >= due_at:
-                return
-            await asyncio.sleep(due_at - now)
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -580,16 +308,19 @@ class MemoryStore:
         if owner is not None and not principal.is_admin and owner != principal.user_uuid:
             raise Forbidden("only an admin names another owner's entry")
         first = owner if owner is not None else principal.user_uuid
-        cached = await self._cached(agent_id, first, key)
-        if cached is not None:
-            return cached
+        # Only the entry under `first`'s own key is cached (the one Postgres ranks first).
+        lease = cache_key = None
+        if self._cache is not None:
+            cache_key = self._cache.key(agent_id, first, key)
+            copy, lease = await self._cache.lookup(cache_key)
+            if copy is not None:
+                return Entry(agent_id=agent_id, key=key, **copy)
         if owner is not None:
             owners: list[str] | None = [owner]
         else:
             owners = None if principal.is_admin else [principal.user_uuid, ""]
         rows = await self._pool.fetch(
-            "SELECT value, user_uuid, created_at, expires_at, pinned, updated_at"
-            " FROM memory_entries"
+            "SELECT value, user_uuid, created_at, expires_at, pinned FROM memory_entries"
             " WHERE agent_id = $1 AND key = $2 AND ($3::text[] IS NULL OR owner = ANY($3))"
             " ORDER BY owner = $4 DESC, owner = '' DESC, owner LIMIT 51",
             agent_id,
@@ -615,8 +346,10 @@ class MemoryStore:
             top["expires_at"],
             top["pinned"],
         )
-        if not entry.expired(now_ms()):
-            await self._cache(entry, top["updated_at"], reader=True)
+        mine = (entry.user_uuid or "") == (first or "")
+        if lease is not None and mine and not entry.expired(now_ms()):
+            assert self._cache is not None and cache_key is not None
+            await self._cache.fill(cache_key, lease, *self._copy(entry))
         return entry
 
     async def get(
@@ -645,19 +378,17 @@ class MemoryStore:
         entry = await self._resolve(agent_id, key, principal, owner)
         if entry.user_uuid != principal.user_uuid and not principal.is_admin:
             raise Forbidden("only the owner deletes an entry")
-        version = await self._pool.fetchval(
-            "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2 AND owner = $3"
-            " RETURNING updated_at",
+        await self._write_one(
             agent_id,
+            entry.user_uuid,
             key,
-            entry.user_uuid or "",
+            self._pool.execute(
+                "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2 AND owner = $3",
+                agent_id,
+                key,
+                entry.user_uuid or "",
+            ),
         )
-        if version is None:
-            await self._forget_cached(agent_id, (entry.user_uuid, key))
-        else:
-            # A tombstone, not a DEL: a reader that read the row before the delete cannot
-            # cache it again afterwards (newer than the row's own version, to replace it).
-            await self._cache(entry, version + 1, gone=True)
 
     async def pin(
         self,
@@ -668,24 +399,31 @@ class MemoryStore:
         owner: str | None = None,
     ) -> None:
         entry = await self._resolve(agent_id, key, principal, owner)
-        await self._pool.execute(
-            "UPDATE memory_entries SET pinned = $3 WHERE agent_id = $1 AND key = $2 AND owner = $4",
+        await self._write_one(
             agent_id,
+            entry.user_uuid,
             key,
-            pinned,
-            entry.user_uuid or "",
+            self._pool.execute(
+                "UPDATE memory_entries SET pinned = $3"
+                " WHERE agent_id = $1 AND key = $2 AND owner = $4",
+                agent_id,
+                key,
+                pinned,
+                entry.user_uuid or "",
+            ),
         )
-        await self._forget_cached(agent_id, (entry.user_uuid, key))
 
     async def clear(self, agent_id: str, principal: Principal) -> int:
         """The caller's own entries in this namespace (an admin: every entry in it)."""
         where = "TRUE" if principal.is_admin else "user_uuid = $2"
-        rows = await self._pool.fetch(
-            f"DELETE FROM memory_entries WHERE agent_id = $1 AND {where} RETURNING user_uuid, key",
-            agent_id,
-            *([] if principal.is_admin else [principal.user_uuid]),
+        rows = await self._write_rows(
+            self._pool.fetch(
+                f"DELETE FROM memory_entries WHERE agent_id = $1 AND {where}"
+                " RETURNING agent_id, user_uuid, key",
+                agent_id,
+                *([] if principal.is_admin else [principal.user_uuid]),
+            )
         )
-        await self._forget_cached(agent_id, *((r["user_uuid"], r["key"]) for r in rows))
         return len(rows)
 
     async def entries(
@@ -768,6 +506,10 @@ class MemoryStore:
         """Importance = 0.5^(days since last access / half_life_days) x (1 + 0.1 x accesses),
         at most 1; unpinned entries under `threshold` (and expired ones) are forgotten.
         Returns how many were forgotten."""
+        return len(await self._write_rows(self._decay(half_life_days, threshold)))
+
+    async def _decay(self, half_life_days: float, threshold: float) -> list[asyncpg.Record]:
+        """`decay`'s transaction; the entries it forgot."""
         ts = now_ms()
         day_ms = 86_400_000.0
         async with self._events.transaction() as tx:
@@ -782,7 +524,7 @@ class MemoryStore:
                 half_life_days,
                 day_ms,
             )
-            gone = await tx.conn.fetch(
+            gone: list[asyncpg.Record] = await tx.conn.fetch(
                 "DELETE FROM memory_entries WHERE NOT pinned AND (importance < $1"
                 " OR (expires_at IS NOT NULL AND expires_at <= $2)) RETURNING agent_id, key,"
                 " user_uuid",
@@ -807,9 +549,7 @@ class MemoryStore:
             ]
             if events:
                 await tx.append(events)
-        for agent, keys in forgotten.items():
-            await self._forget_cached(agent, *keys)
-        return len(gone)
+        return gone
 
     async def share(self, source: str, target: str, pattern: str) -> int:
         """Copy `source`'s entries whose key matches the glob into `target` (owners kept;
@@ -817,7 +557,7 @@ class MemoryStore:
         many were copied."""
         ts = now_ms()
         vector_col = ", embedding" if self.pgvector else ""
-        rows = await self._pool.fetch(
+        statement = self._pool.fetch(
             "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at, updated_at,"
             f" expires_at, pinned, importance, accessed_at, embedding_raw, embed_pending,"
             f" embed_attempts{vector_col})"
@@ -831,14 +571,13 @@ class MemoryStore:
             " importance = EXCLUDED.importance, embedding_raw = EXCLUDED.embedding_raw,"
             " embed_pending = EXCLUDED.embed_pending, embed_attempts = EXCLUDED.embed_attempts"
             + (", embedding = EXCLUDED.embedding" if self.pgvector else "")
-            + " RETURNING user_uuid, key",
+            + " RETURNING agent_id, user_uuid, key",
             source,
             target,
             _like(pattern),
             ts,
         )
-        await self._forget_cached(target, *((r["user_uuid"], r["key"]) for r in rows))
-        return len(rows)
+        return len(await self._write_rows(statement))
 
     async def stats(self, pgvector: bool) -> dict[str, Any]:
         row = await self._pool.fetchrow(
@@ -866,13 +605,13 @@ def _store_sql(pgvector: bool) -> str:
         f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
         f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
         " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
-        # Strictly increasing per row: the version the cache compares (two stores in one
+        # Strictly increasing per row: the version the filler compares (two stores in one
         # millisecond, or a clock behind, still make a newer version).
         " updated_at = greatest(EXCLUDED.updated_at, memory_entries.updated_at + 1),"
         " expires_at = EXCLUDED.expires_at,"
         f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
         " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
-        " RETURNING created_at, user_uuid, pinned, updated_at"
+        " RETURNING created_at, user_uuid, pinned"
     )
 
 

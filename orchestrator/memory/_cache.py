@@ -1,0 +1,169 @@
+"""The memory entries' Redis cache: copies read from Postgres, dropped after every write.
+
+Redis is never the only copy, and never written by a writer: only a reader that has just
+read Postgres puts a copy there. The protocol is cache-aside with leases (as memcache's in
+"Scaling Memcache at Facebook", NSDI 2013):
+
+- Read: one script returns the key's copy, or, when the key holds nothing, sets a lease (a
+  token of this read's own, for LEASE_MS) and returns it. The reader then reads Postgres,
+  and fills the key only if it still holds its token (a second script). Anything else in
+  the key (someone's lease, a poison) means: read Postgres, fill nothing.
+- Write: the statement, then DEL of the key, before the write answers. The DEL also drops a
+  lease, so a reader that read Postgres before the commit finds its token gone and fills
+  nothing.
+- A write whose statement raised may still commit (a connection lost after the server had
+  the statement): its key is poisoned instead (no lease, hence no fill, for POISON_MS, past
+  the statement timeout).
+- Redis failing: a read goes to Postgres. A DEL that fails is owed: retried in the
+  background until it lands, or until any copy it was meant to drop has expired; while this
+  process owes one it reads Postgres only.
+
+Why it is coherent: a fill lands only if no DEL of its key ran between the reader's lease
+and the fill, and the lease is taken before the Postgres read. So a copy is either what
+Postgres held after the last write of the key had committed, or it was read before a commit
+whose DEL is still to come, and that DEL comes before the write answers. From a write's
+answer on, every read on every replica returns that write or a newer one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from orchestrator._json import dumps, loads
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CACHE_TTL_S", "MemoryCache"]
+
+CACHE_TTL_S = 300  # a copy's lifetime (shorter for an entry that expires sooner)
+LEASE_MS = 2_000  # a reader's Postgres read longer than this fills nothing
+POISON_MS = 60_000  # past asyncpg's command_timeout (30 s): a late commit lands before
+OWED_FOR_S = CACHE_TTL_S + LEASE_MS / 1000
+RETRY_S = 0.5  # an owed DEL is tried again this often (doubling to RETRY_MAX_S)
+RETRY_MAX_S = 10.0
+DEL_CHUNK = 500
+
+# The copy, or a lease of this read's own when the key holds nothing.
+_READ = """
+local cur = redis.call('GET', KEYS[1])
+if cur then return cur end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+"""
+# The copy, only while the key still holds the reader's lease.
+_FILL = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+_COPY = ord("{")  # a copy is a JSON object; a lease starts with "L", a poison is "X"
+
+
+class MemoryCache:
+    """One process's side of the protocol above, on `redis` (shared by the replicas)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+        self._read = redis.register_script(_READ)
+        self._fill = redis.register_script(_FILL)
+        # key -> when its DEL last failed (monotonic): a copy it was to drop has expired
+        # OWED_FOR_S later (filled before that write's commit + LEASE_MS, living CACHE_TTL_S).
+        self._owed: dict[str, float] = {}
+        self._retrying: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def key(agent_id: str, owner: str | None, key: str) -> str:
+        who = owner or ""
+        return f"mem3:{len(agent_id)}:{agent_id}:{len(who)}:{who}:{key}"
+
+    async def lookup(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(the cached copy, None), or (None, a lease to fill the key with), or (None, None):
+        read Postgres and fill nothing."""
+        if self._owed:
+            self._retry()
+            return None, None
+        token = "L" + os.urandom(8).hex()
+        try:
+            raw = await self._read(keys=[key], args=[token, LEASE_MS])
+        except (RedisError, OSError):
+            return None, None
+        if isinstance(raw, str):
+            raw = raw.encode()
+        if raw and raw[0] == _COPY:
+            return loads(raw), None
+        return None, (token if raw == token.encode() else None)
+
+    async def fill(self, key: str, lease: str, copy: dict[str, Any], ttl_s: int) -> None:
+        """Put the copy read from Postgres, if the key still holds `lease`."""
+        try:
+            await self._fill(keys=[key], args=[lease, dumps(copy), ttl_s])
+        except (RedisError, OSError):
+            pass  # nothing cached: the next read reads Postgres
+
+    async def drop(self, *keys: str) -> None:
+        """After a write has committed: the keys' copies and leases gone. On a Redis error
+        the DEL is owed (see the module docstring); it never raises."""
+        if not keys:
+            return
+        try:
+            for start in range(0, len(keys), DEL_CHUNK):
+                await self._redis.delete(*keys[start : start + DEL_CHUNK])
+        except (RedisError, OSError) as exc:
+            log.warning("memory cache: %d copies not dropped, retrying (%r)", len(keys), exc)
+            now = time.monotonic()
+            for k in keys:
+                self._owed[k] = now
+            self._retry()
+
+    async def poison(self, key: str) -> None:
+        """After a write whose outcome is unknown: no fill of `key` for POISON_MS."""
+        try:
+            await self._redis.set(key, "X", px=POISON_MS)
+        except (RedisError, OSError):
+            await self.drop(key)  # owed, retried; reads here skip the cache meanwhile
+
+    async def settle(self) -> None:
+        """One more try at the owed DELs, and no retries after (shutdown; tests)."""
+        if self._retrying is not None:
+            self._retrying.cancel()
+            await asyncio.gather(self._retrying, return_exceptions=True)
+            self._retrying = None
+        if self._owed:
+            await self._deliver()
+
+    def _retry(self) -> None:
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_owed())
+
+    async def _retry_owed(self) -> None:
+        delay = RETRY_S
+        while self._owed:
+            await asyncio.sleep(delay)
+            delay = RETRY_S if await self._deliver() else min(RETRY_MAX_S, delay * 2)
+
+    async def _deliver(self) -> bool:
+        """DEL what is owed; True if it went through."""
+        expired = time.monotonic() - OWED_FOR_S
+        owed = {k: t for k, t in self._owed.items() if t > expired}
+        try:
+            keys = list(owed)
+            for start in range(0, len(keys), DEL_CHUNK):
+                await self._redis.delete(*keys[start : start + DEL_CHUNK])
+            delivered = True
+        except (RedisError, OSError):
+            delivered = False
+        # A key owed again meanwhile (a write whose DEL failed while this one was on its
+        # way, and may have committed after it ran) stays owed.
+        self._owed = {
+            k: t
+            for k, t in self._owed.items()
+            if t > expired and not (delivered and owed.get(k) == t)
+        }
+        return delivered

@@ -1,0 +1,304 @@
+"""The memory cache's protocol (orchestrator/memory/_cache.py) against real Postgres and Redis,
+several MemoryStores standing for replicas that share both: from a write's answer on every
+replica reads it; a reader that read Postgres before a write cannot fill the cache after it;
+a write whose caller goes away still drops the copy; a failed write leaves no copy of what
+Postgres does not hold, and one that may commit late keeps readers from filling; Redis
+unreachable costs nothing but cache hits, and a drop it missed is delivered when it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from orchestrator.auth import Principal
+from orchestrator.db import Database, connect
+from orchestrator.errors import NotFound
+from orchestrator.events import EventStore
+from orchestrator.memory import MemoryStore
+from orchestrator.memory._cache import MemoryCache
+
+DIM = 384
+ANN = Principal("ann")
+KEY = MemoryCache.key("ns", "ann", "k")
+
+
+@dataclass
+class Replicas:
+    db: Database
+    events: EventStore
+    cache: aioredis.Redis
+    made: list[MemoryStore] = field(default_factory=list)
+
+    def memory(self, cache: aioredis.Redis | None = None) -> MemoryStore:
+        store = MemoryStore(
+            self.db.pool, self.events, cache or self.cache, DIM, pgvector=self.db.pgvector
+        )
+        self.made.append(store)
+        return store
+
+    async def cached(self) -> bytes | None:
+        raw = await self.cache.get(KEY)
+        assert raw is None or isinstance(raw, bytes)
+        return raw
+
+
+@pytest.fixture
+async def replicas(database_url: str, clean_redis: str) -> AsyncIterator[Replicas]:
+    db = await connect(database_url)
+    cache = aioredis.from_url(clean_redis)
+    try:
+        made = Replicas(db, EventStore(db.pool), cache)
+        await made.memory().prepare()  # the pgvector column, as the service does at start
+        yield made
+        for memory in made.made:
+            await memory.settle()
+    finally:
+        await cache.aclose()
+        await db.close()
+
+
+def held(
+    target: Callable[..., Awaitable[Any]],
+) -> tuple[Callable[..., Awaitable[Any]], asyncio.Event, asyncio.Event]:
+    """`target` made to wait at its start until `gate` is set; `reached` is set on arrival."""
+    reached, gate = asyncio.Event(), asyncio.Event()
+
+    async def wait_then(*args: Any, **kwargs: Any) -> Any:
+        reached.set()
+        await gate.wait()
+        return await target(*args, **kwargs)
+
+    return wait_then, reached, gate
+
+
+async def test_from_a_stores_answer_every_replica_reads_it(replicas: Replicas) -> None:
+    writer, r1, r2 = replicas.memory(), replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    assert (await r1.get("ns", "k", ANN)).value == "v1"
+    assert b'"v1"' in (await replicas.cached() or b"")  # a copy, read from Postgres
+    assert (await r2.get("ns", "k", ANN)).value == "v1"  # ... served from it
+    for value in ("v2", "v3"):  # the second write within the same millisecond, likely
+        await writer.store("ns", "k", value, ANN)
+        assert (await r1.get("ns", "k", ANN)).value == value
+        assert (await r2.get("ns", "k", ANN)).value == value
+
+
+@pytest.mark.parametrize("write", ["store", "delete", "pin"])
+async def test_a_reader_that_read_before_a_write_cannot_fill_after_it(
+    replicas: Replicas, write: str
+) -> None:
+    """The stale-fill race: a replica reads v1 from Postgres (under its lease), another one
+    writes and answers, then the first tries to fill: refused, every later read is new."""
+    writer, reader = replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    assert reader._cache is not None
+    reader._cache.fill, at_fill, gate = held(reader._cache.fill)  # type: ignore[method-assign]
+    read = asyncio.ensure_future(reader.get("ns", "k", ANN))
+    await asyncio.wait_for(at_fill.wait(), 10)  # v1 read from Postgres, not filled yet
+    if write == "store":
+        await writer.store("ns", "k", "v2", ANN)
+    elif write == "delete":
+        await writer.delete("ns", "k", ANN)
+    else:
+        await writer.pin("ns", "k", True, ANN)
+    gate.set()
+    old = await read  # concurrent with the write: the older value is a right answer
+    assert old.value == "v1" and not old.pinned
+    assert await replicas.cached() is None  # its fill was refused
+    for replica in (reader, replicas.memory()):
+        if write == "delete":
+            with pytest.raises(NotFound):
+                await replica.get("ns", "k", ANN)
+        else:
+            entry = await replica.get("ns", "k", ANN)
+            assert (entry.value, entry.pinned) == (
+                ("v2", False) if write == "store" else ("v1", True)
+            )
+
+
+@pytest.mark.parametrize("cut", ["in its statement", "after its commit"])
+async def test_a_write_whose_caller_goes_away_still_drops_the_copy(
+    replicas: Replicas, cut: str
+) -> None:
+    """The caller is cancelled while the statement runs, or once it has committed and the
+    drop has not reached Redis: the write runs to its end, no replica is served v1."""
+    writer, reader = replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    assert (await reader.get("ns", "k", ANN)).value == "v1"
+    assert b'"v1"' in (await replicas.cached() or b"")
+    assert writer._cache is not None
+    if cut == "in its statement":
+        hold, reached, gate = held(replicas.events.append_with)
+        replicas.events.append_with = hold  # type: ignore[method-assign]
+    else:
+        hold, reached, gate = held(writer._cache.drop)
+        writer._cache.drop = hold  # type: ignore[method-assign]
+    store = asyncio.ensure_future(writer.store("ns", "k", "v2", ANN))
+    await asyncio.wait_for(reached.wait(), 10)
+    store.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await store
+    gate.set()
+    await writer.settle()  # the write, run to its end
+    assert await replicas.cached() is None
+    assert (await reader.get("ns", "k", ANN)).value == "v2"
+    assert (await replicas.memory().get("ns", "k", ANN)).value == "v2"
+
+
+async def test_a_write_postgres_refuses_leaves_no_copy_of_it(replicas: Replicas) -> None:
+    writer, reader = replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
+    with pytest.raises(asyncpg.PostgresError):
+        await writer.store("ns", "k", "nul \x00 byte", ANN)  # text Postgres cannot hold
+    assert b"nul" not in (await replicas.cached() or b"")
+    for replica in (reader, writer, replicas.memory()):
+        assert (await replica.get("ns", "k", ANN)).value == "v1"
+
+
+async def test_a_write_that_may_commit_late_keeps_readers_from_filling(
+    replicas: Replicas,
+) -> None:
+    """The connection is lost with the statement sent: the caller gets an error, and the
+    server commits later. The key is poisoned, so a reader between the two fills nothing
+    and cannot leave v1 cached once v2 has committed."""
+    writer, reader = replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
+    sent: list[tuple[Any, ...]] = []
+    commit = replicas.events.append_with
+
+    async def lost(*statement: Any) -> Any:
+        sent.append(statement)
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
+
+    replicas.events.append_with = lost  # type: ignore[method-assign]
+    with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+        await writer.store("ns", "k", "v2", ANN)
+    assert await replicas.cached() == b"X"
+    assert (await reader.get("ns", "k", ANN)).value == "v1"  # from Postgres, not filled
+    assert await replicas.cached() == b"X"
+    await commit(*sent[0])  # the server commits it now
+    for replica in (reader, writer, replicas.memory()):
+        assert (await replica.get("ns", "k", ANN)).value == "v2"
+
+
+class RedisProxy:
+    """TCP in front of the test Redis (a unix socket). `cut()` breaks every connection and
+    refuses new ones, as a Redis this replica cannot reach; `restore()` ends that."""
+
+    def __init__(self, redis_url: str) -> None:
+        assert redis_url.startswith("unix://")
+        self._path = redis_url.removeprefix("unix://")
+        self._up = True
+        self._transports: set[asyncio.BaseTransport] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}"
+
+    def cut(self) -> None:
+        self._up = False
+        for transport in self._transports:
+            transport.abort()
+        self._transports.clear()
+
+    def restore(self) -> None:
+        self._up = True
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._up:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_unix_connection(self._path)
+        self._transports |= {writer.transport, up_writer.transport}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._transports -= {writer.transport, up_writer.transport}
+
+
+@pytest.fixture
+async def proxy(clean_redis: str) -> AsyncIterator[RedisProxy]:
+    made = RedisProxy(clean_redis)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+async def test_redis_unreachable_costs_cache_hits_only(
+    replicas: Replicas, proxy: RedisProxy
+) -> None:
+    """Every operation works against Postgres while Redis cannot be reached."""
+    cut_off = aioredis.from_url(await proxy.start(), socket_timeout=1, socket_connect_timeout=1)
+    try:
+        proxy.cut()
+        memory = replicas.memory(cut_off)
+        await memory.store("ns", "k", "v1", ANN)
+        await memory.store("ns", "k2", "other", ANN)
+        assert (await memory.get("ns", "k", ANN)).value == "v1"
+        await memory.pin("ns", "k", True, ANN)
+        assert (await memory.get("ns", "k", ANN)).pinned
+        await memory.store("ns", "k", "v2", ANN)
+        assert (await memory.get("ns", "k", ANN)).value == "v2"
+        await memory.delete("ns", "k", ANN)
+        with pytest.raises(NotFound):
+            await memory.get("ns", "k", ANN)
+        assert await memory.share("ns", "ns2", "k*") == 1
+        assert await memory.clear("ns", ANN) == 1
+        assert [e.key for e in await memory.entries("ns2", ANN, 10, 0)] == ["k2"]
+        await memory.settle()
+    finally:
+        await cut_off.aclose()
+
+
+async def test_a_drop_redis_missed_is_delivered_when_it_answers_again(
+    replicas: Replicas, proxy: RedisProxy
+) -> None:
+    """The writer's replica cannot reach Redis when it stores v2: the store answers (Redis
+    is a cache), that replica reads Postgres while it owes the drop, and the drop reaches
+    Redis once it is reachable again, so the other replicas stop serving v1."""
+    cut_off = aioredis.from_url(await proxy.start(), socket_timeout=1, socket_connect_timeout=1)
+    try:
+        writer, reader = replicas.memory(cut_off), replicas.memory()
+        await writer.store("ns", "k", "v1", ANN)
+        assert (await reader.get("ns", "k", ANN)).value == "v1"
+        assert b'"v1"' in (await replicas.cached() or b"")
+        proxy.cut()
+        await writer.store("ns", "k", "v2", ANN)
+        assert (await writer.get("ns", "k", ANN)).value == "v2"
+        proxy.restore()
+        async with asyncio.timeout(20):
+            while await replicas.cached() is not None:  # noqa: ASYNC110 - polling Redis
+                await asyncio.sleep(0.05)
+        assert (await reader.get("ns", "k", ANN)).value == "v2"
+        async with asyncio.timeout(20):  # nothing owed: the writer uses the cache again
+            while writer._cache is not None and writer._cache._owed:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        assert (await writer.get("ns", "k", ANN)).value == "v2"
+        assert b'"v2"' in (await replicas.cached() or b"")
+        await writer.settle()
+    finally:
+        await cut_off.aclose()
