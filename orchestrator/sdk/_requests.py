@@ -23,6 +23,8 @@ __all__ = [
     "chat_completion_call",
     "comma_list",
     "given",
+    "http_tool_body",
+    "mcp_server_body",
     "memory_path",
     "message_call",
     "seg",
@@ -82,6 +84,46 @@ def as_list(items: Sequence[Any] | None) -> list[Any] | None:
 
 def as_dict(mapping: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if mapping is None else dict(mapping)
+
+
+def mcp_server_body(
+    name: str | None,
+    url: str | None,
+    headers: Mapping[str, str] | None,
+    command: str | None,
+    args: Sequence[str] | None,
+    env: Mapping[str, str] | None,
+    shared: bool | None,
+) -> dict[str, Any]:
+    """POST and PUT /mcp/servers: the fields given."""
+    return given(
+        name=name,
+        url=url,
+        headers=as_dict(headers),
+        command=command,
+        args=as_list(args),
+        env=as_dict(env),
+        shared=shared,
+    )
+
+
+def http_tool_body(
+    name: str | None,
+    description: str | None,
+    parameters: Mapping[str, Any] | None,
+    method: str | None,
+    url: str | None,
+    headers: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    """POST and PUT /tools/http: the fields given."""
+    return given(
+        name=name,
+        description=description,
+        parameters=as_dict(parameters),
+        method=method,
+        url=url,
+        headers=as_dict(headers),
+    )
 
 
 def chat_body(

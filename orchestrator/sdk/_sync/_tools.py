@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.sdk._base import Call, model_of
-from orchestrator.sdk._requests import Scope, as_dict, as_list, given, seg
+from orchestrator.sdk._requests import Scope, given, http_tool_body, mcp_server_body, seg
 from orchestrator.sdk._sync._core import SyncCore
 from orchestrator.wire import (
     HttpTool,
@@ -46,15 +46,7 @@ class SyncTools(SyncCore):
         """Register a streamable-HTTP server (`url`, `headers`: secrets) or, as an admin, a
         stdio one (`command`, `args`, `env`); admins may make it `shared`. Its `status` says
         whether its tools could be listed."""
-        body = given(
-            name=name,
-            url=url,
-            headers=as_dict(headers),
-            command=command,
-            args=as_list(args),
-            env=as_dict(env),
-            shared=shared or None,
-        )
+        body = mcp_server_body(name, url, headers, command, args, env, shared or None)
         return self._send(Call("POST", "/mcp/servers", model_of(McpServer), body=body))
 
     def mcp_server(self, server_id: str) -> McpServer:
@@ -74,15 +66,7 @@ class SyncTools(SyncCore):
         shared: bool | None = None,
     ) -> McpServer:
         """`headers` (`env`) given replace the stored ones (`***` keeps a stored value)."""
-        body = given(
-            name=name,
-            url=url,
-            headers=as_dict(headers),
-            command=command,
-            args=as_list(args),
-            env=as_dict(env),
-            shared=shared,
-        )
+        body = mcp_server_body(name, url, headers, command, args, env, shared)
         path = f"/mcp/servers/{seg(server_id)}"
         return self._send(Call("PUT", path, model_of(McpServer), body=body))
 
@@ -109,14 +93,7 @@ class SyncTools(SyncCore):
         headers: Mapping[str, str] | None = None,
     ) -> HttpTool:
         """Define `http__<name>`: `url` may hold `{param}` placeholders of `parameters`."""
-        body = given(
-            name=name,
-            description=description,
-            parameters=dict(parameters),
-            method=method,
-            url=url,
-            headers=as_dict(headers),
-        )
+        body = http_tool_body(name, description, parameters, method, url, headers)
         return self._send(Call("POST", "/tools/http", model_of(HttpTool), body=body))
 
     def http_tool(self, tool_id: str) -> HttpTool:
@@ -133,14 +110,7 @@ class SyncTools(SyncCore):
         url: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> HttpTool:
-        body = given(
-            name=name,
-            description=description,
-            parameters=as_dict(parameters),
-            method=method,
-            url=url,
-            headers=as_dict(headers),
-        )
+        body = http_tool_body(name, description, parameters, method, url, headers)
         path = f"/tools/http/{seg(tool_id)}"
         return self._send(Call("PUT", path, model_of(HttpTool), body=body))
 
