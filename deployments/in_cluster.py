@@ -1,5 +1,7 @@
-"""Requests that arrive over the Api deployment handle (orchestrator/sdk/_in_cluster.py),
-run through the replica's own ASGI app. No Ray here: `deployments.app` calls this.
+"""Requests that arrive over the Api deployment handle (orchestrator/sdk/_serve_transport.py),
+run through the replica's own ASGI app. No Ray here: `deployments.app` calls this. The
+envelope is a wire model (orchestrator/wire/handle.py): this module imports nothing of the
+SDK, and the SDK nothing of it.
 
 Why the whole app and not the domain services directly: authentication, the failed-auth
 throttle, the rate limit, body limits, validation and every route's ownership checks live in
@@ -22,7 +24,7 @@ from collections.abc import AsyncIterator
 
 from starlette.types import ASGIApp, Message, Scope
 
-from orchestrator.sdk._in_cluster import HandleRequest, HandleResponse
+from orchestrator.wire.handle import HandleRequest, HandleResponse
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.client_address import scope_client_address
 from deployments.deps import Ctx, CurrentUser
+from orchestrator import wire
 from orchestrator.channels import (
     Challenge,
     Channel,
@@ -51,46 +52,6 @@ def _channel_id(
 ChannelId = Annotated[str, Depends(_channel_id)]
 
 
-class ChannelOut(BaseModel):
-    id: str
-    type: str = Field(description="slack, teams, telegram or webhook")
-    name: str
-    status: str = Field(description="active, paused or error")
-    config: dict[str, Any] = Field(description="Type-specific settings; secrets as `***`")
-    user_uuid: str
-    failures: int = Field(description="Failed deliveries in a row")
-    last_error: str | None
-    created_at: int
-    updated_at: int
-
-
-class CreatedChannel(ChannelOut):
-    webhook_token: str = Field(description="Shown once: the receiver is webhook_path")
-    webhook_path: str
-
-
-class ChannelList(BaseModel):
-    ok: bool = True
-    data: list[ChannelOut]
-
-
-class ChannelCreated(BaseModel):
-    ok: bool = True
-    data: CreatedChannel
-
-
-class ChannelUpdated(BaseModel):
-    ok: bool = True
-    data: ChannelOut
-    webhook_token: str | None = Field(default=None, description="The new token, when rotated")
-    webhook_path: str | None = None
-
-
-class ChannelDeleted(BaseModel):
-    ok: bool = True
-    deleted: str
-
-
 class CreateBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -106,14 +67,6 @@ class UpdateBody(BaseModel):
     config: Any = Field(None, description="Merged into the current config; null removes a key")
     status: Any = Field(None, description="active or paused")
     rotate_token: bool = False
-
-
-class WebhookAck(BaseModel):
-    ok: bool = True
-    accepted: bool = Field(description="Relayed to the agent (false: ignored or a duplicate)")
-    duplicate: bool = False
-    ignored: str | None = Field(default=None, description="Why nothing was relayed")
-    answer: str | None = Field(default=None, description="Synchronous generic webhooks: the answer")
 
 
 MAX_INBOUND_TEXT = 20_000
@@ -134,33 +87,33 @@ def _path(token: str) -> str:
     return f"/api/v1/channels/webhook/{token}"
 
 
-@router.get("/channels", response_model=ChannelList)
-async def list_channels(ctx: Ctx, caller: CurrentUser) -> ChannelList:
+@router.get("/channels", response_model=wire.ChannelList)
+async def list_channels(ctx: Ctx, caller: CurrentUser) -> wire.ChannelList:
     """The caller's channels (an admin's: every channel)."""
     channels = await ctx.channels.list_for(caller)
-    return ChannelList(data=[ChannelOut(**c.wire()) for c in channels])
+    return wire.ChannelList(data=[wire.Channel(**c.wire()) for c in channels])
 
 
-@router.post("/channels", response_model=ChannelCreated)
-async def create_channel(body: CreateBody, ctx: Ctx, caller: CurrentUser) -> ChannelCreated:
+@router.post("/channels", response_model=wire.ChannelCreated)
+async def create_channel(body: CreateBody, ctx: Ctx, caller: CurrentUser) -> wire.ChannelCreated:
     """Config by type: slack `signing_secret` and `webhook_url` (or `bot_token`); teams
     `webhook_url`, `tenant_id` (`app_id`); telegram `bot_token`, `chat_ids`
     (`secret_token`); webhook (`callback_url`). 400 names a bad field; 422 an unknown type."""
     channel, token = await ctx.channels.create(caller, body.type, body.name, body.config)
-    return ChannelCreated(
-        data=CreatedChannel(**channel.wire(), webhook_token=token, webhook_path=_path(token))
+    return wire.ChannelCreated(
+        data=wire.CreatedChannel(**channel.wire(), webhook_token=token, webhook_path=_path(token))
     )
 
 
-@router.get("/channels/{channel_id}", response_model=ChannelOut)
-async def get_channel(channel_id: ChannelId, ctx: Ctx, caller: CurrentUser) -> ChannelOut:
-    return ChannelOut(**(await ctx.channels.get(channel_id, caller)).wire())
+@router.get("/channels/{channel_id}", response_model=wire.Channel)
+async def get_channel(channel_id: ChannelId, ctx: Ctx, caller: CurrentUser) -> wire.Channel:
+    return wire.Channel(**(await ctx.channels.get(channel_id, caller)).wire())
 
 
-@router.put("/channels/{channel_id}", response_model=ChannelUpdated)
+@router.put("/channels/{channel_id}", response_model=wire.ChannelUpdated)
 async def update_channel(
     body: UpdateBody, channel_id: ChannelId, ctx: Ctx, caller: CurrentUser
-) -> ChannelUpdated:
+) -> wire.ChannelUpdated:
     channel, token = await ctx.channels.update(
         channel_id,
         caller,
@@ -169,17 +122,19 @@ async def update_channel(
         status=body.status,
         rotate_token=body.rotate_token,
     )
-    return ChannelUpdated(
-        data=ChannelOut(**channel.wire()),
+    return wire.ChannelUpdated(
+        data=wire.Channel(**channel.wire()),
         webhook_token=token,
         webhook_path=_path(token) if token else None,
     )
 
 
-@router.delete("/channels/{channel_id}", response_model=ChannelDeleted)
-async def delete_channel(channel_id: ChannelId, ctx: Ctx, caller: CurrentUser) -> ChannelDeleted:
+@router.delete("/channels/{channel_id}", response_model=wire.ChannelDeleted)
+async def delete_channel(
+    channel_id: ChannelId, ctx: Ctx, caller: CurrentUser
+) -> wire.ChannelDeleted:
     await ctx.channels.delete(channel_id, caller)
-    return ChannelDeleted(deleted=channel_id)
+    return wire.ChannelDeleted(deleted=channel_id)
 
 
 # --- the receiver ----------------------------------------------------------------------------
@@ -207,7 +162,7 @@ async def _teams_verifier(ctx: Any, channel: Channel) -> TeamsVerifier:
 
 @router.post(
     "/channels/webhook/{token}",
-    response_model=WebhookAck,
+    response_model=wire.WebhookAck,
     responses={
         401: {"description": "verification failed"},
         404: {"description": "no channel"},
@@ -262,9 +217,9 @@ async def receive(
     else:
         inbound = parse_webhook(_json_body(raw))
     if inbound is None:
-        return JSONResponse(WebhookAck(accepted=False, ignored="not a message").model_dump())
+        return JSONResponse(wire.WebhookAck(accepted=False, ignored="not a message").model_dump())
     if channel.status == "paused":
-        return JSONResponse(WebhookAck(accepted=False, ignored="channel paused").model_dump())
+        return JSONResponse(wire.WebhookAck(accepted=False, ignored="channel paused").model_dump())
     # Each message relayed runs an agent task as the owner, and no bearer token limits
     # these requests: the channel's and the owner's budgets do (after verification, so a
     # forger cannot spend them). Only a message newly enqueued costs: the inbox's unique
@@ -285,12 +240,12 @@ async def receive(
         if inbox_id is None:
             ctx.channel_limits.refund(channel, admitted)
     if inbox_id is None:
-        return JSONResponse(WebhookAck(accepted=False, duplicate=True).model_dump())
+        return JSONResponse(wire.WebhookAck(accepted=False, duplicate=True).model_dump())
     if wait:
         try:
             answer = await ctx.channel_runner.answer(channel.id, inbox_id, s.channel_sync_timeout_s)
         except TimeoutError as exc:
             raise ServiceUnavailable("no answer in time; it is still being worked on") from exc
-        return JSONResponse(WebhookAck(accepted=True, answer=answer).model_dump())
+        return JSONResponse(wire.WebhookAck(accepted=True, answer=answer).model_dump())
     await ctx.channel_runner.submit(channel.id, inbox_id)
-    return JSONResponse(WebhookAck(accepted=True).model_dump())
+    return JSONResponse(wire.WebhookAck(accepted=True).model_dump())

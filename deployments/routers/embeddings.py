@@ -20,35 +20,15 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
-from pydantic import BaseModel
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
+from orchestrator import wire
 from orchestrator.errors import BadRequest, OrchestratorError
 from orchestrator.memory import ProviderEmbedder
 from orchestrator.memory._embed import LOCAL_DIM, LOCAL_MODELS, EmbeddingLimits, local_embedder
 
 router = APIRouter(tags=["inference"])
-
-
-class Embedding(BaseModel):
-    object: str = "embedding"
-    index: int
-    embedding: list[float] | str  # a string with encoding_format: base64
-
-
-class EmbeddingUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingList(BaseModel):
-    """OpenAI's CreateEmbeddingResponse."""
-
-    object: str = "list"
-    model: str
-    data: list[Embedding]
-    usage: EmbeddingUsage
 
 
 def _inputs(body: dict[str, Any], limits: EmbeddingLimits) -> list[str]:
@@ -129,10 +109,10 @@ async def _embed(
     return vectors, tokens, provider
 
 
-@router.post("/embeddings", response_model=EmbeddingList)
+@router.post("/embeddings", response_model=wire.EmbeddingList)
 async def embeddings(
     body: Annotated[dict[str, Any], Body()], request: Request, ctx: Ctx, principal: CurrentUser
-) -> EmbeddingList:
+) -> wire.EmbeddingList:
     """OpenAI's CreateEmbeddingResponse: one `embedding` per input, in order."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -167,8 +147,10 @@ async def embeddings(
         finish_reason="embeddings",
         stream=False,
     )
-    return EmbeddingList(
+    return wire.EmbeddingList(
         model=model,
-        data=[Embedding(index=i, embedding=_encode(v, encoding)) for i, v in enumerate(vectors)],
-        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+        data=[
+            wire.Embedding(index=i, embedding=_encode(v, encoding)) for i, v in enumerate(vectors)
+        ],
+        usage=wire.EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
     )

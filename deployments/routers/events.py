@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
 
 from deployments.deps import BIGINT_MAX, Ctx, CurrentUser, Offset, Position
+from orchestrator import wire
 from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest
 from orchestrator.events import CATALOG, EventQuery, Fanout, StreamFilter, SubscriberTooSlow
@@ -21,14 +21,6 @@ router = APIRouter(tags=["events"])
 # Filters accept store names (`workflow.step_started`) and stream names (`workflow:step:started`).
 _TYPE_NAMES = {name: name for name in CATALOG} | {to_stream_name(n): n for n in CATALOG}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
-
-
-class EventPage(BaseModel):
-    ok: bool = True
-    data: list[dict[str, Any]]
-    total: int
-    offset: int
-    limit: int
 
 
 def _types(type_: str | None, types: str | None) -> tuple[str, ...]:
@@ -107,7 +99,7 @@ LastIdHeader = Annotated[str | None, Header(alias="Last-Event-ID")]
 LastIdQ = Annotated[int | None, Query(ge=0, le=BIGINT_MAX)]
 
 
-@router.get("/events", response_model=EventPage)
+@router.get("/events", response_model=wire.EventPage)
 async def list_events(
     request: Request,
     response: Response,
@@ -145,7 +137,7 @@ async def list_events(
     if not found.total_exact:  # the body keeps the SPEC's shape; the header says "estimate"
         response.headers["X-Total-Estimated"] = "true"
     data = [e.wire() for e in found.events]
-    return EventPage(data=data, total=found.total, offset=offset, limit=limit)
+    return wire.EventPage(data=data, total=found.total, offset=offset, limit=limit)
 
 
 @router.get("/sync-events")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
+from orchestrator import wire
 from orchestrator.errors import ErrorCode, NotFound
 from orchestrator.inference import InferenceService, StartRequest
 
@@ -34,53 +35,12 @@ class StopInference(BaseModel):
     id: str = Field(min_length=1, max_length=64)
 
 
-class Started(BaseModel):
-    ok: bool = True
-    id: str
-    state: str
-
-
-class Stopped(BaseModel):
-    ok: bool = True
-    id: str
-    state: str
-
-
-class StoppedAll(BaseModel):
-    ok: bool = True
-    stopped: list[str]
-
-
-class OpenAIModel(BaseModel):
-    id: str
-    object: str = "model"
-    created: int
-    owned_by: str
-    ctx_size: int | None = Field(
-        None, description="Context window in tokens (as in `models`); null when not known"
-    )
-
-
-class ModelList(BaseModel):
-    """SPEC's `models` and, for OpenAI clients, the same models as OpenAI's list."""
-
-    models: list[dict[str, Any]]
-    object: str = "list"
-    data: list[OpenAIModel]
-
-
-class Discovered(BaseModel):
-    ok: bool = True
-    discovered: int
-    warnings: list[str]
-
-
 def _service(ctx: Ctx) -> InferenceService:
     return ctx.inference
 
 
-@router.post("/inference", response_model=Started)
-async def start_instance(body: StartInference, ctx: Ctx, caller: CurrentUser) -> Started:
+@router.post("/inference", response_model=wire.InstanceState)
+async def start_instance(body: StartInference, ctx: Ctx, caller: CurrentUser) -> wire.InstanceState:
     record = await _service(ctx).start(
         caller,
         StartRequest(
@@ -90,7 +50,7 @@ async def start_instance(body: StartInference, ctx: Ctx, caller: CurrentUser) ->
             threads=body.threads,
         ),
     )
-    return Started(id=record.id, state=str(record.state))
+    return wire.InstanceState(id=record.id, state=str(record.state))
 
 
 @router.get("/inference")
@@ -107,37 +67,37 @@ async def get_instance(
     return {"ok": True, **record.wire()}
 
 
-@router.post("/stop", response_model=Stopped)
-async def stop_instance(body: StopInference, ctx: Ctx, caller: CurrentUser) -> Stopped:
+@router.post("/stop", response_model=wire.InstanceState)
+async def stop_instance(body: StopInference, ctx: Ctx, caller: CurrentUser) -> wire.InstanceState:
     record = await _service(ctx).stop(caller, body.id)
-    return Stopped(id=record.id, state=str(record.state))
+    return wire.InstanceState(id=record.id, state=str(record.state))
 
 
-@router.post("/stop-all", response_model=StoppedAll)
-async def stop_all_instances(ctx: Ctx, caller: CurrentUser) -> StoppedAll:
-    return StoppedAll(stopped=await _service(ctx).stop_all(caller))
+@router.post("/stop-all", response_model=wire.InstancesStopped)
+async def stop_all_instances(ctx: Ctx, caller: CurrentUser) -> wire.InstancesStopped:
+    return wire.InstancesStopped(stopped=await _service(ctx).stop_all(caller))
 
 
-@router.get("/models", response_model=ModelList)
-async def list_models(ctx: Ctx, caller: CurrentUser) -> ModelList:
+@router.get("/models", response_model=wire.ModelList)
+async def list_models(ctx: Ctx, caller: CurrentUser) -> wire.ModelList:
     catalog = await _service(ctx).catalog()
-    data = [OpenAIModel(**m.openai()) for m in catalog]
-    return ModelList(models=[m.wire() for m in catalog], data=data)
+    data = [wire.Model(**m.openai()) for m in catalog]
+    return wire.ModelList(models=[m.wire() for m in catalog], data=data)
 
 
-@router.get("/models/{model_id:path}", response_model=OpenAIModel)
-async def retrieve_model(model_id: str, ctx: Ctx, caller: CurrentUser) -> OpenAIModel:
+@router.get("/models/{model_id:path}", response_model=wire.Model)
+async def retrieve_model(model_id: str, ctx: Ctx, caller: CurrentUser) -> wire.Model:
     """OpenAI's Model object; every caller sees the whole catalog, as with the list."""
     for entry in await _service(ctx).catalog():
         if entry.name == model_id:
-            return OpenAIModel(**entry.openai())
+            return wire.Model(**entry.openai())
     raise NotFound(
         f"unknown model {model_id!r} (GET /api/v1/models lists the models)",
         code=ErrorCode.MODEL_NOT_FOUND,
     )
 
 
-@router.post("/discover", response_model=Discovered)
-async def discover_models(ctx: Ctx, caller: AdminUser) -> Discovered:
+@router.post("/discover", response_model=wire.ModelsDiscovered)
+async def discover_models(ctx: Ctx, caller: AdminUser) -> wire.ModelsDiscovered:
     result = await _service(ctx).discover()
-    return Discovered(discovered=result.discovered, warnings=result.warnings)
+    return wire.ModelsDiscovered(discovered=result.discovered, warnings=result.warnings)

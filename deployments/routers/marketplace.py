@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.deps import AdminUser, Ctx, CurrentUser, Offset
+from orchestrator import wire
 from orchestrator.errors import ValidationFailed
 from orchestrator.marketplace import Skill, SkillDraft, SkillReport
 
@@ -33,29 +34,6 @@ Tags = Annotated[
 ]
 
 
-class SkillItem(BaseModel):
-    name: str
-    author: str
-    description: str
-    tags: list[str]
-    downloads: int
-    version: str = Field(description="Starts at 1; each republish adds one")
-
-
-class SkillList(BaseModel):
-    items: list[SkillItem]
-    total: int
-    limit: int
-    offset: int
-    has_more: bool
-
-
-class SkillDetail(SkillItem):
-    body: str
-    created_at: int = Field(description="Unix ms of the first publish")
-    updated_at: int = Field(description="Unix ms of the latest publish")
-
-
 class PublishBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -75,21 +53,6 @@ class PublishBody(BaseModel):
     )
 
 
-class PublishedSkill(BaseModel):
-    ok: bool = True
-    name: str
-    author: str
-    version: str
-    created: bool = Field(description="False when an existing skill was republished")
-
-
-class DeletedSkill(BaseModel):
-    ok: bool = True
-    name: str
-    author: str
-    deleted: bool = True
-
-
 class ReportBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -99,45 +62,15 @@ class ReportBody(BaseModel):
     )
 
 
-class FiledReport(BaseModel):
-    ok: bool = True
-    id: int
-    name: str
-    author: str
-
-
-class ReportItem(BaseModel):
-    id: int
-    name: str
-    author: str
-    reporter: str
-    reason: str
-    created_at: int
-
-
-class ReportList(BaseModel):
-    ok: bool = True
-    reports: list[ReportItem]
-    total: int
-    limit: int
-    offset: int
-    has_more: bool
-
-
-class Dismissed(BaseModel):
-    ok: bool = True
-    name: str
-    author: str
-    dismissed: int = Field(description="Pending reports now dismissed")
-
-
 def _tags(raw: str | None) -> list[str]:
     return [t for t in (raw or "").split(",") if t.strip()]
 
 
-def _page(items: tuple[Skill, ...], total: int, limit: int, offset: int, more: bool) -> SkillList:
-    return SkillList(
-        items=[SkillItem(**s.item()) for s in items],
+def _page(
+    items: tuple[Skill, ...], total: int, limit: int, offset: int, more: bool
+) -> wire.SkillPage:
+    return wire.SkillPage(
+        items=[wire.Skill(**s.item()) for s in items],
         total=total,
         limit=limit,
         offset=offset,
@@ -145,8 +78,8 @@ def _page(items: tuple[Skill, ...], total: int, limit: int, offset: int, more: b
     )
 
 
-def _report(r: SkillReport) -> ReportItem:
-    return ReportItem(
+def _report(r: SkillReport) -> wire.SkillReport:
+    return wire.SkillReport(
         id=r.id,
         name=r.name,
         author=r.author,
@@ -156,7 +89,7 @@ def _report(r: SkillReport) -> ReportItem:
     )
 
 
-@router.get("/marketplace/browse", response_model=SkillList)
+@router.get("/marketplace/browse", response_model=wire.SkillPage)
 async def browse(
     ctx: Ctx,
     _: CurrentUser,
@@ -164,13 +97,13 @@ async def browse(
     tags: Tags = None,
     limit: Limit = None,
     offset: Offset = 0,
-) -> SkillList:
+) -> wire.SkillPage:
     """`newest`: most recently first published first; `popular`: most downloaded first."""
     page = await ctx.marketplace.browse(sort=sort, tags=_tags(tags), limit=limit, offset=offset)
     return _page(page.items, page.total, page.limit, page.offset, page.has_more)
 
 
-@router.get("/marketplace/search", response_model=SkillList)
+@router.get("/marketplace/search", response_model=wire.SkillPage)
 async def search(
     ctx: Ctx,
     _: CurrentUser,
@@ -178,22 +111,22 @@ async def search(
     tags: Tags = None,
     limit: Limit = None,
     offset: Offset = 0,
-) -> SkillList:
+) -> wire.SkillPage:
     """Full-text over name and description (English stemming), best rank first; name
     matches rank above description matches."""
     page = await ctx.marketplace.search(q, tags=_tags(tags), limit=limit, offset=offset)
     return _page(page.items, page.total, page.limit, page.offset, page.has_more)
 
 
-@router.get("/marketplace/detail/{name}", response_model=SkillDetail)
-async def detail(name: Name, ctx: Ctx, _: CurrentUser, author: Author = None) -> SkillDetail:
+@router.get("/marketplace/detail/{name}", response_model=wire.SkillDetail)
+async def detail(name: Name, ctx: Ctx, _: CurrentUser, author: Author = None) -> wire.SkillDetail:
     """Counts a download. A name several authors publish needs `author` (else 409 with
     `authors`)."""
-    return SkillDetail(**(await ctx.marketplace.detail(name, author)).detail())
+    return wire.SkillDetail(**(await ctx.marketplace.detail(name, author)).detail())
 
 
-@router.post("/marketplace/publish", response_model=PublishedSkill)
-async def publish(body: PublishBody, ctx: Ctx, caller: CurrentUser) -> PublishedSkill:
+@router.post("/marketplace/publish", response_model=wire.SkillPublished)
+async def publish(body: PublishBody, ctx: Ctx, caller: CurrentUser) -> wire.SkillPublished:
     """Publish as the caller (the author); publishing your skill again bumps its version.
     400 reserved or invalid name, body too long; 429 (Retry-After) over
     marketplace_publish_per_hour."""
@@ -201,7 +134,7 @@ async def publish(body: PublishBody, ctx: Ctx, caller: CurrentUser) -> Published
         name=body.name, body=body.body, description=body.description, tags=tuple(body.tags)
     )
     done = await ctx.marketplace.publish(draft, caller)
-    return PublishedSkill(
+    return wire.SkillPublished(
         name=done.skill.name,
         author=done.skill.author,
         version=str(done.skill.version),
@@ -209,17 +142,19 @@ async def publish(body: PublishBody, ctx: Ctx, caller: CurrentUser) -> Published
     )
 
 
-@router.delete("/marketplace/delete/{name}", response_model=DeletedSkill)
-async def delete(name: Name, ctx: Ctx, caller: CurrentUser, author: Author = None) -> DeletedSkill:
+@router.delete("/marketplace/delete/{name}", response_model=wire.SkillDeleted)
+async def delete(
+    name: Name, ctx: Ctx, caller: CurrentUser, author: Author = None
+) -> wire.SkillDeleted:
     """Author or admin (403 otherwise). Without `author`: your own skill of that name."""
     gone = await ctx.marketplace.delete(name, caller, author)
-    return DeletedSkill(name=gone.name, author=gone.author)
+    return wire.SkillDeleted(name=gone.name, author=gone.author)
 
 
-@router.post("/marketplace/report/{name}", response_model=FiledReport)
+@router.post("/marketplace/report/{name}", response_model=wire.ReportFiled)
 async def report(
     name: Name, body: ReportBody, ctx: Ctx, caller: CurrentUser, author: Author = None
-) -> FiledReport:
+) -> wire.ReportFiled:
     """Report a skill for moderation (`author` in the body or the query picks among
     several authors); reporting it again while pending replaces the reason."""
     if body.author is not None and author is not None and body.author != author:
@@ -228,19 +163,19 @@ async def report(
             extra={"fields": [{"field": "author", "message": "conflicting values"}]},
         )
     filed = await ctx.marketplace.report(name, body.reason, caller, body.author or author)
-    return FiledReport(id=filed.id, name=filed.name, author=filed.author)
+    return wire.ReportFiled(id=filed.id, name=filed.name, author=filed.author)
 
 
-@router.get("/marketplace/reports", response_model=ReportList)
+@router.get("/marketplace/reports", response_model=wire.ReportPage)
 async def reports(
     ctx: Ctx,
     _: AdminUser,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
-) -> ReportList:
+) -> wire.ReportPage:
     """Admin: pending reports, oldest first."""
     page = await ctx.marketplace.reports(limit=limit, offset=offset)
-    return ReportList(
+    return wire.ReportPage(
         reports=[_report(r) for r in page.reports],
         total=page.total,
         limit=page.limit,
@@ -249,8 +184,10 @@ async def reports(
     )
 
 
-@router.post("/marketplace/dismiss/{name}", response_model=Dismissed)
-async def dismiss(name: Name, ctx: Ctx, caller: AdminUser, author: Author = None) -> Dismissed:
+@router.post("/marketplace/dismiss/{name}", response_model=wire.ReportsDismissed)
+async def dismiss(
+    name: Name, ctx: Ctx, caller: AdminUser, author: Author = None
+) -> wire.ReportsDismissed:
     """Admin: dismiss every pending report of the skill."""
     owner, count = await ctx.marketplace.dismiss(name, caller, author)
-    return Dismissed(name=name, author=owner, dismissed=count)
+    return wire.ReportsDismissed(name=name, author=owner, dismissed=count)

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from deployments.deps import AdminUser, Ctx, CurrentUser, Offset
+from orchestrator import wire
 from orchestrator.errors import ServiceUnavailable, ValidationFailed
 from orchestrator.memory import REFLECTION_PREFIX, MemoryStore
 
@@ -65,54 +66,10 @@ class StoreBody(BaseModel):
     embedding: list[Finite] | None = Field(None, description="memory_embedding_dim numbers")
 
 
-class Ok(BaseModel):
-    status: str = "ok"
-
-
-class Pinned(BaseModel):
-    status: str = "ok"
-    pinned: bool
-
-
 class PinBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pinned: bool = True
-
-
-class EntryOut(BaseModel):
-    key: str
-    value: str
-    created_at: int
-
-
-class Results(BaseModel):
-    results: list[EntryOut]
-
-
-class Entries(BaseModel):
-    entries: list[EntryOut]
-
-
-class Reflection(BaseModel):
-    key: str
-    value: str
-
-
-class Reflections(BaseModel):
-    reflections: list[Reflection]
-
-
-class Cleared(BaseModel):
-    status: str = "ok"
-    cleared: int
-
-
-class Stats(BaseModel):
-    total_entries: int
-    total_agents: int
-    pg_enabled: bool
-    pgvector_enabled: bool
 
 
 class VectorQuery(BaseModel):
@@ -126,16 +83,6 @@ class VectorQuery(BaseModel):
     )
 
 
-class Similar(BaseModel):
-    key: str
-    value: str
-    similarity: float
-
-
-class SimilarResults(BaseModel):
-    results: list[Similar]
-
-
 class ShareBody(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -147,16 +94,6 @@ class ShareBody(BaseModel):
     )
 
 
-class Forgotten(BaseModel):
-    status: str = "ok"
-    forgotten: int
-
-
-class Copied(BaseModel):
-    status: str = "ok"
-    copied: int
-
-
 def _memory(ctx: Any) -> MemoryStore:
     if not ctx.settings.memory_enabled:
         raise ServiceUnavailable("memory is disabled by configuration (memory_enabled)")
@@ -164,33 +101,35 @@ def _memory(ctx: Any) -> MemoryStore:
     return store
 
 
-@router.get("/memory/stats", response_model=Stats)
-async def stats(ctx: Ctx, _: AdminUser) -> Stats:
+@router.get("/memory/stats", response_model=wire.MemoryStats)
+async def stats(ctx: Ctx, _: AdminUser) -> wire.MemoryStats:
     """Admin."""
-    return Stats(**await _memory(ctx).stats(ctx.db.pgvector))
+    return wire.MemoryStats(**await _memory(ctx).stats(ctx.db.pgvector))
 
 
-@router.post("/memory/decay", response_model=Forgotten)
-async def decay(ctx: Ctx, _: AdminUser) -> Forgotten:
+@router.post("/memory/decay", response_model=wire.MemoryForgotten)
+async def decay(ctx: Ctx, _: AdminUser) -> wire.MemoryForgotten:
     """Admin: importance halves every `memory_decay_half_life_days` without access;
     unpinned entries under `memory_decay_threshold` (and expired ones) are forgotten."""
     s = ctx.settings
     n = await _memory(ctx).decay(s.memory_decay_half_life_days, s.memory_decay_threshold)
-    return Forgotten(forgotten=n)
+    return wire.MemoryForgotten(forgotten=n)
 
 
-@router.post("/memory/share", response_model=Copied)
-async def share(body: ShareBody, ctx: Ctx, _: AdminUser) -> Copied:
+@router.post("/memory/share", response_model=wire.MemoryCopied)
+async def share(body: ShareBody, ctx: Ctx, _: AdminUser) -> wire.MemoryCopied:
     """Admin: copy `from`'s entries whose key matches the glob `pattern` into `to`."""
     _check_agent_id(body.source, "from", ctx.settings.memory_agent_id_max)
     _check_agent_id(body.target, "to", ctx.settings.memory_agent_id_max)
-    return Copied(copied=await _memory(ctx).share(body.source, body.target, body.pattern))
+    return wire.MemoryCopied(
+        copied=await _memory(ctx).share(body.source, body.target, body.pattern)
+    )
 
 
-@router.post("/memory/{agent_id}/vector-search", response_model=SimilarResults)
+@router.post("/memory/{agent_id}/vector-search", response_model=wire.SimilarResults)
 async def vector_search(
     agent_id: AgentId, body: VectorQuery, ctx: Ctx, caller: CurrentUser
-) -> SimilarResults:
+) -> wire.SimilarResults:
     """`embedding` (or `text`, embedded by the configured embedder): most similar first, at
     least `threshold` cosine similarity. 503 without pgvector or when the embedder fails; 400
     for `text` with `embedder: none`."""
@@ -217,13 +156,16 @@ async def vector_search(
         body.limit or s.memory_search_limit,
         s.memory_vector_threshold if body.threshold is None else body.threshold,
     )
-    return SimilarResults(
-        results=[Similar(key=e.key, value=e.value, similarity=round(sim, 6)) for e, sim in found]
+    return wire.SimilarResults(
+        results=[
+            wire.SimilarEntry(key=e.key, value=e.value, similarity=round(sim, 6))
+            for e, sim in found
+        ]
     )
 
 
-@router.post("/memory/{agent_id}/store", response_model=Ok)
-async def store(agent_id: AgentId, body: StoreBody, ctx: Ctx, caller: CurrentUser) -> Ok:
+@router.post("/memory/{agent_id}/store", response_model=wire.MemoryOk)
+async def store(agent_id: AgentId, body: StoreBody, ctx: Ctx, caller: CurrentUser) -> wire.MemoryOk:
     """Write (or overwrite your own) entry; another user's key is 403."""
     await _memory(ctx).store(
         agent_id,
@@ -233,49 +175,49 @@ async def store(agent_id: AgentId, body: StoreBody, ctx: Ctx, caller: CurrentUse
         ttl_ms=body.ttl or None,
         embedding=body.embedding,
     )
-    return Ok()
+    return wire.MemoryOk()
 
 
-@router.get("/memory/{agent_id}/search", response_model=Results)
+@router.get("/memory/{agent_id}/search", response_model=wire.MemoryResults)
 async def search(
     agent_id: AgentId,
     ctx: Ctx,
     caller: CurrentUser,
     q: Annotated[str, Query(min_length=1, max_length=1000, pattern=NO_NUL)],
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
-) -> Results:
+) -> wire.MemoryResults:
     """Full-text search (English stemming), best match first."""
     found = await _memory(ctx).search(
         agent_id, q, caller, limit or ctx.settings.memory_search_limit
     )
-    return Results(results=[EntryOut(**e.wire()) for e in found])
+    return wire.MemoryResults(results=[wire.MemoryEntry(**e.wire()) for e in found])
 
 
-@router.get("/memory/{agent_id}/list", response_model=Entries)
+@router.get("/memory/{agent_id}/list", response_model=wire.MemoryEntries)
 async def list_entries(
     agent_id: AgentId,
     ctx: Ctx,
     caller: CurrentUser,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
     offset: Offset = 0,
-) -> Entries:
+) -> wire.MemoryEntries:
     found = await _memory(ctx).entries(
         agent_id, caller, limit or ctx.settings.memory_list_limit, offset
     )
-    return Entries(entries=[EntryOut(**e.wire()) for e in found])
+    return wire.MemoryEntries(entries=[wire.MemoryEntry(**e.wire()) for e in found])
 
 
-@router.get("/memory/{agent_id}/reflections", response_model=Reflections)
-async def reflections(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> Reflections:
+@router.get("/memory/{agent_id}/reflections", response_model=wire.Reflections)
+async def reflections(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> wire.Reflections:
     """Entries whose key starts with `reflection:`."""
     found = await _memory(ctx).entries(agent_id, caller, 1000, 0, prefix=REFLECTION_PREFIX)
-    return Reflections(reflections=[Reflection(key=e.key, value=e.value) for e in found])
+    return wire.Reflections(reflections=[wire.Reflection(key=e.key, value=e.value) for e in found])
 
 
-@router.delete("/memory/{agent_id}/clear", response_model=Cleared)
-async def clear(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> Cleared:
+@router.delete("/memory/{agent_id}/clear", response_model=wire.MemoryCleared)
+async def clear(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> wire.MemoryCleared:
     """Removes the caller's own entries in this namespace (an admin's: all of them)."""
-    return Cleared(cleared=await _memory(ctx).clear(agent_id, caller))
+    return wire.MemoryCleared(cleared=await _memory(ctx).clear(agent_id, caller))
 
 
 # Admins name which owner's entry they mean when several users hold the key (409 otherwise).
@@ -291,24 +233,24 @@ Owner = Annotated[
 ]
 
 
-@router.get("/memory/{agent_id}/{key}", response_model=EntryOut)
+@router.get("/memory/{agent_id}/{key}", response_model=wire.MemoryEntry)
 async def get_entry(
     agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, owner: Owner = None
-) -> EntryOut:
+) -> wire.MemoryEntry:
     """The caller's own entry, else the ownerless one. 404 missing (or not yours), 410
     expired, 409 for an admin when several users hold the key."""
-    return EntryOut(**(await _memory(ctx).get(agent_id, key, caller, owner)).wire())
+    return wire.MemoryEntry(**(await _memory(ctx).get(agent_id, key, caller, owner)).wire())
 
 
-@router.delete("/memory/{agent_id}/{key}", response_model=Ok)
+@router.delete("/memory/{agent_id}/{key}", response_model=wire.MemoryOk)
 async def delete_entry(
     agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, owner: Owner = None
-) -> Ok:
+) -> wire.MemoryOk:
     await _memory(ctx).delete(agent_id, key, caller, owner)
-    return Ok()
+    return wire.MemoryOk()
 
 
-@router.post("/memory/{agent_id}/{key}/pin", response_model=Pinned)
+@router.post("/memory/{agent_id}/{key}/pin", response_model=wire.MemoryPinned)
 async def pin(
     agent_id: AgentId,
     key: Key,
@@ -316,7 +258,7 @@ async def pin(
     caller: CurrentUser,
     body: PinBody | None = None,
     owner: Owner = None,
-) -> Pinned:
+) -> wire.MemoryPinned:
     pinned = body.pinned if body is not None else True
     await _memory(ctx).pin(agent_id, key, pinned, caller, owner)
-    return Pinned(pinned=pinned)
+    return wire.MemoryPinned(pinned=pinned)

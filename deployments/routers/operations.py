@@ -10,10 +10,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel
 
 from deployments.context import SERVICE_VERSION, AppContext
 from deployments.deps import Ctx
+from orchestrator import wire
 from orchestrator.errors import ServiceUnavailable
 from orchestrator.events import EventTypeCounts
 from orchestrator.observability import SloQuery, uptime_ratio
@@ -22,60 +22,12 @@ router = APIRouter(tags=["operations"])
 log = logging.getLogger(__name__)
 
 
-class Component(BaseModel):
-    status: str
-
-
-class StoreHealth(Component):
-    tables: int
-
-
-class MessagingHealth(Component):
-    sockets: int
-
-
-class ProvidersHealth(BaseModel):
-    total: int
-    healthy: int
-
-
-class WorkersHealth(BaseModel):
-    active: int
-    idle: int
-
-
-class Components(BaseModel):
-    store: StoreHealth
-    messaging: MessagingHealth
-    providers: ProvidersHealth
-    workers: WorkersHealth
-
-
-class Health(BaseModel):
-    status: str
-    version: str
-    uptime_seconds: float
-    components: Components
-
-
-class SloEntry(BaseModel):
-    target: float
-    current: float
-    compliant: bool
-
-
-class Slo(BaseModel):
-    latency_p99: SloEntry
-    uptime_7d: SloEntry
-    error_rate: SloEntry
-
-
-async def _probe_store(ctx: AppContext) -> StoreHealth:
+async def _probe_store(ctx: AppContext) -> wire.StoreHealth:
     try:
-        return StoreHealth(status="ok", tables=await ctx.db.ping())
+        return wire.StoreHealth(status="ok", tables=await ctx.db.ping())
     except Exception as exc:  # noqa: BLE001 - any failure means the store is degraded
         log.warning("store probe failed: %r", exc)
-        return StoreHealth(status="degraded", tables=0)
+        return wire.StoreHealth(status="degraded", tables=0)
 
 
 async def _probe_messaging(ctx: AppContext) -> bool:
@@ -97,27 +49,27 @@ async def _gauges(ctx: AppContext) -> dict[str, int]:
         return {}
 
 
-@router.get("/health", response_model=Health)
+@router.get("/health", response_model=wire.Health)
 async def health(ctx: Ctx) -> JSONResponse:
     store, redis_ok, gauges = await asyncio.gather(
         _probe_store(ctx), _probe_messaging(ctx), _gauges(ctx)
     )
-    messaging = MessagingHealth(
+    messaging = wire.MessagingHealth(
         status="ok" if redis_ok else "degraded", sockets=gauges.get("stream_sockets", 0)
     )
     # Providers: configured ones, healthy = breaker not open and last probe (if any) reached
     # it; not critical (a provider down degrades models, not the service). Workers: each
     # AgentWorker reports 1 while it runs a task; the others of the pool are idle.
     total, healthy = ctx.gateway.summary()
-    providers = ProvidersHealth(total=total, healthy=healthy)
+    providers = wire.ProvidersHealth(total=total, healthy=healthy)
     active = gauges.get("active_workers", 0)
-    workers = WorkersHealth(active=active, idle=max(0, ctx.worker_pool - active))
+    workers = wire.WorkersHealth(active=active, idle=max(0, ctx.worker_pool - active))
     critical_ok = store.status == "ok" and messaging.status == "ok"
-    body = Health(
+    body = wire.Health(
         status="ok" if critical_ok else "degraded",
         version=SERVICE_VERSION,
         uptime_seconds=round(time.time() - ctx.started_at, 3),
-        components=Components(
+        components=wire.HealthComponents(
             store=store, messaging=messaging, providers=providers, workers=workers
         ),
     )
@@ -148,7 +100,7 @@ async def metrics(ctx: Ctx) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/slo", response_model=Slo)
+@router.get("/slo", response_model=wire.Slo)
 async def slo(ctx: Ctx) -> dict[str, Any]:
     await ctx.flush_metrics()
     ratio: float | None = None

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
+from orchestrator import wire
 from orchestrator.errors import BadRequest, ValidationFailed
 from orchestrator.scheduler import InvalidSchedule, JobSpec, Schedule, at, cron, every, natural
 
@@ -47,47 +48,6 @@ class JobCreate(BaseModel):
     delete_after_run: StrictBool = Field(False, description="`at` jobs only")
 
 
-class JobCreated(BaseModel):
-    status: Literal["ok"] = "ok"
-    id: int
-    next_run: int | None
-
-
-class JobSummary(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: int
-    name: str
-    schedule_type: str
-    enabled: bool
-    next_run: int | None
-    last_run: int | None
-    consecutive_errors: int
-    created_at: int
-    cron_expr: str | None = None
-    interval_ms: int | None = None
-
-
-class JobPage(BaseModel):
-    items: list[JobSummary]
-    total: int
-    page: int
-    per_page: int
-
-
-class JobDetail(JobSummary):
-    prompt: str
-    model: str | None
-    last_result: str | None
-    user_uuid: str
-
-
-class JobStatus(BaseModel):
-    status: str
-    id: int
-    next_run: int | None = None
-
-
 class PreviewBody(BaseModel):
     """A schedule as create takes it, without the job: what would its next runs be?"""
 
@@ -99,16 +59,6 @@ class PreviewBody(BaseModel):
     schedule: str | None = Field(None, max_length=200, description="Natural language")
     tz: str | None = Field(None, max_length=64, description="IANA time zone (UTC)")
     count: int = Field(5, ge=1, le=50, description="How many next runs")
-
-
-class SchedulePreview(BaseModel):
-    status: Literal["ok"] = "ok"
-    schedule_type: str
-    cron_expr: str | None = None
-    interval_ms: int | None = None
-    at: int | None = None
-    tz: str
-    next_runs: list[int] = Field(description="Unix ms, soonest first; fewer for an `at` job")
 
 
 def _bad(field: str, message: str) -> ValidationFailed:
@@ -150,8 +100,8 @@ def _job_id(raw: str) -> int:
 JobId = Annotated[str, Path(max_length=40, description="The job's integer id")]
 
 
-@router.post("/schedules", response_model=JobCreated)
-async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> JobCreated:
+@router.post("/schedules", response_model=wire.JobCreated)
+async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> wire.JobCreated:
     """Admin. `prompt` and exactly one of cron, every, at, schedule (natural language)."""
     if body.prompt is None or not body.prompt.strip():
         raise _bad("prompt", "missing prompt")
@@ -174,11 +124,11 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> JobCreated
         delete_after_run=body.delete_after_run,
     )
     job = await ctx.jobs.create(spec, caller.user_uuid, ctx.settings.max_scheduled_jobs)
-    return JobCreated(id=job.id, next_run=job.next_run)
+    return wire.JobCreated(id=job.id, next_run=job.next_run)
 
 
-@router.post("/schedules/preview", response_model=SchedulePreview)
-async def preview_schedule(body: PreviewBody, _: AdminUser) -> SchedulePreview:
+@router.post("/schedules/preview", response_model=wire.SchedulePreview)
+async def preview_schedule(body: PreviewBody, _: AdminUser) -> wire.SchedulePreview:
     """Admin, as creating is. The next `count` runs of a job with this schedule created now,
     by the scheduler's own schedule code (the console's create form shows them); nothing is
     stored. A bad schedule is the 400 create would give."""
@@ -192,7 +142,7 @@ async def preview_schedule(body: PreviewBody, _: AdminUser) -> SchedulePreview:
             break
         runs.append(nxt)
         after = nxt
-    return SchedulePreview(
+    return wire.SchedulePreview(
         schedule_type=schedule.type,
         cron_expr=schedule.cron_expr,
         interval_ms=schedule.interval_ms,
@@ -202,51 +152,51 @@ async def preview_schedule(body: PreviewBody, _: AdminUser) -> SchedulePreview:
     )
 
 
-@router.get("/schedules", response_model=JobPage)
+@router.get("/schedules", response_model=wire.JobPage)
 async def list_jobs(
     ctx: Ctx,
     caller: CurrentUser,
     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
     per_page: Annotated[int | None, Query(ge=1, le=1000)] = None,
-) -> JobPage:
+) -> wire.JobPage:
     """Admin: every job; anyone else: an empty list."""
     size = per_page or ctx.settings.schedules_per_page
     jobs, total = await ctx.jobs.page(page, size, caller)
-    return JobPage(
-        items=[JobSummary(**j.summary()) for j in jobs], total=total, page=page, per_page=size
+    return wire.JobPage(
+        items=[wire.Job(**j.summary()) for j in jobs], total=total, page=page, per_page=size
     )
 
 
-@router.get("/schedules/{job_id}", response_model=JobDetail)
+@router.get("/schedules/{job_id}", response_model=wire.JobDetail)
 async def get_job(job_id: JobId, ctx: Ctx, caller: CurrentUser) -> Any:
     """Every field of the job; admins and the job's creator (others: 404)."""
     return (await ctx.jobs.visible(_job_id(job_id), caller)).detail()
 
 
-@router.delete("/schedules/{job_id}", response_model=JobStatus)
-async def delete_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+@router.delete("/schedules/{job_id}", response_model=wire.JobStatus)
+async def delete_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
     jid = _job_id(job_id)
     await ctx.jobs.delete(jid)
-    return JobStatus(status="deleted", id=jid)
+    return wire.JobStatus(status="deleted", id=jid)
 
 
-@router.post("/schedules/{job_id}/pause", response_model=JobStatus)
-async def pause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+@router.post("/schedules/{job_id}/pause", response_model=wire.JobStatus)
+async def pause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
     jid = _job_id(job_id)
     await ctx.jobs.pause(jid)
-    return JobStatus(status="paused", id=jid)
+    return wire.JobStatus(status="paused", id=jid)
 
 
-@router.post("/schedules/{job_id}/unpause", response_model=JobStatus)
-async def unpause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+@router.post("/schedules/{job_id}/unpause", response_model=wire.JobStatus)
+async def unpause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
     jid = _job_id(job_id)
     job = await ctx.jobs.unpause(jid)
-    return JobStatus(status="active", id=jid, next_run=job.next_run)
+    return wire.JobStatus(status="active", id=jid, next_run=job.next_run)
 
 
-@router.post("/schedules/{job_id}/run", response_model=JobStatus)
-async def run_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> JobStatus:
+@router.post("/schedules/{job_id}/run", response_model=wire.JobStatus)
+async def run_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
     """Dispatch now, whatever the schedule (400 paused, 409 running)."""
     jid = _job_id(job_id)
     await ctx.jobs.request_run(jid)
-    return JobStatus(status="dispatched", id=jid)
+    return wire.JobStatus(status="dispatched", id=jid)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deployments.deps import AdminUser, Ctx, CurrentUser
+from orchestrator import wire
 from orchestrator.errors import NotFound
 from orchestrator.events import NewEvent
 
@@ -38,28 +39,8 @@ class TokenCreate(BaseModel):
         return self
 
 
-class TokenCreated(BaseModel):
-    ok: bool = True
-    token: str
-    prefix: str
-    user_uuid: str
-    admin: bool
-    expires_at: int | None = Field(None, description="Unix ms; null: the token never expires")
-
-
-class TokenRevoked(BaseModel):
-    ok: bool = True
-    revoked: int
-
-
-class WhoAmI(BaseModel):
-    ok: bool = True
-    user_uuid: str
-    admin: bool
-
-
-@router.post("/tokens", response_model=TokenCreated)
-async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> TokenCreated:
+@router.post("/tokens", response_model=wire.TokenCreated)
+async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> wire.TokenCreated:
     expires_at = body.expires_at
     if body.expires_in is not None:
         expires_at = int(time.time() * 1000) + body.expires_in * 1000
@@ -83,7 +64,7 @@ async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> TokenC
                 )
             ]
         )
-    return TokenCreated(
+    return wire.TokenCreated(
         token=issued.token,
         prefix=issued.prefix,
         user_uuid=issued.user_uuid,
@@ -92,19 +73,19 @@ async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> TokenC
     )
 
 
-@router.delete("/tokens/{prefix}", response_model=TokenRevoked)
+@router.delete("/tokens/{prefix}", response_model=wire.TokenRevoked)
 async def revoke_token(
     prefix: Annotated[str, Path(min_length=8, max_length=64)], ctx: Ctx, caller: CurrentUser
-) -> TokenRevoked:
+) -> wire.TokenRevoked:
     # Admins revoke any token; a user only their own (someone else's is simply not found).
     owner = None if caller.is_admin else caller.user_uuid
     hashes = await ctx.tokens.revoke(prefix, owner=owner)
     if not hashes:
         raise NotFound(f"no live token with prefix {prefix!r}")
     ctx.authenticator.forget(hashes)
-    return TokenRevoked(revoked=len(hashes))
+    return wire.TokenRevoked(revoked=len(hashes))
 
 
-@router.get("/whoami", response_model=WhoAmI)
-async def whoami(caller: CurrentUser) -> WhoAmI:
-    return WhoAmI(user_uuid=caller.user_uuid, admin=caller.is_admin)
+@router.get("/whoami", response_model=wire.WhoAmI)
+async def whoami(caller: CurrentUser) -> wire.WhoAmI:
+    return wire.WhoAmI(user_uuid=caller.user_uuid, admin=caller.is_admin)

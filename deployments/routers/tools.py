@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser
+from orchestrator import wire
 from orchestrator.tools import HttpTool, McpServer, StoredPolicy
 
 router = APIRouter(tags=["tools"])
@@ -59,40 +60,6 @@ class McpServerBody(McpServerChange):
     name: str = Field(max_length=256, description=_NAME)
 
 
-class McpToolOut(BaseModel):
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
-
-class McpServerOut(BaseModel):
-    id: str = Field(description="`mcp-<n>`")
-    name: str
-    transport: Literal["streamable_http", "stdio"]
-    shared: bool
-    owner: str = Field(description="The registering user's user_uuid")
-    status: Literal["ready", "error"] = Field(description="Whether listing its tools worked")
-    error: str | None = Field(None, description="Why listing its tools failed")
-    tools: list[McpToolOut]
-    version: int = Field(description="Grows with each change of how to reach it")
-    url: str | None = None
-    headers: dict[str, str] | None = Field(None, description="Values as `***`")
-    command: str | None = None
-    args: list[str] | None = None
-    env: dict[str, str] | None = Field(None, description="Values as `***`")
-    created_at: int
-    updated_at: int
-
-
-class McpServerList(BaseModel):
-    servers: list[McpServerOut] = Field(description="The caller's own, then the shared ones")
-
-
-class Deleted(BaseModel):
-    ok: bool = True
-    deleted: str
-
-
 class HttpToolChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -123,57 +90,22 @@ class HttpToolBody(HttpToolChange):
     url: str = Field(max_length=100_000, description="May hold {param} placeholders")
 
 
-class HttpToolOut(BaseModel):
-    id: str = Field(description="`http-<n>`")
-    name: str
-    tool: str = Field(description="The name agents call it by: http__<name>")
-    description: str
-    parameters: dict[str, Any]
-    method: str
-    url: str
-    headers: dict[str, str] = Field(description="Values as `***`")
-    created_at: int
-    updated_at: int
-
-
-class HttpToolList(BaseModel):
-    tools: list[HttpToolOut]
-
-
-class PolicyRule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    tool: str = Field(max_length=256, description="A tool name or a glob (`mcp__github__*`)")
-    action: Literal["allow", "deny"]
-
-
 class PolicyBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rules: list[PolicyRule] = Field(description="First match wins within a scope")
+    rules: list[wire.ToolRule] = Field(description="First match wins within a scope")
 
 
-class PolicyOut(BaseModel):
-    scope: Literal["user", "global"]
-    user_uuid: str | None = Field(description="Whose rules (null: the global ones)")
-    rules: list[PolicyRule]
-    global_rules: list[PolicyRule] = Field(
-        description="The global rules: a global deny wins over any user rule"
-    )
-    updated_at: int | None = None
-    updated_by: str | None = None
+def _server(server: McpServer) -> wire.McpServer:
+    return wire.McpServer(**server.wire(), version=server.version)
 
 
-def _server(server: McpServer) -> McpServerOut:
-    return McpServerOut(**server.wire(), version=server.version)
+def _http(tool: HttpTool) -> wire.HttpTool:
+    return wire.HttpTool(**tool.wire())
 
 
-def _http(tool: HttpTool) -> HttpToolOut:
-    return HttpToolOut(**tool.wire())
-
-
-def _policy(policy: StoredPolicy) -> PolicyOut:
-    return PolicyOut(**policy.wire())
+def _policy(policy: StoredPolicy) -> wire.ToolPolicy:
+    return wire.ToolPolicy(**policy.wire())
 
 
 async def _listed(ctx: AppContext, server: McpServer) -> McpServer:
@@ -192,24 +124,14 @@ async def _listed(ctx: AppContext, server: McpServer) -> McpServer:
 # --- every tool -----------------------------------------------------------------------------
 
 
-class ToolOut(BaseModel):
-    name: str
-    description: str
-    parameters: dict[str, Any] = Field(description="The JSON Schema of its arguments")
-    source: Literal["builtin", "memory", "workspace", "mcp", "http", "marketplace"]
-    origin: str | None = Field(None, description="The MCP server's or HTTP tool's id")
-
-
-class ToolList(BaseModel):
-    tools: list[ToolOut]
-
-
-@router.get("/tools", response_model=ToolList, response_model_exclude_none=True)
-async def list_tools(ctx: Ctx, caller: CurrentUser) -> ToolList:
+@router.get("/tools", response_model=wire.ToolList, response_model_exclude_none=True)
+async def list_tools(ctx: Ctx, caller: CurrentUser) -> wire.ToolList:
     """Every tool the caller's agents can use, by the name a step's `tools` gives
     (`mcp__<server>` there stands for all of one server's). The policy is not applied here:
     GET /tools/policy says what it refuses."""
-    return ToolList(tools=[ToolOut(**t) for t in await ctx.tool_catalog.listing(caller.user_uuid)])
+    return wire.ToolList(
+        tools=[wire.ToolInfo(**t) for t in await ctx.tool_catalog.listing(caller.user_uuid)]
+    )
 
 
 # --- MCP servers ----------------------------------------------------------------------------
@@ -219,7 +141,7 @@ _EXCLUDE_NONE: dict[str, Any] = {"response_model_exclude_none": True}
 
 @router.post(
     "/mcp/servers",
-    response_model=McpServerOut,
+    response_model=wire.McpServer,
     status_code=201,
     responses={
         400: {"description": "a bad field (named), a refused URL, or mcp_max_servers_per_user"},
@@ -228,7 +150,7 @@ _EXCLUDE_NONE: dict[str, Any] = {"response_model_exclude_none": True}
     },
     **_EXCLUDE_NONE,
 )
-async def create_mcp_server(body: McpServerBody, ctx: Ctx, caller: CurrentUser) -> McpServerOut:
+async def create_mcp_server(body: McpServerBody, ctx: Ctx, caller: CurrentUser) -> wire.McpServer:
     """Register an MCP server: `url` (streamable HTTP, `headers`) or, for admins, `command`
     (stdio, `args`, `env`); admins may make it `shared`. Its tools are listed at once: a
     server that cannot be reached is registered with status `error` and the reason."""
@@ -236,21 +158,21 @@ async def create_mcp_server(body: McpServerBody, ctx: Ctx, caller: CurrentUser) 
     return _server(await _listed(ctx, server))
 
 
-@router.get("/mcp/servers", response_model=McpServerList, **_EXCLUDE_NONE)
-async def list_mcp_servers(ctx: Ctx, caller: CurrentUser) -> McpServerList:
+@router.get("/mcp/servers", response_model=wire.McpServerList, **_EXCLUDE_NONE)
+async def list_mcp_servers(ctx: Ctx, caller: CurrentUser) -> wire.McpServerList:
     servers = await ctx.tool_store.list_mcp_servers(caller)
-    return McpServerList(servers=[_server(s) for s in servers])
+    return wire.McpServerList(servers=[_server(s) for s in servers])
 
 
-@router.get("/mcp/servers/{server_id}", response_model=McpServerOut, **_EXCLUDE_NONE)
-async def get_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> McpServerOut:
+@router.get("/mcp/servers/{server_id}", response_model=wire.McpServer, **_EXCLUDE_NONE)
+async def get_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> wire.McpServer:
     return _server(await ctx.tool_store.get_mcp_server(caller, server_id))
 
 
-@router.put("/mcp/servers/{server_id}", response_model=McpServerOut, **_EXCLUDE_NONE)
+@router.put("/mcp/servers/{server_id}", response_model=wire.McpServer, **_EXCLUDE_NONE)
 async def update_mcp_server(
     body: McpServerChange, server_id: ServerId, ctx: Ctx, caller: CurrentUser
-) -> McpServerOut:
+) -> wire.McpServer:
     """Change a server (shared ones: admins). A new url, headers, command, args or env
     bumps its `version` and lists its tools again."""
     server, reconnect = await ctx.tool_store.update_mcp_server(caller, server_id, body.given())
@@ -259,15 +181,15 @@ async def update_mcp_server(
     return _server(server)
 
 
-@router.delete("/mcp/servers/{server_id}", response_model=Deleted)
-async def delete_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> Deleted:
+@router.delete("/mcp/servers/{server_id}", response_model=wire.ToolDeleted)
+async def delete_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> wire.ToolDeleted:
     server = await ctx.tool_store.delete_mcp_server(caller, server_id)
     ctx.tool_clients.mcp.forget(server.id)  # (the workers' sessions close when idle: IDLE_CLOSE_S)
-    return Deleted(deleted=server.id)
+    return wire.ToolDeleted(deleted=server.id)
 
 
-@router.post("/mcp/servers/{server_id}/refresh", response_model=McpServerOut, **_EXCLUDE_NONE)
-async def refresh_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> McpServerOut:
+@router.post("/mcp/servers/{server_id}/refresh", response_model=wire.McpServer, **_EXCLUDE_NONE)
+async def refresh_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> wire.McpServer:
     """List the server's tools again (shared ones: admins)."""
     server = await ctx.tool_store.editable_mcp_server(caller, server_id)
     return _server(await _listed(ctx, server))
@@ -278,63 +200,63 @@ async def refresh_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser)
 
 @router.post(
     "/tools/http",
-    response_model=HttpToolOut,
+    response_model=wire.HttpTool,
     status_code=201,
     responses={
         400: {"description": "a bad field (named), a refused URL, or http_tools_max_per_user"},
         409: {"description": "you have an HTTP tool of that name"},
     },
 )
-async def create_http_tool(body: HttpToolBody, ctx: Ctx, caller: CurrentUser) -> HttpToolOut:
+async def create_http_tool(body: HttpToolBody, ctx: Ctx, caller: CurrentUser) -> wire.HttpTool:
     """Define `http__<name>`: a request agents make with the arguments they give (`{param}`
     placeholders of the URL, the rest in the query or a JSON body)."""
     return _http(await ctx.tool_store.create_http_tool(caller, body.given()))
 
 
-@router.get("/tools/http", response_model=HttpToolList)
-async def list_http_tools(ctx: Ctx, caller: CurrentUser) -> HttpToolList:
-    return HttpToolList(tools=[_http(t) for t in await ctx.tool_store.list_http_tools(caller)])
+@router.get("/tools/http", response_model=wire.HttpToolList)
+async def list_http_tools(ctx: Ctx, caller: CurrentUser) -> wire.HttpToolList:
+    return wire.HttpToolList(tools=[_http(t) for t in await ctx.tool_store.list_http_tools(caller)])
 
 
-@router.get("/tools/http/{tool_id}", response_model=HttpToolOut)
-async def get_http_tool(tool_id: ToolId, ctx: Ctx, caller: CurrentUser) -> HttpToolOut:
+@router.get("/tools/http/{tool_id}", response_model=wire.HttpTool)
+async def get_http_tool(tool_id: ToolId, ctx: Ctx, caller: CurrentUser) -> wire.HttpTool:
     return _http(await ctx.tool_store.get_http_tool(caller, tool_id))
 
 
-@router.put("/tools/http/{tool_id}", response_model=HttpToolOut)
+@router.put("/tools/http/{tool_id}", response_model=wire.HttpTool)
 async def update_http_tool(
     body: HttpToolChange, tool_id: ToolId, ctx: Ctx, caller: CurrentUser
-) -> HttpToolOut:
+) -> wire.HttpTool:
     return _http(await ctx.tool_store.update_http_tool(caller, tool_id, body.given()))
 
 
-@router.delete("/tools/http/{tool_id}", response_model=Deleted)
-async def delete_http_tool(tool_id: ToolId, ctx: Ctx, caller: CurrentUser) -> Deleted:
+@router.delete("/tools/http/{tool_id}", response_model=wire.ToolDeleted)
+async def delete_http_tool(tool_id: ToolId, ctx: Ctx, caller: CurrentUser) -> wire.ToolDeleted:
     await ctx.tool_store.delete_http_tool(caller, tool_id)
-    return Deleted(deleted=tool_id)
+    return wire.ToolDeleted(deleted=tool_id)
 
 
 # --- policies -------------------------------------------------------------------------------
 
 
-@router.get("/tools/policy", response_model=PolicyOut)
+@router.get("/tools/policy", response_model=wire.ToolPolicy)
 async def get_tool_policy(
     ctx: Ctx, caller: CurrentUser, user_uuid: UserUuid = None, scope: Scope = None
-) -> PolicyOut:
+) -> wire.ToolPolicy:
     """Your rules and the global ones that bind you; admins: anyone's (`user_uuid`) or the
     global rules (`scope=global`)."""
     stored = await ctx.tool_store.get_policy(caller, scope=scope, user_uuid=user_uuid)
     return _policy(stored)
 
 
-@router.put("/tools/policy", response_model=PolicyOut)
+@router.put("/tools/policy", response_model=wire.ToolPolicy)
 async def set_tool_policy(
     body: PolicyBody,
     ctx: Ctx,
     caller: CurrentUser,
     user_uuid: UserUuid = None,
     scope: Scope = None,
-) -> PolicyOut:
+) -> wire.ToolPolicy:
     """Replace the rules of a scope (as GET names it). Each new `allow` rule of a user is an
     `audit.permission_grant` event of theirs."""
     rules = [r.model_dump() for r in body.rules]

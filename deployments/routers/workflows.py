@@ -8,10 +8,11 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.context import AppContext
 from deployments.deps import Ctx, CurrentUser, Offset
+from orchestrator import wire
 from orchestrator.agents import tools_refused
 from orchestrator.errors import BadRequest, Forbidden, NotFound
 from orchestrator.workflows import (
@@ -72,92 +73,12 @@ class WorkflowCreate(BaseModel):
     model: str | None = Field(None, max_length=256, description="Model for every step")
 
 
-class Created(BaseModel):
-    ok: bool = True
-    id: str
-    status: str
-
-
-class StepOut(BaseModel):
-    name: str
-    status: str
-    result: str | None = Field(None, description="Present once the step has completed")
-    error: str | None = Field(None, description="Why the step failed (or was cancelled)")
-    skills: list[dict[str, Any]] | None = Field(
-        None, description="Its marketplace skills as pinned: {name, author, version, body}"
-    )
-
-    @model_serializer(mode="wrap")
-    def _drop_absent(self, handler: Any) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        return {k: v for k, v in data.items() if v is not None or k in ("name", "status")}
-
-
-class WorkflowDetail(BaseModel):
-    id: str
-    name: str
-    status: str
-    steps: list[StepOut]
-    parent_id: str | None
-    children: list[str]
-    created_at: int = Field(description="Unix ms")
-    updated_at: int = Field(description="Unix ms")
-    error: str | None = Field(None, description="Why the workflow failed or was cancelled")
-
-
-class WorkflowSummary(BaseModel):
-    id: str
-    name: str
-    status: str
-    created_at: int
-    updated_at: int
-    parent_id: str | None
-
-
-class WorkflowPage(BaseModel):
-    ok: bool = True
-    data: list[WorkflowSummary]
-    total: int
-    limit: int
-    offset: int
-
-
-class Cancelled(BaseModel):
-    ok: bool = True
-    id: str
-    status: str
-
-
-class Deleted(BaseModel):
-    ok: bool = True
-    id: str
-
-
 class TemplateIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME, description="Template name")
     steps: list[StepIn] = Field(min_length=1, description="Steps with {{var}} placeholders")
     shared: bool = Field(False, description="Admins only: visible to every user")
-
-
-class TemplateSaved(BaseModel):
-    ok: bool = True
-    name: str
-
-
-class TemplateOut(BaseModel):
-    name: str
-    steps: list[dict[str, Any]]
-    variables: list[str]
-    shared: bool
-    owner: str | None
-    created_at: int
-
-
-class TemplateList(BaseModel):
-    ok: bool = True
-    data: list[TemplateOut]
 
 
 def _workflow_id(
@@ -202,8 +123,10 @@ async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext, user_uuid: str)
             raise BadRequest(f"{where}: {tools_refused(model)}", extra={"fields": [bad]})
 
 
-@router.post("/workflows", response_model=Created)
-async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -> Created:
+@router.post("/workflows", response_model=wire.WorkflowCreated)
+async def create_workflow(
+    body: WorkflowCreate, ctx: Ctx, caller: CurrentUser
+) -> wire.WorkflowCreated:
     """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once.
     Past a limit of docs/security.md: 400, or 429 for the user's live workflows, naming it."""
     given = body.model_dump(exclude_none=True)
@@ -220,10 +143,10 @@ async def create_workflow(body: WorkflowCreate, ctx: Ctx, caller: CurrentUser) -
         ceiling=ctx.settings.workflow_max_live_per_user,
     )
     await ctx.workflow_runner.start(workflow_id)
-    return Created(id=workflow_id, status="pending")
+    return wire.WorkflowCreated(id=workflow_id, status="pending")
 
 
-@router.get("/workflows", response_model=WorkflowPage)
+@router.get("/workflows", response_model=wire.WorkflowPage)
 async def list_workflows(
     ctx: Ctx,
     caller: CurrentUser,
@@ -231,25 +154,27 @@ async def list_workflows(
     parent: ParentQ = None,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
     offset: Offset = 0,
-) -> WorkflowPage:
+) -> wire.WorkflowPage:
     """The caller's workflows, newest first (admins: everyone's)."""
     limit = limit or ctx.settings.workflow_list_limit
     rows, total = await ctx.workflows.page(
         caller, status=str(status) if status else None, parent=parent, limit=limit, offset=offset
     )
-    return WorkflowPage(
-        data=[WorkflowSummary(**r) for r in rows], total=total, limit=limit, offset=offset
+    return wire.WorkflowPage(
+        data=[wire.WorkflowSummary(**r) for r in rows], total=total, limit=limit, offset=offset
     )
 
 
-@router.get("/workflows/templates", response_model=TemplateList)
-async def list_templates(ctx: Ctx, caller: CurrentUser) -> TemplateList:
+@router.get("/workflows/templates", response_model=wire.WorkflowTemplates)
+async def list_templates(ctx: Ctx, caller: CurrentUser) -> wire.WorkflowTemplates:
     """The caller's templates and the shared ones (admins: all)."""
-    return TemplateList(data=[TemplateOut(**t) for t in await ctx.workflows.list_templates(caller)])
+    return wire.WorkflowTemplates(
+        data=[wire.WorkflowTemplate(**t) for t in await ctx.workflows.list_templates(caller)]
+    )
 
 
-@router.post("/workflows/templates", response_model=TemplateSaved)
-async def save_template(body: TemplateIn, ctx: Ctx, caller: CurrentUser) -> TemplateSaved:
+@router.post("/workflows/templates", response_model=wire.TemplateSaved)
+async def save_template(body: TemplateIn, ctx: Ctx, caller: CurrentUser) -> wire.TemplateSaved:
     """Store (or replace) a template; `{{var}}` placeholders are filled at creation."""
     if body.shared and not caller.is_admin:
         raise Forbidden("only admins publish shared templates")
@@ -261,25 +186,29 @@ async def save_template(body: TemplateIn, ctx: Ctx, caller: CurrentUser) -> Temp
     filled = fill_template(steps, probe, max_chars=limits.max_chars)
     WorkflowSpec.parse(body.name, filled, where="", limits=limits)
     await ctx.workflows.save_template(body.name, steps, caller, shared=body.shared)
-    return TemplateSaved(name=body.name)
+    return wire.TemplateSaved(name=body.name)
 
 
-@router.get("/workflows/{workflow_id}", response_model=WorkflowDetail)
-async def get_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> WorkflowDetail:
-    return WorkflowDetail(**await ctx.workflows.detail(workflow_id, caller))
+@router.get("/workflows/{workflow_id}", response_model=wire.Workflow)
+async def get_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> wire.Workflow:
+    return wire.Workflow(**await ctx.workflows.detail(workflow_id, caller))
 
 
-@router.post("/workflows/{workflow_id}/cancel", response_model=Cancelled)
-async def cancel_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> Cancelled:
+@router.post("/workflows/{workflow_id}/cancel", response_model=wire.WorkflowCancelled)
+async def cancel_workflow(
+    workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser
+) -> wire.WorkflowCancelled:
     """Cancel a pending or running workflow and its descendants; compensation runs first
     (409 when it has finished)."""
     await ctx.workflows.get(workflow_id, caller)  # 404 for another tenant's
     status = await ctx.workflow_runner.cancel(workflow_id)
-    return Cancelled(id=workflow_id, status=status)
+    return wire.WorkflowCancelled(id=workflow_id, status=status)
 
 
-@router.delete("/workflows/{workflow_id}", response_model=Deleted)
-async def delete_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> Deleted:
+@router.delete("/workflows/{workflow_id}", response_model=wire.WorkflowDeleted)
+async def delete_workflow(
+    workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser
+) -> wire.WorkflowDeleted:
     """Remove a completed or cancelled workflow (and its descendants); 409 otherwise."""
     await ctx.workflows.delete(workflow_id, caller)
-    return Deleted(id=workflow_id)
+    return wire.WorkflowDeleted(id=workflow_id)

@@ -1,8 +1,9 @@
 """What both clients share: errors, the description of a call, reading answers, the retry
 policy, environment defaults and Server-Sent Events parsing.
 
-Nothing here does I/O; `Client` and `AsyncClient` send the requests built here, so the two
-clients cannot disagree about a path, a body, a retry or how an answer is read.
+Nothing here does I/O, and nothing here is generated: `AsyncClient` (orchestrator/sdk/_async)
+and `Client` (its generated twin, orchestrator/sdk/_sync) send the `Call`s their methods
+build with these, so the two cannot disagree about a retry or how an answer is read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -23,10 +24,12 @@ __all__ = [
     "API_PREFIX",
     "DEFAULT_BASE_URL",
     "ApiError",
+    "AsyncPages",
     "Call",
     "RetryPolicy",
     "SseFrame",
     "SseParser",
+    "SyncPages",
     "normalise_base_url",
 ]
 
@@ -39,6 +42,11 @@ API_KEY_ENV = "ORCH_API_KEY"
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+
+# One page of a paged list, from its offset: what the clients' iterators walk. Two names
+# because the async client's fetch is a coroutine; the generator maps one to the other.
+AsyncPages = Callable[[int], Awaitable[Sequence[T]]]
+SyncPages = Callable[[int], Sequence[T]]
 
 
 class ApiError(Exception):
@@ -144,12 +152,16 @@ def invalid(response: httpx.Response, why: str) -> ApiError:
 
 
 def model_of(cls: type[M]) -> Callable[[httpx.Response], M]:
+    """Reads an answer into its wire model. Fields the model does not name are kept as
+    attributes (a newer server's, or a provider's own such as DeepSeek's
+    `reasoning_content`), not refused."""
+
     def parse(response: httpx.Response) -> M:
         body = json_object(response)
         if body is None:
             raise invalid(response, f"expected a JSON object for {cls.__name__}")
         try:
-            return cls.model_validate(body)
+            return cls.model_validate(body, extra="allow")
         except ValidationError as exc:
             raise invalid(response, f"response is not a valid {cls.__name__}: {exc}") from exc
 
@@ -160,9 +172,9 @@ def text_of(response: httpx.Response) -> str:
     return response.text
 
 
-def query(**given: Any) -> dict[str, Any]:
-    """Query parameters without the ones left out (None)."""
-    return {k: v for k, v in given.items() if v is not None}
+def no_body(_: object) -> None:
+    """The answer of a streamed call: read frame by frame, not here."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -177,6 +189,13 @@ class Call(Generic[T]):
     headers: dict[str, str] | None = None
     # Error statuses whose body is still a valid answer (a degraded /health is 503).
     answers: frozenset[int] = field(default_factory=frozenset)
+
+
+def streamed(call: Call[Any]) -> Call[None]:
+    """The same request, answered as Server-Sent Events."""
+    return Call(
+        call.method, call.path, no_body, body=call.body, headers={"Accept": "text/event-stream"}
+    )
 
 
 def read(call: Call[T], response: httpx.Response) -> T:

@@ -9,7 +9,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from orchestrator.sdk._base import ApiError, SseFrame, stream_error
-from orchestrator.sdk._models import ChatCompletionChunk, Event, MessageStreamEvent
+from orchestrator.wire import ChatCompletionChunk, Event, MessageStreamEvent
 
 __all__ = ["chat_chunk", "event_position", "message_event", "sync_event"]
 
@@ -30,7 +30,7 @@ def _object(frame: SseFrame) -> dict[str, object]:
 
 def _valid(cls: type[M], data: object) -> M:
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, extra="allow")
     except ValidationError as exc:
         raise ApiError(200, "invalid_response", f"not a valid {cls.__name__}: {exc}") from exc
 

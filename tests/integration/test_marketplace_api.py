@@ -497,14 +497,14 @@ async def test_openapi_documents_the_marketplace(api: httpx.AsyncClient) -> None
     doc = (await api.get("/openapi.json", headers=ADMIN)).json()
     paths = doc["paths"]
     expected = {
-        ("/api/v1/marketplace/browse", "get"): "SkillList",
-        ("/api/v1/marketplace/search", "get"): "SkillList",
+        ("/api/v1/marketplace/browse", "get"): "SkillPage",
+        ("/api/v1/marketplace/search", "get"): "SkillPage",
         ("/api/v1/marketplace/detail/{name}", "get"): "SkillDetail",
-        ("/api/v1/marketplace/publish", "post"): "PublishedSkill",
-        ("/api/v1/marketplace/delete/{name}", "delete"): "DeletedSkill",
-        ("/api/v1/marketplace/report/{name}", "post"): "FiledReport",
-        ("/api/v1/marketplace/reports", "get"): "ReportList",
-        ("/api/v1/marketplace/dismiss/{name}", "post"): "Dismissed",
+        ("/api/v1/marketplace/publish", "post"): "SkillPublished",
+        ("/api/v1/marketplace/delete/{name}", "delete"): "SkillDeleted",
+        ("/api/v1/marketplace/report/{name}", "post"): "ReportFiled",
+        ("/api/v1/marketplace/reports", "get"): "ReportPage",
+        ("/api/v1/marketplace/dismiss/{name}", "post"): "ReportsDismissed",
     }
     for (path, method), model in expected.items():
         schema = paths[path][method]["responses"]["200"]["content"]["application/json"]["schema"]

@@ -842,4 +842,4 @@ async def test_openapi_documents_the_endpoints(ws: Served) -> None:
         assert set(paths[f"/api/v1/workspace/{op}"]["post"]["responses"]) >= {"200", "400", "413"}
     listing = paths["/api/v1/workspace/list"]["get"]
     assert {p["name"] for p in listing["parameters"]} == {"path", "recursive"}
-    assert "ErrorOut" in spec["components"]["schemas"]
+    assert "WorkspaceError" in spec["components"]["schemas"]

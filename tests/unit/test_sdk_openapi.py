@@ -1,8 +1,8 @@
 """The SDK against the app's OpenAPI document: every route has an SDK method (and every
-SDK method a route), each method's result model matches the route's response schema (same
-fields, nothing required that the server may omit, same JSON types, recursively) and its
-parameters cover the route's body and query fields. A route or field added to the server
-without the SDK, or an SDK model that drifts, fails here."""
+SDK method a route), each method's result model is the route's own response model (one
+definition, orchestrator.wire) and matches its schema (same fields, nothing required that the
+server may omit, same JSON types, recursively), and its parameters cover the route's body and
+query fields. A route or field added to the server without the SDK fails here."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
+from orchestrator import wire
 from orchestrator.config import Settings
 from orchestrator.sdk import ApiModel, AsyncClient, Client
 
@@ -303,6 +304,10 @@ def test_result_models_match_the_response_schemas(openapi: dict[str, Any]) -> No
             continue
         model = _result_model(ROUTES[route])
         assert isinstance(model, type) and issubclass(model, ApiModel), route
+        # One definition: the route answers with the wire model the SDK reads (or, for a
+        # job's detail, a subclass of it that requires the detail-view fields).
+        declared = getattr(wire, schema["$ref"].rsplit("/", 1)[1])
+        assert issubclass(declared, model), (route, declared, model)
         problems += compare(openapi, model, schema, f"{route[0]} {route[1]}")
     assert problems == []
     # A route that gains a response model must be checked here: take it off UNDECLARED.
@@ -356,10 +361,10 @@ def test_models_of_undeclared_answers_match_the_server_wire_functions() -> None:
     )
     wire = record.wire()
     assert set(Instance.model_fields) == set(wire)
-    assert Instance.model_validate(wire).model_extra == {}
+    assert Instance.model_validate(wire, extra="allow").model_extra == {}  # as the SDK reads
     assert set(InstanceDetail.model_fields) == set(wire) | {"ok"}
     entry = ModelEntry(name="m", status="available", provider="local", ctx_size=4096)
-    assert ModelInfo.model_validate(entry.wire()).model_extra == {}
+    assert ModelInfo.model_validate(entry.wire(), extra="allow").model_extra == {}
     assert set(ModelInfo.model_fields) == set(entry.wire())
 
 

@@ -1,0 +1,4 @@
+# Generated from orchestrator/sdk/_async/__init__.py by scripts/unasync_sdk.py: do not edit.
+"""`AsyncClient`, written by hand. orchestrator/sdk/_sync, `Client`, is generated from these
+modules by scripts/unasync_sdk.py (unasync: `async def` -> `def`, `await` dropped, the names
+its table maps); tests/unit/test_sdk_generated.py fails when the two differ."""

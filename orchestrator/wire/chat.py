@@ -1,0 +1,90 @@
+"""Chat as the gateway answers it: OpenAI's chat completions (whole and streamed) and
+Anthropic's messages. The gateway writes these bodies itself (they are the providers'
+formats, orchestrator/providers); the models are what a client reads, checked against
+OpenAI's published schemas (tests/unit/test_sdk_openapi.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.wire._base import ApiModel
+
+__all__ = [
+    "ChatChoice",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatMessage",
+    "ChunkChoice",
+    "Message",
+    "MessageStreamEvent",
+    "Usage",
+]
+
+
+class ChatMessage(ApiModel):
+    role: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatChoice(ApiModel):
+    index: int
+    message: ChatMessage
+    finish_reason: str | None = None
+
+
+class Usage(ApiModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatCompletion(ApiModel):
+    """OpenAI's CreateChatCompletionResponse (the fields this service fills)."""
+
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChunkChoice(ApiModel):
+    index: int
+    delta: dict[str, Any]
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(ApiModel):
+    """One `data:` chunk of a streamed chat completion (the last may carry only usage)."""
+
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class Message(ApiModel):
+    """Anthropic's Messages response: `content` is a list of blocks (text, tool_use)."""
+
+    id: str
+    type: str = "message"
+    role: str
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None = None
+    usage: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        return "".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+
+class MessageStreamEvent(ApiModel):
+    """One event of a streamed message (message_start, content_block_delta, ...); the rest of
+    the event's fields are kept as extra attributes (`.delta`, `.message`, `.index`)."""
+
+    type: str

@@ -1,0 +1,113 @@
+"""Workflows and templates (SPEC parts 2 and 4, workflows): what POST /workflows, the list,
+the detail, cancel, delete and the templates answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from orchestrator.wire._base import ApiModel, left_out_when_none
+
+__all__ = [
+    "TemplateSaved",
+    "Workflow",
+    "WorkflowCancelled",
+    "WorkflowCreated",
+    "WorkflowDeleted",
+    "WorkflowPage",
+    "WorkflowStep",
+    "WorkflowSummary",
+    "WorkflowTemplate",
+    "WorkflowTemplates",
+]
+
+
+class WorkflowCreated(ApiModel):
+    ok: bool = True
+    id: str
+    status: str
+
+
+class WorkflowStep(ApiModel):
+    """A step as the detail shows it (SPEC part 2, Step output): the optional fields are sent
+    only when they have a value."""
+
+    name: str
+    status: str
+    result: str | None = Field(
+        None, description="Present once the step has completed", exclude_if=left_out_when_none
+    )
+    error: str | None = Field(
+        None,
+        description="Why the step failed (or was cancelled)",
+        exclude_if=left_out_when_none,
+    )
+    skills: list[dict[str, Any]] | None = Field(
+        None,
+        description="Its marketplace skills as pinned: {name, author, version, body}",
+        exclude_if=left_out_when_none,
+    )
+
+
+class Workflow(ApiModel):
+    id: str
+    name: str
+    status: str
+    steps: list[WorkflowStep]
+    parent_id: str | None
+    children: list[str]
+    created_at: int = Field(description="Unix ms")
+    updated_at: int = Field(description="Unix ms")
+    error: str | None = Field(None, description="Why the workflow failed or was cancelled")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+class WorkflowSummary(ApiModel):
+    id: str
+    name: str
+    status: str
+    created_at: int
+    updated_at: int
+    parent_id: str | None
+
+
+class WorkflowPage(ApiModel):
+    ok: bool = True
+    data: list[WorkflowSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class WorkflowCancelled(ApiModel):
+    ok: bool = True
+    id: str
+    status: str
+
+
+class WorkflowDeleted(ApiModel):
+    ok: bool = True
+    id: str
+
+
+class TemplateSaved(ApiModel):
+    ok: bool = True
+    name: str
+
+
+class WorkflowTemplate(ApiModel):
+    name: str
+    steps: list[dict[str, Any]]
+    variables: list[str]
+    shared: bool
+    owner: str | None
+    created_at: int
+
+
+class WorkflowTemplates(ApiModel):
+    ok: bool = True
+    data: list[WorkflowTemplate]
