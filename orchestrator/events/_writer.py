@@ -121,7 +121,6 @@ class EventWriter:
         (no hook, no NOTIFY). The COMMIT carries the feeds' NOTIFY when one is due (same
         round trip) and runs to its end even if the caller is cancelled meanwhile; once it
         has committed, the feeds are woken and the hooks run, then the cancel goes on."""
-        cancelled = False
         async with self._pool.acquire() as conn:
             await conn.execute("BEGIN")
             tx = EventTransaction(self, conn)
@@ -138,6 +137,11 @@ class EventWriter:
                 conn.execute(CARRIED_COMMIT if carried is not None else "COMMIT")
             )
             cancelled = await _wait_out(commit)
+            failed = commit.exception()
+            if failed is not None:
+                if tx.appended and _outcome_unknown(failed):
+                    self.notifier.committed(None)
+                raise failed
             if commit.result() != "COMMIT":  # a statement failed and the block went on
                 raise asyncpg.InFailedSQLTransactionError(
                     "the transaction was aborted by an earlier error: nothing was committed"
@@ -173,8 +177,9 @@ class EventWriter:
         columns `_event_position`, `_event_seq`), with the committed events. The statement
         carries the feeds' NOTIFY when one is due.
 
-        Cancelled while the statement runs, it may or may not have committed: the feeds
-        are woken anyway (a NOTIFY too many costs one read), the hooks do not run."""
+        Cancelled while the statement runs (or the connection lost), it may or may not have
+        committed: the feeds are woken anyway (a NOTIFY too many costs one read), the hooks
+        do not run."""
         prepared = self._prepare(events)
         carried = self.notifier.carry() if prepared else None
         try:
@@ -186,8 +191,8 @@ class EventWriter:
                 returning=returning,
                 carried=carried is not None,
             )
-        except asyncio.CancelledError:
-            if prepared:
+        except BaseException as exc:
+            if prepared and _outcome_unknown(exc):
                 self.notifier.committed(None)
             raise
         await self._finish(committed, carried)
@@ -384,6 +389,12 @@ def _statement(call: str, ctes: tuple[str, ...], returning: str | None, carried:
         f"{head} SELECT {numbered}, s.* FROM appended a"
         f" LEFT JOIN (SELECT * FROM {returning} LIMIT 1) s ON true{carry}"
     )
+
+
+def _outcome_unknown(exc: BaseException) -> bool:
+    """Whether a write that failed with `exc` may have committed all the same: the server
+    answered with an error (PostgresError) only when it did not."""
+    return not isinstance(exc, asyncpg.PostgresError)
 
 
 async def _rollback(conn: asyncpg.Connection) -> None:
