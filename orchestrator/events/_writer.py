@@ -68,8 +68,8 @@ class EventTransaction:
     ) -> list[Event]:
         """Append now, in this transaction. `expected_seq`: the last seq the events'
         aggregate must be at (SeqConflict otherwise); all events of one aggregate."""
-        prepared = self._writer.prepare(events)
-        _, committed = await self._writer.run(
+        prepared = self._writer._prepare(events)
+        _, committed = await self._writer._execute(
             self.conn, prepared, expected=_expected(prepared, expected_seq)
         )
         self.appended.extend(committed)
@@ -85,8 +85,8 @@ class EventTransaction:
     ) -> tuple[asyncpg.Record | None, list[Event]]:
         """State changes and their events in ONE statement of this transaction (see
         `EventWriter.write`)."""
-        prepared = self._writer.prepare(events)
-        row, committed = await self._writer.run(
+        prepared = self._writer._prepare(events)
+        row, committed = await self._writer._execute(
             self.conn, prepared, ctes=ctes, args=args, returning=returning
         )
         self.appended.extend(committed)
@@ -113,7 +113,7 @@ class EventWriter:
     def add_post_commit_hook(self, hook: PostCommitHook) -> None:
         self._post.append(hook)
 
-    # --- the four ways in -------------------------------------------------------------
+    # --- writing (the table in the module docstring) ----------------------------------
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[EventTransaction]:
@@ -121,7 +121,6 @@ class EventWriter:
         (no hook, no NOTIFY). The COMMIT carries the feeds' NOTIFY when one is due (same
         round trip) and runs to its end even if the caller is cancelled meanwhile; once it
         has committed, the feeds are woken and the hooks run, then the cancel goes on."""
-        cancelled = False
         async with self._pool.acquire() as conn:
             await conn.execute("BEGIN")
             tx = EventTransaction(self, conn)
@@ -138,6 +137,11 @@ class EventWriter:
                 conn.execute(CARRIED_COMMIT if carried is not None else "COMMIT")
             )
             cancelled = await _wait_out(commit)
+            failed = commit.exception()
+            if failed is not None:
+                if tx.appended and _outcome_unknown(failed):
+                    self.notifier.committed(None)
+                raise failed
             if commit.result() != "COMMIT":  # a statement failed and the block went on
                 raise asyncpg.InFailedSQLTransactionError(
                     "the transaction was aborted by an earlier error: nothing was committed"
@@ -156,7 +160,7 @@ class EventWriter:
         not undo or orphan the write. With `expected_seq`, a transaction of its own."""
         if expected_seq is not None:
             return asyncio.ensure_future(self._append_expecting(events, expected_seq))
-        return self._group.submit(self.prepare(events))
+        return self._group.submit(self._prepare(events))
 
     async def write(
         self,
@@ -173,12 +177,13 @@ class EventWriter:
         columns `_event_position`, `_event_seq`), with the committed events. The statement
         carries the feeds' NOTIFY when one is due.
 
-        Cancelled while the statement runs, it may or may not have committed: the feeds
-        are woken anyway (a NOTIFY too many costs one read), the hooks do not run."""
-        prepared = self.prepare(events)
+        Cancelled while the statement runs (or the connection lost), it may or may not have
+        committed: the feeds are woken anyway (a NOTIFY too many costs one read), the hooks
+        do not run."""
+        prepared = self._prepare(events)
         carried = self.notifier.carry() if prepared else None
         try:
-            row, committed = await self.run(
+            row, committed = await self._execute(
                 self._pool,
                 prepared,
                 ctes=ctes,
@@ -186,8 +191,8 @@ class EventWriter:
                 returning=returning,
                 carried=carried is not None,
             )
-        except asyncio.CancelledError:
-            if prepared:
+        except BaseException as exc:
+            if prepared and _outcome_unknown(exc):
                 self.notifier.committed(None)
             raise
         await self._finish(committed, carried)
@@ -213,7 +218,7 @@ class EventWriter:
 
     # --- how a write is made and ended -------------------------------------------------
 
-    def prepare(self, events: Sequence[NewEvent]) -> list[Prepared]:
+    def _prepare(self, events: Sequence[NewEvent]) -> list[Prepared]:
         """Each event through the pre-commit hooks, validated against its type, with its
         aggregate and version: EventRejected if any is not acceptable."""
         return [self._prepare_one(e) for e in events]
@@ -233,7 +238,7 @@ class EventWriter:
             )
         return replace(new, data=data), aggregate, kind.version
 
-    async def run(
+    async def _execute(
         self,
         conn: asyncpg.Connection | asyncpg.Pool,
         prepared: list[Prepared],
@@ -289,7 +294,7 @@ class EventWriter:
         self, conn: asyncpg.Connection | asyncpg.Pool, prepared: list[Prepared], carried: bool
     ) -> list[Event]:
         """Events alone, autocommitted (the group commit's statement)."""
-        _, committed = await self.run(conn, prepared, carried=carried)
+        _, committed = await self._execute(conn, prepared, carried=carried)
         return committed
 
     async def _append_expecting(self, events: Sequence[NewEvent], expected_seq: int) -> list[Event]:
@@ -384,6 +389,12 @@ def _statement(call: str, ctes: tuple[str, ...], returning: str | None, carried:
         f"{head} SELECT {numbered}, s.* FROM appended a"
         f" LEFT JOIN (SELECT * FROM {returning} LIMIT 1) s ON true{carry}"
     )
+
+
+def _outcome_unknown(exc: BaseException) -> bool:
+    """Whether a write that failed with `exc` may have committed all the same: the server
+    answered with an error (PostgresError) only when it did not."""
+    return not isinstance(exc, asyncpg.PostgresError)
 
 
 async def _rollback(conn: asyncpg.Connection) -> None:

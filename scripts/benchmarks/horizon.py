@@ -2,10 +2,12 @@
 follower read runs first) with 10, 50 and 200 idle connections open and 16 writers appending,
 each in a transaction of its own (so the writers' locks are in the lock table).
 
-The horizon call is timed on a connection of its own, alternating with `SELECT 1` on the
-same connection: the difference is the horizon's own cost, the round trip and the machine's
-load being the same for both. Postgres runs with max_connections = 300 throughout (the 200
-idle connections need it): what changes between rows is only how many are open.
+Two figures per row. Client: the call timed on a connection of its own, alternating with
+`SELECT 1` on the same connection (the difference is the horizon's own cost, the round trip
+and the machine's load being the same for both). Server: the horizon's SQL function called
+100 times in one statement, per call (no round trip, no client scheduling: what Postgres
+spends). Postgres runs with max_connections = 300 throughout (the 200 idle connections need
+it): what changes between rows is only how many are open.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ HORIZON_IDLE = (10, 50, 200)
 HORIZON_WRITERS = 16
 HORIZON_MAX_CONNECTIONS = 300
 HORIZON_USER = "bench"
+SERVER_CALLS = 100  # horizon calls per statement, for the server-side figure
 
 
 async def _one_row(url: str, idle: int, writers: int, duration_s: float) -> dict[str, float | int]:
@@ -53,6 +56,18 @@ async def _one_row(url: str, idle: int, writers: int, duration_s: float) -> dict
     tasks = [asyncio.create_task(writer(w)) for w in range(writers)]
     horizon_ns: list[int] = []
     select_ns: list[int] = []
+    server_us: list[float] = []
+    # The function the reader calls (0024's probe; before it, 0014's scan of pg_locks).
+    probing = await reader_db.pool.fetchval(
+        "SELECT count(*) > 0 FROM pg_proc WHERE proname = 'events_horizon_from'"
+    )
+    call = "events_horizon_from(0)" if probing else "events_horizon()"
+    server_sql = (
+        "SELECT extract(epoch FROM clock_timestamp() - s) * 1e6 / $1 FROM"
+        " (SELECT clock_timestamp() AS s) t0,"
+        f" LATERAL (SELECT count(h) FROM (SELECT {call} AS h"
+        "  FROM generate_series(1, $1) g) q) t1"
+    )
     try:
         await asyncio.sleep(0.5)  # the writers are going
         appended0, t0 = appended, time.perf_counter()
@@ -65,6 +80,8 @@ async def _one_row(url: str, idle: int, writers: int, duration_s: float) -> dict
             c = time.perf_counter_ns()
             horizon_ns.append(b - a)
             select_ns.append(c - b)
+            if len(horizon_ns) % 20 == 0:
+                server_us.append(float(await reader_db.pool.fetchval(server_sql, SERVER_CALLS)))
         rate = (appended - appended0) / (time.perf_counter() - t0)
     finally:
         stop.set()
@@ -75,7 +92,9 @@ async def _one_row(url: str, idle: int, writers: int, duration_s: float) -> dict
             await conn.close()
     hs = sorted(v / 1e3 for v in horizon_ns)
     ss = sorted(v / 1e3 for v in select_ns)
+    server_us.sort()
     return {
+        "function": call,
         "idle": idle,
         "writers": writers,
         "calls": len(hs),
@@ -83,6 +102,8 @@ async def _one_row(url: str, idle: int, writers: int, duration_s: float) -> dict
         "horizon_p99_us": round(percentile(hs, 99), 1),
         "select1_p50_us": round(percentile(ss, 50), 1),
         "select1_p99_us": round(percentile(ss, 99), 1),
+        "server_p50_us": round(percentile(server_us, 50), 1) if server_us else None,
+        "server_p99_us": round(percentile(server_us, 99), 1) if server_us else None,
         "appends_per_s": round(rate, 1),
     }
 
@@ -138,6 +159,8 @@ def horizon(args: argparse.Namespace) -> Result:
             "p99 us",
             "SELECT 1 p50 us",
             "p99 us",
+            "server p50 us",
+            "p99 us",
             "calls",
             "appends/s",
         )
@@ -151,11 +174,14 @@ def horizon(args: argparse.Namespace) -> Result:
                 f"{r['horizon_p99_us']:.0f}",
                 f"{r['select1_p50_us']:.0f}",
                 f"{r['select1_p99_us']:.0f}",
+                f"{r['server_p50_us']:.1f}" if r["server_p50_us"] is not None else "n/a",
+                f"{r['server_p99_us']:.1f}" if r["server_p99_us"] is not None else "n/a",
                 str(r["calls"]),
                 f"{r['appends_per_s']:.0f}",
             )
         )
     data: dict[str, Any] = {
+        "horizon_function": rows[0]["function"] if rows else None,
         "horizon_rows": rows,
         "max_connections": HORIZON_MAX_CONNECTIONS,
         "duration_s": args.duration,
@@ -163,10 +189,12 @@ def horizon(args: argparse.Namespace) -> Result:
     for r in rows:
         data[f"horizon_p50_us_{r['idle']}"] = r["horizon_p50_us"]
         data[f"horizon_p99_us_{r['idle']}"] = r["horizon_p99_us"]
+        data[f"horizon_server_p50_us_{r['idle']}"] = r["server_p50_us"]
     text = (
-        f"events --horizon: EventStore.horizon() on its own connection, alternating with "
-        f"SELECT 1 on it; {args.horizon_writers} writers appending one event per transaction; "
-        f"max_connections {HORIZON_MAX_CONNECTIONS}; {args.duration:g}s per row\n\n"
+        f"events --horizon: EventStore.horizon() ({data['horizon_function']}) on its own "
+        f"connection, alternating with SELECT 1 on it; server: {SERVER_CALLS} calls in one "
+        f"statement, per call; {args.horizon_writers} writers appending one event per "
+        f"transaction; max_connections {HORIZON_MAX_CONNECTIONS}; {args.duration:g}s per row\n\n"
         f"{format_table(table)}"
     )
     return Result(data, text)

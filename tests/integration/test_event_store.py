@@ -8,7 +8,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -486,9 +486,15 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
         for r in range(rounds):
             stop = asyncio.Event()
             seen: list = []
+            fresh: list = []
             live: list = []
             cursor = await store.head()
             follower = asyncio.ensure_future(follow_from(store, cursor, stop, seen))
+            # Another reader that starts each read afresh: its horizon is probed from the
+            # one the others published, not from its own.
+            refollower = asyncio.ensure_future(
+                follow_from(store, cursor, stop, fresh, lambda: EventStore(db.pool))
+            )
             subscription = feed.subscribe(after=cursor)
             want: list[int] = []
             watcher = asyncio.ensure_future(follow(subscription, live, want))
@@ -496,6 +502,7 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
             await asyncio.gather(*(writer(f"r{r}", w) for w in range(writers)))
             stop.set()
             await asyncio.wait_for(follower, timeout=10)
+            await asyncio.wait_for(refollower, timeout=10)
             want[:] = sorted(e.position for e in committed)
             if len(live) < len(want):
                 with contextlib.suppress(TimeoutError):
@@ -504,7 +511,7 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
             with contextlib.suppress(BaseException):
                 await watcher
             await subscription.aclose()
-            for name, got in (("read_after", seen), ("live feed", live)):
+            for name, got in (("read_after", seen), ("fresh readers", fresh), ("live feed", live)):
                 positions = [e.position for e in got]
                 assert positions == sorted(set(positions)), f"{name}: out of order or twice"
                 assert positions == want, f"{name} round {r}: missed {set(want) - set(positions)}"
@@ -517,11 +524,18 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
         await feed.stop()
 
 
-async def follow_from(store: EventStore, cursor: int, stop: asyncio.Event, seen: list) -> None:
-    """Follow the store by position in a tight loop until `stop` and nothing is left."""
+async def follow_from(
+    store: EventStore,
+    cursor: int,
+    stop: asyncio.Event,
+    seen: list,
+    reader: Callable[[], EventStore] | None = None,
+) -> None:
+    """Follow the store by position in a tight loop until `stop` and nothing is left (with
+    `reader`, a new reader for each read)."""
     while True:
         stopping = stop.is_set()
-        batch = await store.read_after(cursor, 50)
+        batch = await (reader() if reader is not None else store).read_after(cursor, 50)
         if batch:
             assert batch[0].position > cursor
             seen.extend(batch)
@@ -542,10 +556,24 @@ async def test_the_horizon_across_the_lock_keys_32_bit_wrap(db: Database, start:
         [held] = await slow.append([task_event("wrap-slow")])
         [quick] = await store.append([task_event("wrap-quick")])
         assert held.position == start + 1 and quick.position == start + 2
-        assert await store.head() == start  # the floor `slow` registered, restored
+        # Far from any known horizon: the scan of pg_locks restores the key.
+        assert await EventStore(db.pool).head() == start  # the floor `slow` registered
+        # From there, the probe: keys just below and past the sign bit and the wrap.
+        assert await store.head() == start
         assert await store.read_after(start) == []
-    assert [e.position for e in await store.read_after(start)] == [held.position, quick.position]
-    assert await store.head() == quick.position
+        async with store.transaction() as slower:
+            [later] = await slower.append([task_event("wrap-slower")])
+    assert [e.position for e in await store.read_after(start)] == [
+        held.position,
+        quick.position,
+        later.position,
+    ]
+    assert await store.head() == later.position
+    async with store.transaction() as last:
+        await last.append([task_event("wrap-last")])
+        await store.append([task_event("wrap-after")])
+        assert await store.head() == later.position  # the probe stops at `last`'s floor
+    assert await store.head() == later.position + 2
 
 
 async def test_enqueued_batches_of_one_aggregate_commit_in_order(db: Database) -> None:
@@ -816,8 +844,9 @@ async def test_the_horizon_stops_at_the_oldest_append_in_flight_whatever_the_chu
 
 
 async def test_far_behind_any_known_horizon_one_scan_finds_it(db: Database) -> None:
-    """More than 4,096 positions past every horizon known (the first read after a crash
-    empties the published one): one scan of the locks, as before, then probes again."""
+    """Hundreds of positions past every horizon known, none held (the first read after a
+    crash empties the published one): after 512 probes one scan of the locks, as before;
+    from the horizon it found, probes again."""
     store = EventStore(db.pool)
     await db.pool.execute("SELECT setval('events_position_seq', 100000)")
     async with store.transaction() as slow:

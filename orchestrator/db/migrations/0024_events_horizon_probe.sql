@@ -19,24 +19,26 @@
 -- (Key L needs no probe: a writer whose floor is L draws only positions > L.)
 --
 -- Why nothing at or below it can still appear: a position p <= H <= L was drawn before L
--- was read, so its writer's final floor lock k (k < p) was taken before that. If that writer
--- were still in flight at the probe, and B <= k, the probe of k (or of a smaller held key)
--- would have stopped at or below k < p. And B <= k for every writer in flight after an
--- earlier computation C' (B = its horizon): if the writer's sequence value k was read after
--- C' read its L', k >= L' >= B; if before, the lock was visible when C' probed (the sequence
--- still stood at k after the lock was taken, so k <= L'), and C' stopped at or below k, or
--- k was below C's own B and the same holds one computation earlier; the first computation
--- starts from 0, or from the full scan of pg_locks, which sees every lock. Without the
--- writer's re-read this fails: a writer that read k just before C' read L' and locked it
--- just after C' probed would hold a key below the next reader's B while its positions are
--- above L'.
+-- was read, so its writer's floor lock k (k < p) was taken before that. If that writer were
+-- still in flight at the probe, and B <= k, the probe would have stopped at k or at a
+-- smaller held key: H <= k < p. So it had ended, and Postgres releases locks only after a
+-- commit is visible to new snapshots (the rows are read in a later statement). Why B <= k
+-- for every writer in flight after the computation C' that found B: let t be the writer's
+-- re-read, after its lock, at which the sequence stood at k. If t came after C' read L',
+-- k >= L' >= B. If before, the lock was visible when C' probed and k <= L': C' stopped at
+-- or below k, unless k was below C's own starting bound, and that cannot be, by the same
+-- argument one computation earlier (the first starts from 0, or from a full scan of
+-- pg_locks, which sees every lock). Without the re-read this fails: a writer that read k
+-- just before C' read L' and locked it just after C' probed would hold a key below the next
+-- reader's B while drawing positions above L'.
 --
 -- A probe that succeeds holds the key exclusively; the probes run in chunks of 64 inside a
 -- subtransaction that is rolled back, so a reader holds at most 64 such locks, for
 -- microseconds. A writer waits for one only in the instant between reading its floor and
 -- locking it, and only when its floor is already below L (it then re-reads anyway).
--- More than 4,096 positions behind any known horizon (the first read after a crash, which
--- empties the unlogged `events_horizon_seen`): one full scan, `events_horizon()`.
+-- A probe costs ~0.5 us: after 512 free keys (the first read after a crash, which empties
+-- the unlogged `events_horizon_seen`, or a process reading rarely while no other reader
+-- publishes) one full scan, `events_horizon()`, costs less than probing on.
 
 -- The last horizon a reader found (any process): unlogged, so publishing it writes no WAL
 -- and takes no transaction id; a crash empties it and the next read scans once.
@@ -156,29 +158,33 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     k bigint;
     upto bigint;
+    budget bigint;
 BEGIN
     allocated := coalesce(pg_sequence_last_value('events_position_seq'), 0);
     k := least(allocated, greatest(p_known, coalesce(pg_sequence_last_value('events_horizon_seen'), 0)));
-    IF allocated - k > 4096 THEN
-        SELECT h.horizon, h.allocated INTO horizon, allocated FROM events_horizon() h;
-    ELSE
-        horizon := allocated;
-        WHILE k < allocated AND horizon = allocated LOOP
-            upto := least(allocated, k + 64);
-            BEGIN
-                WHILE k < upto LOOP
-                    IF NOT pg_try_advisory_xact_lock(947741, events_floor_key(k)) THEN
-                        horizon := k;
-                        EXIT;
-                    END IF;
-                    k := k + 1;
-                END LOOP;
-                RAISE SQLSTATE 'OH001';  -- rolls the subtransaction back: the probes' locks go
-            EXCEPTION WHEN SQLSTATE 'OH001' THEN
-                NULL;
-            END;
-        END LOOP;
-    END IF;
+    -- After 512 free keys, or when the keys (positions mod 2^32) could alias, a scan.
+    budget := CASE WHEN allocated - k < 4294967296 THEN k + 512 ELSE k END;
+    horizon := allocated;
+    WHILE k < allocated AND horizon = allocated LOOP
+        IF k >= budget THEN
+            -- Far behind with nothing held: one scan costs less than probing on.
+            SELECT h.horizon, h.allocated INTO horizon, allocated FROM events_horizon() h;
+            EXIT;
+        END IF;
+        upto := least(allocated, k + 64);
+        BEGIN
+            WHILE k < upto LOOP
+                IF NOT pg_try_advisory_xact_lock(947741, events_floor_key(k)) THEN
+                    horizon := k;
+                    EXIT;
+                END IF;
+                k := k + 1;
+            END LOOP;
+            RAISE SQLSTATE 'OH001';  -- rolls the subtransaction back: the probes' locks go
+        EXCEPTION WHEN SQLSTATE 'OH001' THEN
+            NULL;
+        END;
+    END LOOP;
     IF horizon > coalesce(pg_sequence_last_value('events_horizon_seen'), 0) THEN
         PERFORM setval('events_horizon_seen', horizon);
     END IF;
