@@ -44,7 +44,7 @@ __all__ = ["CACHE_TTL_S", "MemoryCache"]
 
 CACHE_TTL_S = 300  # a copy's lifetime (shorter for an entry that expires sooner)
 LEASE_MS = 2_000  # a reader's Postgres read longer than this fills nothing
-POISON_MS = 60_000  # past asyncpg's command_timeout (30 s): a late commit lands before
+POISON_MS = 60_000  # longer than a statement may run (command_timeout, 30 s)
 OWED_FOR_S = CACHE_TTL_S + LEASE_MS / 1000
 RETRY_S = 0.5  # an owed DEL is tried again this often (doubling to RETRY_MAX_S)
 RETRY_MAX_S = 10.0
