@@ -356,9 +356,7 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
-    # The model endpoints first: on every model call's path, they are matched first (by
-    # FastAPI, and on every request by Serve, for its metrics' route label).
-    add_model_routes(app.router, API_PREFIX)
+    add_model_routes(app.router, API_PREFIX)  # first of the app's routes
     for router in ROUTERS:
         app.include_router(router, prefix=API_PREFIX)
     # The web console's static files (no token: its data calls are the API's own, above).

@@ -24,17 +24,17 @@ object, where this route cannot see them.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Annotated, Any, get_args, get_origin
 
 from fastapi import params
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
+from deployments.asgi_body import read_body, replay
 from orchestrator._json import loads
-
-Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
 def _json_object_body(annotation: Any) -> bool:
@@ -46,8 +46,8 @@ def _json_object_body(annotation: Any) -> bool:
     return (kind is dict or get_origin(kind) is dict) and len(body) == 1 and not bool(body[0].embed)
 
 
-def _is_json(request: Request) -> bool:
-    for key, value in request.scope["headers"]:
+def _is_json(scope: Scope) -> bool:
+    for key, value in scope["headers"]:
         if key == b"content-type":
             return bool(value.split(b";", 1)[0].strip().lower() == b"application/json")
     return False
@@ -56,10 +56,24 @@ def _is_json(request: Request) -> bool:
 class JsonRoute(APIRoute):
     """See the module's docstring."""
 
+    def __init__(self, path: str, endpoint: Callable[..., Any], **options: Any) -> None:
+        super().__init__(path, endpoint, **options)
+        direct = self._direct_parameters()
+        if direct is not None:
+            self._body_name, self._request_name = direct
+            # FastAPI's app for this route (its handler in `request_response`): what a
+            # request the endpoint is not called directly for gets.
+            self._fastapi_app = self.app
+            self.app = self._direct
+
     def _direct_parameters(self) -> tuple[str, str | None] | None:
         """(the body's parameter, the request's or None) when FastAPI would only parse the
         body for this endpoint; None when it has more to do."""
-        if self.dependencies or not inspect.iscoroutinefunction(self.endpoint):
+        if (
+            self.dependencies
+            or self.max_body_size is not None
+            or not inspect.iscoroutinefunction(self.endpoint)
+        ):
             return None
         body = request = None
         signature = inspect.signature(self.endpoint, eval_str=True)
@@ -74,33 +88,26 @@ class JsonRoute(APIRoute):
                 return None
         return (body, request) if body is not None else None
 
-    def get_route_handler(self) -> Handler:
-        standard = super().get_route_handler()
-        direct = self._direct_parameters()
-        if direct is None:
-            return standard
-        body_name, request_name = direct
-        endpoint = self.endpoint
-        path = self.path
-
-        async def handle(request: Request) -> Response:
-            if _is_json(request):
-                try:
-                    data = loads(await request.body())
-                except (ValueError, RecursionError):
-                    data = None
-                if isinstance(data, dict):
-                    arguments: dict[str, Any] = {body_name: data}
-                    if request_name is not None:
-                        arguments[request_name] = request
-                    response = await endpoint(**arguments)
-                    if not isinstance(response, Response):
-                        raise TypeError(f"{path}: a JsonRoute's endpoint answers a Response")
-                    return response
-            # The body is read already: Starlette's Request keeps it for FastAPI's handler.
-            return await standard(request)
-
-        return handle
+    async def _direct(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The endpoint called with the JSON object body (and the request); its exceptions
+        go to the app's exception handlers, around the routes, as FastAPI's would."""
+        if _is_json(scope):
+            body = await read_body(receive)
+            try:
+                data = loads(body)
+            except (ValueError, RecursionError):
+                data = None
+            if isinstance(data, dict):
+                arguments: dict[str, Any] = {self._body_name: data}
+                if self._request_name is not None:
+                    arguments[self._request_name] = Request(scope, receive, send)
+                response = await self.endpoint(**arguments)
+                if not isinstance(response, Response):
+                    raise TypeError(f"{self.path}: a JsonRoute's endpoint answers a Response")
+                await response(scope, receive, send)
+                return
+            receive = replay(body, receive)
+        await self._fastapi_app(scope, receive, send)
 
 
 __all__ = ["JsonRoute"]

@@ -16,6 +16,7 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deployments.asgi_body import read_body, replay
 from deployments.layers.context import header
 from orchestrator.errors import PayloadTooLarge, ValidationFailed
 
@@ -117,9 +118,9 @@ class InputGuard:
         check_target(scope)
         receive = _capped(receive, limit)
         if scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
-            body = await _read_body(receive)
+            body = await read_body(receive)
             check_json(body)
-            receive = _replay(body, receive)
+            receive = replay(body, receive)
         await self.app(scope, receive, send)
 
 
@@ -140,29 +141,3 @@ def _capped(receive: Receive, limit: int) -> Receive:
         return message
 
     return capped
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break  # the client went away: the route sees an empty body
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """The body read once already, then the connection's own messages (a disconnect)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

@@ -143,7 +143,10 @@ MODEL_ENDPOINTS: tuple[tuple[str, Callable[..., Awaitable[Response]]], ...] = (
 
 def add_model_routes(router: APIRouter, prefix: str) -> None:
     """The model endpoints on `router` (the app's own: a JsonRoute sees the dependencies
-    that apply to it only there), under `prefix`."""
+    that apply to it only there), under `prefix`, first of its routes: a request's route is
+    found by trying them in order (by FastAPI, and by Serve on every request for its
+    metrics), and these are on every model call's path."""
+    others = len(router.routes)
     for path, endpoint in MODEL_ENDPOINTS:
         router.add_api_route(
             prefix + path,
@@ -152,6 +155,7 @@ def add_model_routes(router: APIRouter, prefix: str) -> None:
             tags=["inference"],
             route_class_override=JsonRoute,
         )
+    router.routes[:] = router.routes[others:] + router.routes[:others]
 
 
 def _request_id(request: Request) -> str:
