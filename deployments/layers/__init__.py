@@ -5,7 +5,7 @@ job:
 1. `RequestContext`: the request's id, and whether it came through our proxy;
 2. `RequestRecords`: its metrics, access line and denial audit, once answered;
 3. `ErrorBoundary`: an exception from here in becomes the app's exception handlers' answer;
-4. `IngressGuard`: 421 for a request that skipped our proxy;
+4. `IngressGuard`: 421 for a request that skipped our proxy (with an ingress key only);
 5. `Authentication`: the caller (401 without one on a non-public path) and its rate limit;
 6. `InputGuard`: size, text and JSON depth limits on every request's input.
 
@@ -56,7 +56,8 @@ def request_layers(
             access_log=settings.access_log,
         ),
         Middleware(ErrorBoundary, handlers=handlers),
-        Middleware(IngressGuard),
+        # Without an ingress key (served without our HAProxy) there is nothing to refuse.
+        *([Middleware(IngressGuard)] if key is not None else []),
         Middleware(
             Authentication,
             ctx_getter=ctx_getter,
