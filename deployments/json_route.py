@@ -10,7 +10,9 @@ differs is only how its endpoint is called when FastAPI would do nothing but par
 - the endpoint takes exactly a JSON object body (`Annotated[dict[str, Any], Body()]`) and
   optionally the `Request`, and no dependency applies to the route (none of its own, its
   router's or the app's): a request with `Content-Type: application/json` whose body is a
-  JSON object is handed to the endpoint directly;
+  JSON object is handed to the endpoint directly, from the route's own ASGI app (the
+  endpoint's exceptions reach the app's exception handlers around the routes, as with
+  FastAPI's handler);
 - anything else, a route with a dependency (one added later, to the route or the whole app,
   included) or a request with another body, is FastAPI's own handler, so its dependencies
   run and its errors are FastAPI's.
@@ -100,7 +102,8 @@ class JsonRoute(APIRoute):
             if isinstance(data, dict):
                 arguments: dict[str, Any] = {self._body_name: data}
                 if self._request_name is not None:
-                    arguments[self._request_name] = Request(scope, receive, send)
+                    # Its body still readable (`await request.body()`), as FastAPI's is.
+                    arguments[self._request_name] = Request(scope, replay(body, receive), send)
                 response = await self.endpoint(**arguments)
                 if not isinstance(response, Response):
                     raise TypeError(f"{self.path}: a JsonRoute's endpoint answers a Response")
