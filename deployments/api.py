@@ -22,9 +22,10 @@ from deployments.context import (
     WorkflowRunner,
 )
 from deployments.errors import install_error_handlers
-from deployments.middleware import RequestContextMiddleware
+from deployments.layers import install as install_layers
+from deployments.layers import request_layers
 from deployments.routers import ROUTERS
-from deployments.routers.gateway import DIRECT_ROUTES
+from deployments.routers.gateway import MODEL_ENDPOINTS, add_model_routes
 from deployments.ui import mount as mount_ui
 from orchestrator.agents import AgentRunner, LocalDispatcher
 from orchestrator.auth import (
@@ -355,22 +356,24 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
+    add_model_routes(app.router, API_PREFIX)  # first of the app's routes
     for router in ROUTERS:
         app.include_router(router, prefix=API_PREFIX)
     # The web console's static files (no token: its data calls are the API's own, above).
     mount_ui(app)
     templates = RouteTemplates(
-        [API_PREFIX + route.path for router in ROUTERS for route in router.routes]  # type: ignore[attr-defined]
+        [API_PREFIX + path for path, _ in MODEL_ENDPOINTS]
+        + [API_PREFIX + route.path for router in ROUTERS for route in router.routes]  # type: ignore[attr-defined]
         + [app.openapi_url or "", app.docs_url or ""]
         + ["/ui", "/ui/", "/ui/{file:path}"]  # the console's files: one label, not one a file
     )
     app.state.route_templates = templates  # also for the edge's 500s (deployments/app.py)
-    app.add_middleware(
-        RequestContextMiddleware,
+    layers = request_layers(
+        settings,
         ctx_getter=lambda: holder["ctx"],
         templates=templates,
         echo_request_id=echo_request_id,
-        ingress_key=settings.ingress_key.get_secret_value() if settings.ingress_key else None,
-        direct_routes={(m, API_PREFIX + path): route for (m, path), route in DIRECT_ROUTES.items()},
+        handlers=app.exception_handlers,
     )
+    install_layers(app, layers)
     return app

@@ -62,7 +62,7 @@ class Api:
 
     async def handle_request(self, request: HandleRequest) -> AsyncIterator[HandleResponse | bytes]:
         """A request from a program on the cluster, over this deployment's handle
-        (orchestrator/sdk/_in_cluster.py): served by this replica's app, middleware and all,
+        (orchestrator/sdk/_in_cluster.py): served by this replica's app, request layers and all,
         as HTTP is, so it acts as its token's principal and nothing more. Streamed
         (`handle.options(stream=True)`): the answer's head, then its body chunks."""
         key = self._settings.ingress_key

@@ -26,7 +26,7 @@ Here, in each process that serves HTTP:
   the Api deployment; one after the answer began is the app's (it counted its status), and
   only passes on;
 - a response carries one X-Request-ID: the first, when the app set its own (a request that
-  skipped our HAProxy gets a fresh id from the app, deployments/middleware.py) before Serve's
+  skipped our HAProxy gets a fresh id from the app, deployments/layers/context.py) before Serve's
   RequestIdMiddleware appended the one it was handed.
 
 Kept light (the standard library, Starlette, and `ray.serve` only when a 500 is counted): it
@@ -183,7 +183,7 @@ class EdgeGuard:
             await self.app(scope, receive, watched)
         except Exception as exc:
             if answered:
-                # The app answered (its middleware counted and logged the status it sent)
+                # The app answered (its layers counted and logged the status it sent)
                 # or Serve's code failed mid-answer: counting it here would count the
                 # request twice. The server ends the connection.
                 raise

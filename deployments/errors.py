@@ -43,15 +43,15 @@ DEPENDENCY_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def error_response(exc: OrchestratorError, request_id: str | None) -> JSONResponse:
-    # X-Request-ID is added to every response by the request-context middleware.
+    # X-Request-ID is added to every response by the request-context layer.
     if exc.status_code == 500:
         return internal_error_response(exc, request_id)
     return JSONResponse(exc.body(request_id), status_code=exc.status_code, headers=exc.headers)
 
 
 def domain_error_response(exc: OrchestratorError, request_id: str | None) -> JSONResponse:
-    """A domain error raised by a route (FastAPI's handler, or the middleware's direct
-    routes): its own status and body; a dependency that is down is logged."""
+    """A domain error raised by a route or a request layer (deployments/layers): its own
+    status and body; a dependency that is down is logged."""
     if exc.status_code == 503:
         log.warning("%s (request_id=%s): %s", exc.code, request_id, exc.message)
     return error_response(exc, request_id)
@@ -97,7 +97,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OrchestratorError)
     async def _domain(request: Request, exc: OrchestratorError) -> JSONResponse:
         if exc.status_code == 403:
-            request.state.denied = exc.message  # the middleware records the refusal
+            request.state.denied = exc.message  # recorded by deployments/layers/records.py
         return domain_error_response(exc, request_id_of(request))
 
     @app.exception_handler(RequestValidationError)

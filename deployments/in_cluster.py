@@ -5,8 +5,8 @@ SDK, and the SDK nothing of it.
 
 Why the whole app and not the domain services directly: authentication, the failed-auth
 throttle, the rate limit, body limits, validation and every route's ownership checks live in
-the middleware and the routers; going through them is what makes a handle call act as its
-token's principal and nothing more.
+the request layers (deployments/layers) and the routers; going through them is what makes a
+handle call act as its token's principal and nothing more.
 
 What the caller cannot choose: the client address is `ray-handle` (one throttling bucket for
 handle callers; it is not an IP, so no `trusted_proxies` entry can make a forwarded header

@@ -26,8 +26,8 @@ SERVE_LOGGER = "ray.serve"
 
 def serve_logging_config(settings: Settings) -> LoggingConfig:
     """Serve's logging for the application, its deployments, its controller and proxies.
-    Serve's own access line stays off: ours (the middleware's, `access_log`) names the user
-    and the route template, and a request gets one line, not two."""
+    Serve's own access line stays off: ours (deployments/layers/records.py, `access_log`)
+    names the user and the route template, and a request gets one line, not two."""
     encoding = EncodingType.JSON if settings.log_format == "json" else EncodingType.TEXT
     return LoggingConfig(encoding=encoding, log_level=settings.log_level, enable_access_log=False)
 

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any
 
 import anyio
@@ -17,7 +17,9 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.context import AppContext
-from deployments.deps import Ctx, CurrentUser
+from deployments.deps import Ctx, CurrentUser, context_of, principal_of
+from deployments.errors import request_id_of
+from deployments.json_route import JsonRoute
 from orchestrator._json import dumps
 from orchestrator.auth import Principal
 from orchestrator.errors import BadGateway, BadRequest, OrchestratorError
@@ -74,33 +76,17 @@ class _SseResponse(StreamingResponse):
 JsonBody = Annotated[dict[str, Any], Body()]
 
 
-@router.post("/chat/completions")
-async def chat_completions(
-    body: JsonBody, request: Request, ctx: Ctx, principal: CurrentUser
-) -> Any:
+# The model endpoints: JsonRoutes (deployments/json_route.py), added to the app's own router
+# ahead of every other route (`add_model_routes`). Each reaches the context and the caller
+# through the functions the dependencies call.
+
+
+async def chat_completions(body: JsonBody, request: Request) -> Response:
     """OpenAI chat completions; `stream: true` answers SSE `data: <chunk>` ... `data: [DONE]`."""
-    return await serve_chat_completions(ctx, principal, _request_id(request), body)
-
-
-@router.post("/messages")
-async def messages(body: JsonBody, request: Request, ctx: Ctx, principal: CurrentUser) -> Any:
-    """Anthropic Messages; `stream: true` answers the real event sequence (message_start,
-    content_block_start/delta/stop, message_delta, message_stop)."""
-    return await serve_messages(ctx, principal, _request_id(request), body)
-
-
-# The two routes above are also served without FastAPI's routing and dependencies: the
-# request-context middleware, which has already authenticated the caller and read the
-# body, hands a JSON object body straight to these (deployments/middleware.py, `_direct`).
-# Anything else (a body that is not a JSON object) goes the FastAPI way, for its errors.
-
-
-async def serve_chat_completions(
-    ctx: AppContext, principal: Principal, request_id: str, body: dict[str, Any]
-) -> Response:
+    ctx, principal = context_of(request), principal_of(request)
     chat = _with_default_model(openai_format.decode_request(body), ctx)
     include_usage = openai_format.wants_usage(body)
-    call = _Call(ctx, principal, request_id, chat)
+    call = _Call(ctx, principal, _request_id(request), chat)
     if not chat.stream:
         response = await call.complete()
         return _JsonResponse(
@@ -123,11 +109,12 @@ async def serve_chat_completions(
     return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
 
 
-async def serve_messages(
-    ctx: AppContext, principal: Principal, request_id: str, body: dict[str, Any]
-) -> Response:
+async def messages(body: JsonBody, request: Request) -> Response:
+    """Anthropic Messages; `stream: true` answers the real event sequence (message_start,
+    content_block_start/delta/stop, message_delta, message_stop)."""
+    ctx, principal = context_of(request), principal_of(request)
     chat = _with_default_model(anthropic_format.decode_request(body), ctx)
-    call = _Call(ctx, principal, request_id, chat)
+    call = _Call(ctx, principal, _request_id(request), chat)
     if not chat.stream:
         response = await call.complete()
         return _JsonResponse(
@@ -148,15 +135,31 @@ async def serve_messages(
     return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
 
 
-# The routes the middleware serves directly (paths under the API prefix).
-DIRECT_ROUTES = {
-    ("POST", "/chat/completions"): serve_chat_completions,
-    ("POST", "/messages"): serve_messages,
-}
+MODEL_ENDPOINTS: tuple[tuple[str, Callable[..., Awaitable[Response]]], ...] = (
+    ("/chat/completions", chat_completions),
+    ("/messages", messages),
+)
+
+
+def add_model_routes(router: APIRouter, prefix: str) -> None:
+    """The model endpoints on `router` (the app's own: a JsonRoute sees the dependencies
+    that apply to it only there), under `prefix`, first of its routes: a request's route is
+    found by trying them in order (by FastAPI, and by Serve on every request for its
+    metrics), and these are on every model call's path."""
+    others = len(router.routes)
+    for path, endpoint in MODEL_ENDPOINTS:
+        router.add_api_route(
+            prefix + path,
+            endpoint,
+            methods=["POST"],
+            tags=["inference"],
+            route_class_override=JsonRoute,
+        )
+    router.routes[:] = router.routes[others:] + router.routes[:others]
 
 
 def _request_id(request: Request) -> str:
-    return str(getattr(request.state, "request_id", "") or "")
+    return request_id_of(request) or ""
 
 
 # Where providers live and what they answered (URLs, upstream error text) is for admins:
@@ -302,7 +305,7 @@ class _Call:
                                 ttft_s = time.perf_counter() - self.started
                         out.extend(frames(event))
                     if out:
-                        yield b"".join(out)  # one write (through every middleware) per batch
+                        yield b"".join(out)  # one write (through every layer) per batch
             if done:
                 yield done
             finished = True
@@ -432,4 +435,4 @@ async def _batches(
                 await reader
 
 
-__all__ = ["DIRECT_ROUTES", "router"]
+__all__ = ["MODEL_ENDPOINTS", "add_model_routes", "router"]

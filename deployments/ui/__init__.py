@@ -2,8 +2,8 @@
 
 Served from the package (importlib.resources) by the same ingress as the API: no CDN, no
 network at run time. The console is plain static files: every piece of data it shows comes
-from the API with the user's bearer token, so `/ui` itself needs none (the auth middleware
-exempts it, as it does /health) and the console adds no data route.
+from the API with the user's bearer token, so `/ui` itself needs none (the authentication
+layer exempts it, as it does /health) and the console adds no data route.
 """
 
 from __future__ import annotations

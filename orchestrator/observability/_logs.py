@@ -3,7 +3,7 @@
 `log_format: json` makes every line one JSON object: `time` (ISO 8601, UTC), `level`,
 `logger`, `message`, then whatever context the record carries (Serve adds the request id,
 route, deployment and replica in a replica; the access line adds its request fields). The
-access line is one per request, written by the HTTP middleware when `access_log` is on.
+access line is one per request, written by the app's request layers when `access_log` is on.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ handle instead of HTTP: the transport under `Client.in_cluster` and `AsyncClient
 
 An httpx transport that sends each request, serialised as a `HandleRequest`, to the `Api`
 deployment's `handle_request` method. That method runs it through the same FastAPI app a
-replica serves HTTP with (deployments/in_cluster.py), middleware included, so the token in
+replica serves HTTP with (deployments/in_cluster.py), request layers included, so the token in
 `Authorization` is verified, rate limited and owns what it owns exactly as over HTTP: the
 handle is a different wire, never a different set of rules. Answers come back as a stream:
 a `HandleResponse` (status, headers, the body so far) then body chunks, so streaming routes

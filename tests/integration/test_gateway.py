@@ -13,9 +13,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from fastapi import Request
+from fastapi.responses import JSONResponse
 
 from orchestrator.auth import Principal
 from orchestrator.db import connect
+from orchestrator.errors import BadRequest, OrchestratorError, Unauthorized
 from orchestrator.events import EventQuery, EventStore
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes.anthropic_server import FakeAnthropic, overloaded, text_reply, tool_reply
@@ -504,8 +507,8 @@ async def test_bad_input_and_unknown_model(app: ServedApp) -> None:
 
 
 async def test_a_body_that_is_no_json_object_gets_the_frameworks_answer(app: ServedApp) -> None:
-    """The middleware serves the gateway's routes itself only for a JSON object body;
-    anything else reaches FastAPI's route, whose validation answers as on every route."""
+    """A JsonRoute calls its endpoint directly only for a JSON object body; anything else
+    is FastAPI's own handler, whose validation answers as on every route."""
     async with httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN) as http:
         for path in ("/chat/completions", "/messages"):
             for body in (b"[1, 2]", b'"text"', b"null"):
@@ -517,10 +520,49 @@ async def test_a_body_that_is_no_json_object_gets_the_frameworks_answer(app: Ser
                     {"field": "body", "message": "Input should be a valid dictionary"}
                 ]
                 assert r.json()["request_id"] == r.headers["x-request-id"]
-        # The routes directly served still carry every error in the same body.
+        # An error of the endpoint itself carries the same body.
         r = await http.post("/messages", json={"model": "m", "max_tokens": 5})
         assert r.status_code == 400 and r.json()["ok"] is False
         assert r.json()["request_id"] == r.headers["x-request-id"]
+
+
+async def test_the_apps_exception_handlers_answer_for_the_model_endpoints(
+    make_settings: Any, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    """The model endpoints are routes of the app (issue 31): an exception handler installed
+    on the FastAPI app answers their errors, the endpoint's own (a missing model) and a
+    refusal before any route ran (no token), with the request's id and records as ever."""
+    from deployments.api import create_app
+
+    oai, ant = upstreams
+    settings = gateway_settings(make_settings, oai, ant)
+    app = create_app(settings)
+
+    async def teapot(request: Request, exc: OrchestratorError) -> JSONResponse:
+        return JSONResponse(
+            {"handled": exc.code, "request_id": request.state.request_id},
+            status_code=418,
+        )
+
+    app.add_exception_handler(BadRequest, teapot)  # type: ignore[arg-type]
+    app.add_exception_handler(Unauthorized, teapot)  # type: ignore[arg-type]
+    async with ServedApp(settings, app=app) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", headers=ADMIN) as http:
+            for path in ("/chat/completions", "/messages"):
+                body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+                r = await http.post(path, json=body)
+                assert r.status_code == 418, (path, r.text)
+                # A BadRequest of the endpoint's decoder (no model): its code varies by format.
+                assert r.json()["handled"] in ("bad_request", "validation_error")
+                assert r.json()["request_id"] == r.headers["x-request-id"]
+                r = await http.post(path, json=body, headers={"Authorization": ""})
+                assert r.status_code == 418 and r.json()["handled"] == "unauthorized"
+            # Every other route answers through the same handlers.
+            r = await http.get("/whoami", headers={"Authorization": ""})
+            assert r.status_code == 418 and r.json()["handled"] == "unauthorized"
+            metrics = (await http.get("/metrics")).text
+    for route in ("/api/v1/chat/completions", "/api/v1/messages"):
+        assert f'method="POST",path="{route}",status="418"}} 2' in metrics
 
 
 async def test_calls_are_recorded_as_inference_events(

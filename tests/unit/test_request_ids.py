@@ -1,7 +1,7 @@
 """Request ids and header bytes at every entry (issue 29, items 5 and 6): the rule
 (`deployments.edge.request_ids`), the edge Serve runs around its HTTP servers, our HAProxy's
 rules (run by a real HAProxy in tests/integration/test_haproxy_request_ids.py), and the app's
-middleware. End to end, in both proxy modes:
+request layers. End to end, in both proxy modes:
 tests/e2e/test_proxy_security.py."""
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from deployments import edge, launcher
 from deployments.edge import EdgeGuard, edge_headers, request_ids
+from deployments.errors import install_error_handlers
 from deployments.launcher import EDGE_HOOK
-from deployments.middleware import RequestContextMiddleware
+from deployments.layers import request_layers
 from orchestrator.config import Settings
 from orchestrator.observability import ACCESS_LOGGER, MetricsRecorder, RouteTemplates
 from orchestrator.runtime import haproxy_harden
@@ -242,7 +245,7 @@ def test_the_haproxy_rules_use_the_one_request_id_form() -> None:
     assert frontend.index("x-request-id %[uuid]") < frontend.index("default_backend")
 
 
-# The app's middleware: the same rule, served alone (first hop) and under Serve.
+# The app's request layers: the same rule, served alone (first hop) and under Serve.
 
 
 async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -251,22 +254,27 @@ async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _middleware(
-    echo: bool, ingress_key: str | None = None
-) -> tuple[RequestContextMiddleware, MetricsRecorder]:
+def _middleware(echo: bool, ingress_key: str | None = None) -> tuple[ASGIApp, MetricsRecorder]:
+    """The app's request layers (deployments/layers) around a route that answers its id."""
     recorder = MetricsRecorder("test")
-    ctx = SimpleNamespace(settings=Settings(access_log=True), recorder=recorder)
-    app = RequestContextMiddleware(
-        _ok,
-        lambda: ctx,
-        RouteTemplates(["/api/v1/health"]),
+    settings = Settings(access_log=True, ingress_key=ingress_key)
+    ctx = SimpleNamespace(settings=settings, recorder=recorder)
+    handlers = FastAPI()
+    install_error_handlers(handlers)
+    layers = request_layers(
+        settings,
+        ctx_getter=lambda: ctx,
+        templates=RouteTemplates(["/api/v1/health"]),
         echo_request_id=echo,
-        ingress_key=ingress_key,
+        handlers=handlers.exception_handlers,
     )
+    app: ASGIApp = _ok
+    for cls, args, kwargs in reversed(layers):
+        app = cls(app, *args, **kwargs)
     return app, recorder
 
 
-async def test_served_alone_the_middleware_never_takes_a_clients_id(
+async def test_served_alone_the_layers_never_take_a_clients_id(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Served alone (no Serve), the app is the first hop: every request gets an id of its
@@ -292,7 +300,7 @@ async def test_served_alone_the_middleware_never_takes_a_clients_id(
             assert not value or value.decode("latin-1") not in line
 
 
-async def test_under_serve_the_middleware_checks_the_id_it_is_given() -> None:
+async def test_under_serve_the_layers_check_the_id_they_are_given() -> None:
     """Serve hands over the id a hop of ours made (and echoes it itself); one that is not
     well-formed (a deployment without our edge) is still never used."""
     app, _ = _middleware(echo=False)

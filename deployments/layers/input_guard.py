@@ -1,7 +1,8 @@
-"""Input every route refuses, checked once at the edge rather than per route: NUL characters
-and lone surrogates (Postgres text cannot hold the first, UTF-8 cannot encode the second:
-either was a 500 deep inside), and JSON nested deeper than any request of ours needs (the
-parser and our walkers recurse on it). Each is a 400 naming where it was found.
+"""Input every route refuses, checked once in a layer rather than per route: a body over
+`max_request_bytes` (413, by its Content-Length or as it streams), NUL characters and lone
+surrogates (Postgres text cannot hold the first, UTF-8 cannot encode the second: either was
+a 500 deep inside), and JSON nested deeper than any request of ours needs (the parser and
+our walkers recurse on it). Each is a 400 naming where it was found.
 
 JSON bodies are scanned cheaply first: a body with no `\\u` escape and fewer brackets than
 the depth bound cannot hold any of these, so only other bodies are parsed to be checked.
@@ -13,9 +14,11 @@ import json
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from starlette.types import Scope
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestrator.errors import ValidationFailed
+from deployments.asgi_body import read_body, replay
+from deployments.layers.context import header
+from orchestrator.errors import PayloadTooLarge, ValidationFailed
 
 MAX_JSON_DEPTH = 64
 
@@ -91,3 +94,50 @@ def _walk(value: Any, where: str, depth: int) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _walk(item, f"{where}[{i}]", depth + 1)
+
+
+class InputGuard:
+    """The checks above, before any route runs; a JSON body is read here whole (to be
+    checked) and handed on as it came."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self._limit = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self._limit
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(
+                f"request body of {declared} bytes; at most {limit} (max_request_bytes)",
+                extra={"size": int(declared), "limit": limit},
+            )
+        check_target(scope)
+        receive = _capped(receive, limit)
+        if scope["method"] in ("POST", "PUT", "PATCH") and is_json(scope):
+            body = await read_body(receive)
+            check_json(body)
+            receive = replay(body, receive)
+        await self.app(scope, receive, send)
+
+
+def _capped(receive: Receive, limit: int) -> Receive:
+    """`receive` that stops a body (chunked, or longer than it declared) past `limit`."""
+    seen = 0
+
+    async def capped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise PayloadTooLarge(
+                    f"request body over {limit} bytes (max_request_bytes)",
+                    extra={"limit": limit},
+                )
+        return message
+
+    return capped
