@@ -11,24 +11,19 @@ bound so that calls reach the fair queue."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
-import socket
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors import Generation, until_started
+from actors import Generation
 from actors.dispatch import KIND, AttemptLost, RayDispatcher, WorkerDraining, worker_name
-from actors.metrics import ActorMetricsHub
+from actors.host import ActorHost
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore, NewEvent
-from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -55,13 +50,12 @@ __all__ = [
     "worker_name",
 ]
 
-METRICS_FLUSH_S = 1.0
-
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
-class AgentWorker:
+class AgentWorker(ActorHost):
     def __init__(self, settings: Settings, index: int, generation: Generation) -> None:
-        configure_actor_logs(settings.log_format, settings.log_level)
+        self._id = worker_name(index)
+        super().__init__(self._id, settings, generation)
         # Agent tasks are the work; dispatching it on time (the scheduler) and the API are
         # the control: when the CPUs are short, the workers wait (a burst of scheduled runs
         # no longer delays the next dispatches: docs/benchmarks.md). Imported here, in the
@@ -74,22 +68,18 @@ class AgentWorker:
         self._admission: FairAdmission = FairAdmission(
             slots, tenant_ceiling(slots, settings.agent_worker_tenant_share)
         )
-        self._settings = settings
         self._generation = generation
         self._draining = False
         self._redis: aioredis.Redis | None = None
-        self._id = worker_name(index)
         self._completed = 0
         self._db: Database | None = None
         self._runner: AgentRunner | None = None
-        self._recorder = MetricsRecorder(f"{self._id}:{socket.gethostname()}:{os.getpid()}")
         self._gateway: Gateway | None = None
         self._tool_clients: AgentToolClients | None = None
-        self._supervisor = Supervisor(self._id, on_restart=self._recorder.background_restart)
         # Ray restarted this worker: its previous process died (killed, out of memory,
         # crashed), busy or idle. Recorded once, at the first start that can write it.
         self._crash_to_record = ray.get_runtime_context().was_current_actor_reconstructed
-        self._boot = asyncio.get_running_loop().create_task(self._start())
+        self._booted = self._boot(self._start_once, self._undo_start)
 
     def __repr__(self) -> str:
         a = self._admission
@@ -97,9 +87,6 @@ class AgentWorker:
             f"AgentWorker(id={self._id}, running={a.running}, queued={a.queued}, "
             f"completed={self._completed})"
         )
-
-    async def _start(self) -> AgentRunner:
-        return await until_started(self._id, self._start_once, self._undo_start)
 
     async def _undo_start(self) -> None:
         # Everything a failed try opened: the gateway's HTTP pools leaked here before.
@@ -180,20 +167,14 @@ class AgentWorker:
         await events.append(started)
         self._crash_to_record = False
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
-        pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
-        self._supervisor.spawn("metrics-flush", lambda: self._flush(pusher))
         self._runner = runner
         return runner
 
-    async def _flush(self, pusher: MetricsPusher) -> None:
-        while True:
-            await asyncio.sleep(METRICS_FLUSH_S)
-            self._recorder.active_workers(1 if self._admission.running else 0)
-            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
-                await pusher.flush()
+    def _before_flush(self) -> None:
+        self._recorder.active_workers(1 if self._admission.running else 0)
 
     async def ready(self) -> str:
-        await self._boot
+        await self._booted
         return repr(self)
 
     async def describe(self) -> dict[str, Any]:
@@ -233,7 +214,7 @@ class AgentWorker:
     async def run(self, task: AgentTask) -> TaskResult:
         if self._draining:
             raise self._refusal()
-        runner = await self._boot
+        runner = await self._booted
         # Waits here while the slots are full or this tenant holds its share; a caller
         # cancelled meanwhile (ray.cancel) leaves the queue at once. Refused on drain.
         await self._admission.acquire(task.user_uuid)
