@@ -11,6 +11,7 @@ bound so that calls reach the fair queue."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -22,19 +23,15 @@ from actors.dispatch import KIND, AttemptLost, RayDispatcher, WorkerDraining, wo
 from actors.host import ActorHost
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import EventStore, NewEvent
 
 if TYPE_CHECKING:
-    import redis.asyncio as aioredis
-
     from orchestrator.agents import AgentRunner
-    from orchestrator.providers import Gateway
     from orchestrator.runtime.fair_queue import FairAdmission
-    from orchestrator.toolset import AgentToolClients
 
 # The agent loop, the providers, memory, the workspace and the Redis client are imported in
-# `_start_once`, in the worker's own process. Not here: every dispatcher (the scheduler, the
+# `_start`, in the worker's own process. Not here: every dispatcher (the scheduler, the
 # workflow shards, the channel hubs) imports this module when it first looks a worker up
 # (`ray.get_actor` loads the actor's class), and an import of them there held the
 # dispatcher's event loop for 0.2-0.4 s (the scheduler's dispatches all late by that much).
@@ -70,16 +67,11 @@ class AgentWorker(ActorHost):
         )
         self._generation = generation
         self._draining = False
-        self._redis: aioredis.Redis | None = None
         self._completed = 0
-        self._db: Database | None = None
-        self._runner: AgentRunner | None = None
-        self._gateway: Gateway | None = None
-        self._tool_clients: AgentToolClients | None = None
         # Ray restarted this worker: its previous process died (killed, out of memory,
         # crashed), busy or idle. Recorded once, at the first start that can write it.
         self._crash_to_record = ray.get_runtime_context().was_current_actor_reconstructed
-        self._booted = self._boot(self._start_once, self._undo_start)
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         a = self._admission
@@ -88,22 +80,9 @@ class AgentWorker(ActorHost):
             f"completed={self._completed})"
         )
 
-    async def _undo_start(self) -> None:
-        # Everything a failed try opened: the gateway's HTTP pools leaked here before.
-        if self._tool_clients is not None:
-            clients, self._tool_clients = self._tool_clients, None
-            await clients.aclose()
-        if self._gateway is not None:
-            gateway, self._gateway = self._gateway, None
-            await gateway.aclose()
-        if self._redis is not None:
-            redis, self._redis = self._redis, None
-            await redis.aclose()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-
-    async def _start_once(self) -> AgentRunner:
+    async def _start(self, opened: contextlib.AsyncExitStack) -> AgentRunner:
+        """Everything a try opens goes on `opened`: a failed try closes it (the gateway's
+        HTTP pools once leaked here)."""
         import redis.asyncio as aioredis
 
         from orchestrator.agents import AgentRunner
@@ -114,43 +93,43 @@ class AgentWorker(ActorHost):
         from orchestrator.toolset import AgentToolClients
         from orchestrator.workspace import Workspace
 
-        assert self._settings.database_url
-        self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
-        events = EventStore(self._db.pool)
-        pool = self._db.pool
-        gateway = Gateway(self._settings, self._recorder, local=lambda: ready_endpoints(pool))
-        self._gateway = gateway
+        s = self._settings
+        assert s.database_url
+        db = await connect(s.database_url, min_size=1, max_size=8)
+        opened.push_async_callback(db.close)
+        events = EventStore(db.pool)
+        pool = db.pool
+        gateway = Gateway(s, self._recorder, local=lambda: ready_endpoints(pool))
+        opened.push_async_callback(gateway.aclose)
         # Entries stored by agents here are embedded by the replicas' fillers; writes drop
         # the replicas' cached copies in the shared Redis.
-        self._redis = (
-            aioredis.from_url(
-                self._settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
-            )
-            if self._settings.redis_url
-            else None
-        )
+        redis = None
+        if s.redis_url:
+            redis = aioredis.from_url(s.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            opened.push_async_callback(redis.aclose)
         memory = MemoryStore(
             pool,
             events,
-            self._redis,
-            self._settings.memory_embedding_dim,
-            pgvector=self._db.pgvector,
-            auto_embed=self._settings.embedder != "none",
+            redis,
+            s.memory_embedding_dim,
+            pgvector=db.pgvector,
+            auto_embed=s.embedder != "none",
         )
         # Users' MCP servers and HTTP tools are called from here: one MCP connection pool
         # (and stdio children) per worker process.
-        self._tool_clients = AgentToolClients(self._settings)
+        tool_clients = AgentToolClients(s)
+        opened.push_async_callback(tool_clients.aclose)
         runner = AgentRunner(
-            self._settings,
+            s,
             gateway,
             events,
-            self._tool_clients.catalog(pool),
+            tool_clients.catalog(pool),
             {
                 "pool": pool,
                 "events": events,
                 "memory": memory,
-                "workspace": Workspace(self._settings),
-                "marketplace": Marketplace.of(pool, self._settings),
+                "workspace": Workspace(s),
+                "marketplace": Marketplace.of(pool, s),
             },
         )
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
@@ -167,7 +146,6 @@ class AgentWorker(ActorHost):
         await events.append(started)
         self._crash_to_record = False
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
-        self._runner = runner
         return runner
 
     def _before_flush(self) -> None:

@@ -7,9 +7,9 @@ the message is already in Postgres, so a hub that cannot be reached loses nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
-import httpx
 import ray
 from ray.exceptions import RayActorError
 
@@ -25,7 +25,7 @@ from orchestrator.channels import (
     secret_box,
 )
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import EventStore
 
 log = logging.getLogger(__name__)
@@ -47,40 +47,32 @@ class ChannelHub(ActorHost):
         self._generation = generation
         self._index = index
         self._shards = shards
-        self._db: Database | None = None
-        self._http: httpx.AsyncClient | None = None
         self._relay: ChannelRelay | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._booted = self._boot(self._start_once, self._undo_start)
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         done = self._relay.processed if self._relay is not None else "booting"
         return f"ChannelHub(index={self._index}/{self._shards}, processed={done})"
 
-    async def _undo_start(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.aclose()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-
-    async def _start_once(self) -> ChannelRelay:
+    async def _start(self, opened: contextlib.AsyncExitStack) -> ChannelRelay:
         s = self._settings
         assert s.database_url
-        self._db = await connect(s.database_url, min_size=1, max_size=4)
+        db = await connect(s.database_url, min_size=1, max_size=4)
+        opened.push_async_callback(db.close)
         key = s.channel_secret_key.get_secret_value() if s.channel_secret_key else None
         store = ChannelStore(
-            self._db.pool,
+            db.pool,
             secret_box(key, s.data_dir),
             egress=EgressPolicy(s.outbound_allowed_cidrs),
         )
-        self._http = channel_egress(s)
+        http = channel_egress(s)
+        opened.push_async_callback(http.aclose)
         relay = ChannelRelay(
             store,
-            RayDispatcher(s, EventStore(self._db.pool), self._generation),
+            RayDispatcher(s, EventStore(db.pool), self._generation),
             s,
-            self._http,
+            http,
             shard=self._index,
             shards=self._shards,
             name=hub_name(self._index),

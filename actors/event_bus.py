@@ -4,6 +4,7 @@ projections that follow the store (event counts for svc_event_total)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from ray.exceptions import RayActorError
 from actors import Generation, lookup
 from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import Event, EventServices, EventStore
 
 KIND = "EventBus"
@@ -25,10 +26,9 @@ KIND = "EventBus"
 class EventBus(ActorHost):
     def __init__(self, settings: Settings, generation: Generation) -> None:
         super().__init__("event_bus", settings, generation)
-        self._db: Database | None = None
         self._services: EventServices | None = None
         # The live feed (under the supervisor: restarts reach /metrics through the flush).
-        self._booted = self._boot(self._start_once, self._undo_start)
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         if self._services is None:
@@ -36,22 +36,16 @@ class EventBus(ActorHost):
         feed = self._services.feed
         return f"EventBus(head={feed.head}, subscribers={feed.subscribers})"
 
-    async def _start_once(self) -> EventServices:
-        assert self._settings.database_url
-        self._db = await connect(self._settings.database_url, min_size=1, max_size=4)
-        self._services = EventServices(
-            EventStore(self._db.pool), self._settings.database_url, self._recorder, self._supervisor
-        )
-        await self._services.start()
-        return self._services
-
-    async def _undo_start(self) -> None:
-        if self._services is not None:
-            services, self._services = self._services, None
-            await services.stop()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()  # the next try starts over with a new pool
+    async def _start(self, opened: contextlib.AsyncExitStack) -> EventServices:
+        dsn = self._settings.database_url
+        assert dsn
+        db = await connect(dsn, min_size=1, max_size=4)
+        opened.push_async_callback(db.close)  # a failed try's pool: the next makes a new one
+        services = EventServices(EventStore(db.pool), dsn, self._recorder, self._supervisor)
+        opened.push_async_callback(services.stop)
+        await services.start()
+        self._services = services
+        return services
 
     async def head(self) -> int:
         return (await self._booted).feed.head

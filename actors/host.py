@@ -9,9 +9,11 @@ and the Runtime replica that owns them subclass it. It gives the process
 - its one `Supervisor` (restarts counted by the recorder, so they reach
   svc_background_restarts_total): every loop of the process runs under it, and the
   components it builds take it,
-- `_boot(start, undo)`: the process's start, run under the supervisor until it succeeds
-  (undone and retried with the supervisor's backoff after each failure: an actor whose
-  start failed once, Postgres restarting, does not stay broken for every later call),
+- `_boot(start)`: the process's start, run under the supervisor until it succeeds. `start`
+  registers what it opens on the exit stack it is given; a failed try's stack is closed
+  (what it opened, in reverse) and the start tried again after the supervisor's backoff: an
+  actor whose start failed once (Postgres restarting) does not stay broken for every later
+  call, and leaks nothing,
 - `watch()`: a call that never answers while the actor lives, so its caller (the Runtime
   replica) learns of the actor's death by the call failing, without polling Ray.
 """
@@ -65,11 +67,17 @@ class ActorHost(Watched):
             with contextlib.suppress(Exception):  # the Metrics actor may be restarting
                 await pusher.flush()
 
-    def _boot(
-        self,
-        start: Callable[[], Awaitable[T]],
-        undo: Callable[[], Awaitable[None]] | None = None,
-    ) -> asyncio.Task[T]:
-        """Run `start()` as the supervisor's task `boot` until it succeeds (`undo()` after
-        each failure); the task's result is what it started. Methods await it."""
-        return self._supervisor.retry("boot", start, undo=undo)
+    def _boot(self, start: Callable[[contextlib.AsyncExitStack], Awaitable[T]]) -> asyncio.Task[T]:
+        """Run `start(opened)` as the supervisor's task `boot` until it succeeds, closing a
+        failed try's `opened` before the next; the task's result is what it started (methods
+        await it). What a successful start opened lives as long as the process."""
+        tries: list[contextlib.AsyncExitStack] = []
+
+        async def attempt() -> T:
+            tries.append(contextlib.AsyncExitStack())
+            return await start(tries[-1])
+
+        async def undo() -> None:
+            await tries.pop().aclose()
+
+        return self._supervisor.retry("boot", attempt, undo=undo)

@@ -5,6 +5,7 @@ actor is started (it waits for the lease). Runs go to the AgentWorker pool."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -14,7 +15,7 @@ from actors import Generation
 from actors.dispatch import RayDispatcher
 from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import EventStore
 from orchestrator.scheduler import JobStore, SchedulerService
 
@@ -31,10 +32,9 @@ class Scheduler(ActorHost):
         name = name or generation.name(KIND)
         super().__init__(name, settings, generation)
         self._generation = generation
-        self._dbs: list[Database] = []
         self._service: SchedulerService | None = None
         # Connect, then run the scheduler loop: the one restart layer is the supervisor's.
-        self._booted = self._boot(self._start_once, self._undo_start)
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         if self._service is None:
@@ -42,14 +42,14 @@ class Scheduler(ActorHost):
         s = self._service
         return f"Scheduler({self._name}, active={s.active}, dispatched={s.dispatched})"
 
-    async def _start_once(self) -> SchedulerService:
+    async def _start(self, opened: contextlib.AsyncExitStack) -> SchedulerService:
         dsn = self._settings.database_url
         assert dsn
         db = await connect(dsn, min_size=1, max_size=6)
-        self._dbs.append(db)
+        opened.push_async_callback(db.close)
         # Runs' ends on their own connections: ticks never queue behind them.
         runs_db = await connect(dsn, min_size=1, max_size=4, migrate=False)
-        self._dbs.append(runs_db)
+        opened.push_async_callback(runs_db.close)
         events = EventStore(db.pool)
         service = SchedulerService(
             JobStore(db.pool, events),
@@ -63,11 +63,6 @@ class Scheduler(ActorHost):
         service.start()
         self._service = service
         return service
-
-    async def _undo_start(self) -> None:
-        dbs, self._dbs = self._dbs, []
-        for db in dbs:
-            await db.close()
 
     async def settings(self) -> Settings:
         return self._settings

@@ -20,7 +20,7 @@ from actors import Generation, Shards
 from actors.dispatch import RayDispatcher
 from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import EventStore
 from orchestrator.runtime.backoff import Backoff
 from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
@@ -53,9 +53,8 @@ class WorkflowShard(ActorHost):
         self._generation = generation
         self._index = index
         self._shards = shards
-        self._db: Database | None = None
         self._engine: WorkflowEngine | None = None
-        self._booted = self._boot(self._start_once, self._undo_start)
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         engine = self._engine
@@ -66,19 +65,12 @@ class WorkflowShard(ActorHost):
             f" db={engine.admission!r})"
         )
 
-    async def _undo_start(self) -> None:
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            await engine.shutdown()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-
-    async def _start_once(self) -> WorkflowEngine:
+    async def _start(self, opened: contextlib.AsyncExitStack) -> WorkflowEngine:
         assert self._settings.database_url
-        self._db = await connect(self._settings.database_url, min_size=1, max_size=DB_CONNECTIONS)
-        events = EventStore(self._db.pool)
-        store = WorkflowStore(self._db.pool, events)
+        db = await connect(self._settings.database_url, min_size=1, max_size=DB_CONNECTIONS)
+        opened.push_async_callback(db.close)
+        events = EventStore(db.pool)
+        store = WorkflowStore(db.pool, events)
         router = RayWorkflows(self._settings, self._generation)
         engine = WorkflowEngine(
             store,
@@ -92,9 +84,10 @@ class WorkflowShard(ActorHost):
             owner=self._generation.name(KIND, self._index),
             supervisor=self._supervisor,
         )
-        self._engine = engine
+        opened.push_async_callback(engine.shutdown)  # its drivers and loops, if this fails
         resumed = await engine.resume_unfinished(self._index, self._shards)
         log.info("%s: resumed %d unfinished workflows", shard_name(self._index), resumed)
+        self._engine = engine
         return engine
 
     async def ready(self) -> str:

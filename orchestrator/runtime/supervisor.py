@@ -138,7 +138,8 @@ class Supervisor:
             except asyncio.CancelledError:
                 raise
             except expected as exc:
-                log.warning("%s: task %s ended (%r); restarting", self.owner, name, exc)
+                again = "; restarting" if restart else ""
+                log.warning("%s: task %s ended (%r)%s", self.owner, name, exc, again)
                 if not restart:
                     return
             except Exception:
