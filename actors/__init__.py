@@ -1,29 +1,31 @@
 """Ray actors that host the domain services: named, in the `orchestrator` namespace, one
 generation per application version (see actors/generation.py for who creates them)."""
 
+from __future__ import annotations
+
 import asyncio
-import contextlib
-import functools
-import hashlib
-import importlib.util
-import json
-import logging
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
-from pydantic import BaseModel, SecretBytes, SecretStr
+from pydantic import BaseModel
 from ray.exceptions import ActorUnavailableError
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
+from actors.version import app_version, code_version
+
+__all__ = [
+    "NAMESPACE",
+    "Generation",
+    "Shards",
+    "Watched",
+    "app_prefix",
+    "app_version",
+    "code_version",
+    "lookup",
+]
 
 NAMESPACE = "orchestrator"
-# Packages whose code the actors run: a change in any of them is a new application version.
-CODE_PACKAGES = ("orchestrator", "actors", "deployments")
 
 
 def app_prefix(app: str) -> str:
@@ -35,17 +37,18 @@ def app_prefix(app: str) -> str:
 class Generation:
     """The actors of one application version: `orch-<app>-<version8>-<Kind>[-<i>]`. Replicas
     and actors of a version reach each other by these names; a redeploy with other code or
-    settings is another version, so another set of names (the old set is drained, killed)."""
+    other settings the actors read (actors/version.py) is another version, so another set
+    of names (the old set is drained, killed)."""
 
     app: str
     version: str
 
     @classmethod
-    def of(cls, app: str, settings: BaseModel) -> "Generation":
+    def of(cls, app: str, settings: BaseModel) -> Generation:
         return cls(app, app_version(settings))
 
     @classmethod
-    def of_actor_name(cls, name: str) -> "Generation":
+    def of_actor_name(cls, name: str) -> Generation:
         """The generation an actor name belongs to (its version: the 8 digits the name has)."""
         found = re.match(r"orch-(.+)-([0-9a-f]{8})-[A-Za-z]", name)
         if found is None:
@@ -60,37 +63,6 @@ class Generation:
         return f"{self.prefix}{kind}" + ("" if index is None else f"-{index}")
 
 
-@functools.cache
-def code_version() -> str:
-    """A digest of the source the actors run (Python and SQL of our packages)."""
-    digest = hashlib.sha256()
-    for package in CODE_PACKAGES:
-        spec = importlib.util.find_spec(package)
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            root = Path(location)
-            for path in sorted(root.rglob("*")):
-                if path.suffix in (".py", ".sql") and path.is_file():
-                    digest.update(str(path.relative_to(root.parent)).encode())
-                    digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _reveal(value: Any) -> Any:
-    # Secrets count too (a new provider key must reach the workers); only their digest is kept.
-    if isinstance(value, SecretStr | SecretBytes):
-        return str(value.get_secret_value())
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=str)
-    return str(value)
-
-
-def app_version(settings: BaseModel) -> str:
-    """The application version: the code plus every setting (the actors get the whole
-    Settings object, so any of them may change what they do)."""
-    body = json.dumps(settings.model_dump(), default=_reveal, sort_keys=True)
-    return hashlib.sha256(f"{code_version()}\n{body}".encode()).hexdigest()[:16]
-
-
 def lookup(name: str) -> Any:
     """The running actor `name` in our namespace. Missing (its generation still starting, or
     already drained) is an ActorUnavailableError, a RayActorError: callers already handle
@@ -101,22 +73,14 @@ def lookup(name: str) -> Any:
         raise ActorUnavailableError(f"actor {name} is not running", None) from exc
 
 
-async def until_started(
-    what: str, start: Callable[[], Awaitable[T]], cleanup: Callable[[], Awaitable[None]]
-) -> T:
-    """`start()` until it works, with backoff: an actor whose start failed once (Postgres
-    restarting) must not stay broken for every call made to it afterwards. `cleanup()`
-    undoes a half-done start before the next try."""
-    delay = 0.5
-    while True:
-        try:
-            return await start()
-        except Exception as exc:  # noqa: BLE001 - any start failure is retried
-            log.warning("%s: start failed (%r); retrying in %.1fs", what, exc, delay)
-            with contextlib.suppress(Exception):
-                await cleanup()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+class Watched:
+    """An actor whose death its owner awaits rather than polls for (actors/generation.py
+    `keep`)."""
+
+    async def watch(self) -> None:
+        """Never answers while this actor lives: the call fails (RayActorError at the
+        caller) when the actor dies, whether Ray restarts it or not."""
+        await asyncio.Event().wait()
 
 
 class Shards:

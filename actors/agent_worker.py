@@ -11,35 +11,27 @@ bound so that calls reach the fair queue."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
-import socket
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors import Generation, until_started
+from actors import Generation
 from actors.dispatch import KIND, AttemptLost, RayDispatcher, WorkerDraining, worker_name
-from actors.metrics import ActorMetricsHub
+from actors.host import ActorHost
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import EventStore, NewEvent
-from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.runtime.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    import redis.asyncio as aioredis
-
     from orchestrator.agents import AgentRunner
-    from orchestrator.providers import Gateway
     from orchestrator.runtime.fair_queue import FairAdmission
-    from orchestrator.toolset import AgentToolClients
 
 # The agent loop, the providers, memory, the workspace and the Redis client are imported in
-# `_start_once`, in the worker's own process. Not here: every dispatcher (the scheduler, the
+# `_start`, in the worker's own process. Not here: every dispatcher (the scheduler, the
 # workflow shards, the channel hubs) imports this module when it first looks a worker up
 # (`ray.get_actor` loads the actor's class), and an import of them there held the
 # dispatcher's event loop for 0.2-0.4 s (the scheduler's dispatches all late by that much).
@@ -55,13 +47,12 @@ __all__ = [
     "worker_name",
 ]
 
-METRICS_FLUSH_S = 1.0
-
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
-class AgentWorker:
+class AgentWorker(ActorHost):
     def __init__(self, settings: Settings, index: int, generation: Generation) -> None:
-        configure_actor_logs(settings.log_format, settings.log_level)
+        self._id = worker_name(index)
+        super().__init__(self._id, settings, generation)
         # Agent tasks are the work; dispatching it on time (the scheduler) and the API are
         # the control: when the CPUs are short, the workers wait (a burst of scheduled runs
         # no longer delays the next dispatches: docs/benchmarks.md). Imported here, in the
@@ -74,22 +65,13 @@ class AgentWorker:
         self._admission: FairAdmission = FairAdmission(
             slots, tenant_ceiling(slots, settings.agent_worker_tenant_share)
         )
-        self._settings = settings
         self._generation = generation
         self._draining = False
-        self._redis: aioredis.Redis | None = None
-        self._id = worker_name(index)
         self._completed = 0
-        self._db: Database | None = None
-        self._runner: AgentRunner | None = None
-        self._recorder = MetricsRecorder(f"{self._id}:{socket.gethostname()}:{os.getpid()}")
-        self._gateway: Gateway | None = None
-        self._tool_clients: AgentToolClients | None = None
-        self._supervisor = Supervisor(self._id, on_restart=self._recorder.background_restart)
         # Ray restarted this worker: its previous process died (killed, out of memory,
         # crashed), busy or idle. Recorded once, at the first start that can write it.
         self._crash_to_record = ray.get_runtime_context().was_current_actor_reconstructed
-        self._boot = asyncio.get_running_loop().create_task(self._start())
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         a = self._admission
@@ -98,25 +80,9 @@ class AgentWorker:
             f"completed={self._completed})"
         )
 
-    async def _start(self) -> AgentRunner:
-        return await until_started(self._id, self._start_once, self._undo_start)
-
-    async def _undo_start(self) -> None:
-        # Everything a failed try opened: the gateway's HTTP pools leaked here before.
-        if self._tool_clients is not None:
-            clients, self._tool_clients = self._tool_clients, None
-            await clients.aclose()
-        if self._gateway is not None:
-            gateway, self._gateway = self._gateway, None
-            await gateway.aclose()
-        if self._redis is not None:
-            redis, self._redis = self._redis, None
-            await redis.aclose()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-
-    async def _start_once(self) -> AgentRunner:
+    async def _start(self, opened: contextlib.AsyncExitStack) -> AgentRunner:
+        """Everything a try opens goes on `opened`: a failed try closes it (the gateway's
+        HTTP pools once leaked here)."""
         import redis.asyncio as aioredis
 
         from orchestrator.agents import AgentRunner
@@ -127,43 +93,43 @@ class AgentWorker:
         from orchestrator.toolset import AgentToolClients
         from orchestrator.workspace import Workspace
 
-        assert self._settings.database_url
-        self._db = await connect(self._settings.database_url, min_size=1, max_size=8)
-        events = EventStore(self._db.pool)
-        pool = self._db.pool
-        gateway = Gateway(self._settings, self._recorder, local=lambda: ready_endpoints(pool))
-        self._gateway = gateway
+        s = self._settings
+        assert s.database_url
+        db = await connect(s.database_url, min_size=1, max_size=8)
+        opened.push_async_callback(db.close)
+        events = EventStore(db.pool)
+        pool = db.pool
+        gateway = Gateway(s, self._recorder, local=lambda: ready_endpoints(pool))
+        opened.push_async_callback(gateway.aclose)
         # Entries stored by agents here are embedded by the replicas' fillers; writes drop
         # the replicas' cached copies in the shared Redis.
-        self._redis = (
-            aioredis.from_url(
-                self._settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
-            )
-            if self._settings.redis_url
-            else None
-        )
+        redis = None
+        if s.redis_url:
+            redis = aioredis.from_url(s.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            opened.push_async_callback(redis.aclose)
         memory = MemoryStore(
             pool,
             events,
-            self._redis,
-            self._settings.memory_embedding_dim,
-            pgvector=self._db.pgvector,
-            auto_embed=self._settings.embedder != "none",
+            redis,
+            s.memory_embedding_dim,
+            pgvector=db.pgvector,
+            auto_embed=s.embedder != "none",
         )
         # Users' MCP servers and HTTP tools are called from here: one MCP connection pool
         # (and stdio children) per worker process.
-        self._tool_clients = AgentToolClients(self._settings)
+        tool_clients = AgentToolClients(s)
+        opened.push_async_callback(tool_clients.aclose)
         runner = AgentRunner(
-            self._settings,
+            s,
             gateway,
             events,
-            self._tool_clients.catalog(pool),
+            tool_clients.catalog(pool),
             {
                 "pool": pool,
                 "events": events,
                 "memory": memory,
-                "workspace": Workspace(self._settings),
-                "marketplace": Marketplace.of(pool, self._settings),
+                "workspace": Workspace(s),
+                "marketplace": Marketplace.of(pool, s),
             },
         )
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
@@ -180,20 +146,13 @@ class AgentWorker:
         await events.append(started)
         self._crash_to_record = False
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
-        pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
-        self._supervisor.spawn("metrics-flush", lambda: self._flush(pusher))
-        self._runner = runner
         return runner
 
-    async def _flush(self, pusher: MetricsPusher) -> None:
-        while True:
-            await asyncio.sleep(METRICS_FLUSH_S)
-            self._recorder.active_workers(1 if self._admission.running else 0)
-            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
-                await pusher.flush()
+    def _before_flush(self) -> None:
+        self._recorder.active_workers(1 if self._admission.running else 0)
 
     async def ready(self) -> str:
-        await self._boot
+        await self._booted
         return repr(self)
 
     async def describe(self) -> dict[str, Any]:
@@ -233,7 +192,7 @@ class AgentWorker:
     async def run(self, task: AgentTask) -> TaskResult:
         if self._draining:
             raise self._refusal()
-        runner = await self._boot
+        runner = await self._booted
         # Waits here while the slots are full or this tenant holds its share; a caller
         # cancelled meanwhile (ray.cancel) leaves the queue at once. Refused on drain.
         await self._admission.acquire(task.user_uuid)

@@ -9,16 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 
-import httpx
 import ray
 from ray.exceptions import RayActorError
 
-from actors import Generation, Shards, until_started
+from actors import Generation, Shards
 from actors.dispatch import RayDispatcher
-from actors.metrics import ActorMetricsHub
+from actors.host import ActorHost
 from orchestrator.channels import (
     ChannelRelay,
     ChannelStore,
@@ -28,15 +25,12 @@ from orchestrator.channels import (
     secret_box,
 )
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import EventStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
-METRICS_FLUSH_S = 1.0
 KIND = "ChannelHub"
 
 
@@ -47,93 +41,67 @@ def hub_name(index: int) -> str:
 @ray.remote(  # type: ignore[call-overload]
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000
 )
-class ChannelHub:
+class ChannelHub(ActorHost):
     def __init__(self, settings: Settings, index: int, shards: int, generation: Generation) -> None:
-        configure_actor_logs(settings.log_format, settings.log_level)
+        super().__init__(hub_name(index), settings, generation)
         self._generation = generation
-        # (that also quiets httpx's URL lines: a Telegram URL holds the bot token)
-        self._settings = settings
         self._index = index
         self._shards = shards
-        self._db: Database | None = None
-        self._http: httpx.AsyncClient | None = None
         self._relay: ChannelRelay | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._recorder = MetricsRecorder(f"{hub_name(index)}:{socket.gethostname()}:{os.getpid()}")
-        # The relay loop and the metrics flush (which carries the relay's restarts).
-        self._supervisor = Supervisor(hub_name(index), on_restart=self._recorder.background_restart)
-        self._boot = asyncio.get_running_loop().create_task(self._start())
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         done = self._relay.processed if self._relay is not None else "booting"
         return f"ChannelHub(index={self._index}/{self._shards}, processed={done})"
 
-    async def _start(self) -> ChannelRelay:
-        return await until_started(hub_name(self._index), self._start_once, self._undo_start)
-
-    async def _undo_start(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.aclose()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-
-    async def _start_once(self) -> ChannelRelay:
+    async def _start(self, opened: contextlib.AsyncExitStack) -> ChannelRelay:
         s = self._settings
         assert s.database_url
-        self._db = await connect(s.database_url, min_size=1, max_size=4)
+        db = await connect(s.database_url, min_size=1, max_size=4)
+        opened.push_async_callback(db.close)
         key = s.channel_secret_key.get_secret_value() if s.channel_secret_key else None
         store = ChannelStore(
-            self._db.pool,
+            db.pool,
             secret_box(key, s.data_dir),
             egress=EgressPolicy(s.outbound_allowed_cidrs),
         )
-        self._http = channel_egress(s)
+        http = channel_egress(s)
+        opened.push_async_callback(http.aclose)
         relay = ChannelRelay(
             store,
-            RayDispatcher(s, EventStore(self._db.pool), self._generation),
+            RayDispatcher(s, EventStore(db.pool), self._generation),
             s,
-            self._http,
+            http,
             shard=self._index,
             shards=self._shards,
             name=hub_name(self._index),
         )
         self._relay = relay
         self._loop_task = self._supervisor.spawn("channel-relay", relay.run_forever)
-        if "metrics-flush" not in self._supervisor.tasks():
-            pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
-            self._supervisor.spawn("metrics-flush", lambda: self._flush_metrics(pusher))
         log.info("%s: relaying", hub_name(self._index))
         return relay
 
-    @staticmethod
-    async def _flush_metrics(pusher: MetricsPusher) -> None:
-        while True:
-            await asyncio.sleep(METRICS_FLUSH_S)
-            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
-                await pusher.flush()
-
     async def ready(self) -> str:
-        await self._boot
+        await self._booted
         return repr(self)
 
     async def drain(self) -> None:
         """Relay nothing more (the generation is being replaced): items in flight stay in the
         inbox and their claims are released, for the next generation's hubs (which, under
         the same name, would take them back at once anyway, fencing this one off)."""
-        relay = await self._boot
+        relay = await self._booted
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
         await relay.close()
 
     async def submit(self, inbox_id: int) -> None:
-        relay = await self._boot
+        relay = await self._booted
         relay.submit(inbox_id)
 
     async def answer(self, inbox_id: int, within: float) -> str | None:
-        relay = await self._boot
+        relay = await self._booted
         return await relay.answer(inbox_id, within)
 
 

@@ -17,10 +17,13 @@ from actors import Generation, Shards
 from orchestrator.agents import AgentTask, TaskResult, created_event
 from orchestrator.config import Settings
 from orchestrator.events import EventStore, NewEvent
+from orchestrator.runtime.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 MAX_REDISPATCH = 3
+# A worker not running (its generation starting or gone): looked up again after a wait.
+LOOKUP_BACKOFF = Backoff(base=0.5, cap=2.0)
 KIND = "AgentWorker"
 
 
@@ -53,6 +56,7 @@ class RayDispatcher:
         if not task.announced:
             await self._events.append([created_event(task, self._settings)])
         tried: set[int] = set()
+        missing = 0
         last_error = "every worker it was sent to died"
         for _ in range(MAX_REDISPATCH + 1):
             candidates = [i for i in range(self._size) if i not in tried] or list(range(self._size))
@@ -62,7 +66,8 @@ class RayDispatcher:
                 actor = self._pool.actor(index)
             except RayActorError as exc:  # not running: its generation is starting or gone
                 last_error = str(exc)
-                await asyncio.sleep(0.5)
+                missing += 1
+                await asyncio.sleep(LOOKUP_BACKOFF.delay(missing))
                 continue
             self._inflight[index] += 1
             ref = actor.run.remote(task)

@@ -2,8 +2,10 @@
 WorkflowShard, Scheduler and ChannelHub actor of one application version, named
 `orch-<app>-<version8>-<Kind>[-<i>]` in our namespace.
 
-The application's `Runtime` deployment (deployments/runtime.py) creates them and owns them:
-they are not detached, so Ray kills them when that replica's process ends, however it ends.
+The application's `Runtime` deployment (deployments/runtime.py) creates them, owns them and
+keeps them (`keep`: it learns of a member's death from the member's `watch` call failing,
+without listing Ray's actors): they are not detached, so Ray kills them when that replica's
+process ends, however it ends.
 When Serve stops the replica (a redeploy with another version, or the application's
 deletion) the generation is drained first: nothing new starts, the work in flight ends or
 stays claimed in Postgres for the next generation, then every actor is killed."""
@@ -20,6 +22,7 @@ from typing import Any
 
 import ray
 import ray.util
+from ray.exceptions import RayActorError
 
 from actors import NAMESPACE, Generation, app_prefix
 from actors.agent_worker import KIND as WORKER
@@ -36,6 +39,8 @@ from actors.scheduler import Scheduler
 from actors.workflow_shard import KIND as SHARD
 from actors.workflow_shard import WorkflowShard
 from orchestrator.config import Settings
+from orchestrator.runtime.backoff import Backoff
+from orchestrator.runtime.supervisor import HEALTHY_RUN_S, RESTART_BACKOFF
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +147,9 @@ async def create(
 
 
 def alive_names(prefix: str) -> set[str]:
-    """Names of our namespace's live (or restarting) actors that start with `prefix`."""
+    """Names of our namespace's live (or restarting) actors that start with `prefix`: a
+    listing of every namespace's named actors (the replica calling it runs in Serve's), so
+    only where nothing else tells (stopping an application), never on a timer."""
     names = ray.util.list_named_actors(all_namespaces=True)
     return {
         n["name"]
@@ -151,26 +158,41 @@ def alive_names(prefix: str) -> set[str]:
     }
 
 
-async def replace_missing(
-    generation: Generation, members_: Iterable[Member], handles: dict[str, Any]
-) -> list[str]:
-    """Create again any member that no longer exists (killed for good: `ray.kill`, or
-    failed past its restarts); Ray restarts crashed ones by itself. Returns their names."""
-    wanted = list(members_)
-    alive = await asyncio.to_thread(alive_names, generation.prefix)
-    again: list[str] = []
-    for member in wanted:
-        if member.name in alive:
-            continue
+def _registered(name: str) -> bool:
+    """Whether `name` is a live or restarting actor of our namespace (a blocking lookup)."""
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+async def keep(member: Member, handles: dict[str, Any], backoff: Backoff = RESTART_BACKOFF) -> None:
+    """Keep `member` alive while this runs (the Runtime replica runs one per member under
+    its supervisor). The member's `watch` call answers only when the actor dies: a crash Ray
+    restarts under the same name and handle (the call is made again, and waits for it), or
+    an end for good (`ray.kill`, past its restarts, a failed creation), after which the
+    member is created again. Nothing is asked of Ray while the member lives; deaths in a row
+    (a member that cannot start) are looked at less and less often."""
+    deaths = 0
+    while True:
+        watched_at = time.monotonic()
+        with contextlib.suppress(RayActorError):
+            await handles[member.name].watch.remote()
+        deaths = 1 if time.monotonic() - watched_at >= HEALTHY_RUN_S else deaths + 1
+        await asyncio.sleep(backoff.delay(deaths))
+        if await asyncio.to_thread(_registered, member.name):
+            continue  # restarting (or restarted): the same handle reaches it
         try:
             handles[member.name] = _create(member)
         except ValueError as exc:  # it came back meanwhile
             if not _name_taken(exc):
                 raise
+            handles[member.name] = await asyncio.to_thread(
+                ray.get_actor, member.name, namespace=NAMESPACE
+            )
             continue
         log.warning("%s was gone; created it again", member.name)
-        again.append(member.name)
-    return again
 
 
 async def _bounded(calls: list[Any], timeout_s: float, what: str) -> None:

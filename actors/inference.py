@@ -17,16 +17,16 @@ import ray.util
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors import NAMESPACE, app_prefix
+from actors.host import ActorHost
 from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
 from orchestrator.inference import (
+    InstanceRunner,
     InstanceState,
     InstanceStore,
-    InstanceSupervisor,
     LaunchFailed,
 )
-from orchestrator.observability import configure_actor_logs
 
 log = logging.getLogger(__name__)
 
@@ -41,25 +41,26 @@ def instance_actor_name(app: str, instance_id: str) -> str:
 @ray.remote(  # type: ignore[call-overload]
     max_restarts=-1, max_task_retries=0, max_concurrency=100
 )
-class InferenceInstance:
+class InferenceInstance(ActorHost):
     """Restarted by Ray when its process dies: the new incarnation reads the instance's
     record and respawns the server, unless the record says stopped or failed."""
 
     def __init__(self, settings: Settings, instance_id: str) -> None:
-        configure_actor_logs(settings.log_format, settings.log_level)
-        self._settings = settings
+        # No generation: an instance outlives them (its metrics are the server's own).
+        super().__init__(f"instance-{instance_id}", settings, None)
         self._id = instance_id
         self._host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self._db: Database | None = None
-        self._supervisor: InstanceSupervisor | None = None
+        self._instance: InstanceRunner | None = None
         self._booted = asyncio.Event()
         self._stopping = False
         # Async actors run __init__ on their event loop: the supervision starts now, also
-        # after a restart (nobody calls a method on a restarted actor to wake it up).
-        self._main = asyncio.get_running_loop().create_task(self._run())
+        # after a restart (nobody calls a method on a restarted actor to wake it up). Not
+        # restarted by our supervisor: on failure Ray restarts the whole actor (below).
+        self._main = self._supervisor.spawn("instance", self._run, restart=False)
 
     def __repr__(self) -> str:
-        inner = self._supervisor.describe() if self._supervisor else f"id={self._id}, booting"
+        inner = self._instance.describe() if self._instance else f"id={self._id}, booting"
         return f"InferenceInstance({inner})"
 
     async def _run(self) -> None:
@@ -68,10 +69,10 @@ class InferenceInstance:
                 assert self._settings.database_url
                 self._db = await connect(self._settings.database_url, min_size=1, max_size=2)
                 store = InstanceStore(EventStore(self._db.pool))
-                self._supervisor = InstanceSupervisor(store, self._id, self._settings, self._host)
+                self._instance = InstanceRunner(store, self._id, self._settings, self._host)
             finally:
                 self._booted.set()
-            record = await self._supervisor.start()
+            record = await self._instance.start()
         except Exception:  # the database is away, or went away in the middle of a transition
             # Unsure what the server and the record look like now: let Ray restart this
             # actor, whose next incarnation kills the server and starts from the record.
@@ -94,9 +95,9 @@ class InferenceInstance:
         """Stop the server and record the instance stopped; its final state."""
         self._stopping = True
         await self._booted.wait()
-        if self._supervisor is None:
+        if self._instance is None:
             return None
-        record = await self._supervisor.stop(reason)
+        record = await self._instance.stop(reason)
         self._main.cancel()
         return str(record.state) if record is not None else None
 

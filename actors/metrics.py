@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from actors import Generation, lookup
+from actors import Generation, Watched, lookup
 from orchestrator.observability import MetricsSnapshot, MetricsState, SloQuery
 
 KIND = "Metrics"
@@ -15,8 +15,10 @@ KIND = "Metrics"
 STALE_SOURCE_S = 30.0
 
 
+# `watch` (Watched) makes this an async actor: its plain methods run on its event loop, one
+# at a time, as they ran on its one thread before.
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
-class Metrics:
+class Metrics(Watched):
     def __init__(self, window_s: float = 300.0) -> None:
         self._state = MetricsState(window_s=window_s)
         self._pushes = 0

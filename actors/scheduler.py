@@ -7,45 +7,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 from typing import Any
 
 import ray
 
 from actors import Generation
 from actors.dispatch import RayDispatcher
-from actors.metrics import ActorMetricsHub
+from actors.host import ActorHost
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import JobStore, SchedulerService
 
 log = logging.getLogger(__name__)
 
-METRICS_FLUSH_S = 1.0
 KIND = "Scheduler"
 
 
 @ray.remote(  # type: ignore[call-overload]
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=100
 )
-class Scheduler:
+class Scheduler(ActorHost):
     def __init__(self, settings: Settings, generation: Generation, name: str = "") -> None:
-        configure_actor_logs(settings.log_format, settings.log_level)
-        self._settings = settings
+        name = name or generation.name(KIND)
+        super().__init__(name, settings, generation)
         self._generation = generation
-        self._name = name or generation.name(KIND)
         self._service: SchedulerService | None = None
-        self._recorder = MetricsRecorder(f"{self._name}:{socket.gethostname()}:{os.getpid()}")
-        # The scheduler loop's restarts (its service's own supervisor calls back here) reach
-        # svc_background_restarts_total through this supervised flush.
-        self._supervisor = Supervisor(self._name, on_restart=self._recorder.background_restart)
-        pusher = MetricsPusher(self._recorder, ActorMetricsHub(generation))
-        self._supervisor.spawn("metrics-flush", lambda: self._flush_metrics(pusher))
-        self._main = asyncio.get_running_loop().create_task(self._run())
+        # Connect, then run the scheduler loop: the one restart layer is the supervisor's.
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         if self._service is None:
@@ -53,41 +42,27 @@ class Scheduler:
         s = self._service
         return f"Scheduler({self._name}, active={s.active}, dispatched={s.dispatched})"
 
-    async def _run(self) -> None:
-        assert self._settings.database_url
-        while True:
-            try:
-                db = await connect(self._settings.database_url, min_size=1, max_size=6)
-                try:
-                    # Runs' ends on their own connections: ticks never queue behind them.
-                    runs_db = await connect(
-                        self._settings.database_url, min_size=1, max_size=4, migrate=False
-                    )
-                except BaseException:
-                    await db.close()
-                    raise
-                break
-            except Exception as exc:  # noqa: BLE001 - Postgres restarting: keep trying
-                log.warning("%s: database not reachable (%r)", self._name, exc)
-                await asyncio.sleep(1.0)
+    async def _start(self, opened: contextlib.AsyncExitStack) -> SchedulerService:
+        dsn = self._settings.database_url
+        assert dsn
+        db = await connect(dsn, min_size=1, max_size=6)
+        opened.push_async_callback(db.close)
+        # Runs' ends on their own connections: ticks never queue behind them.
+        runs_db = await connect(dsn, min_size=1, max_size=4, migrate=False)
+        opened.push_async_callback(runs_db.close)
         events = EventStore(db.pool)
-        self._service = SchedulerService(
+        service = SchedulerService(
             JobStore(db.pool, events),
             RayDispatcher(self._settings, events, self._generation),
             self._settings,
-            self._settings.database_url,
+            dsn,
+            self._supervisor,
             name=self._name,
-            on_restart=self._recorder.background_restart,
             run_store=JobStore(runs_db.pool, EventStore(runs_db.pool)),
         )
-        await self._service.run_forever()
-
-    @staticmethod
-    async def _flush_metrics(pusher: MetricsPusher) -> None:
-        while True:
-            await asyncio.sleep(METRICS_FLUSH_S)
-            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
-                await pusher.flush()
+        service.start()
+        self._service = service
+        return service
 
     async def settings(self) -> Settings:
         return self._settings
@@ -95,9 +70,9 @@ class Scheduler:
     async def drain(self) -> None:
         """Schedule nothing more (the generation is being replaced): stop the loop, end the
         runs in flight and give the lease up for the next generation's scheduler."""
-        self._main.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._main
+        if not self._booted.done():
+            self._booted.cancel()
+            await asyncio.gather(self._booted, return_exceptions=True)
         if self._service is not None:
             await self._service.shutdown()
 

@@ -11,21 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
 
-from actors import Generation, Shards, until_started
+from actors import Generation, Shards
 from actors.dispatch import RayDispatcher
-from actors.metrics import ActorMetricsHub
+from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
+from orchestrator.db import connect
 from orchestrator.events import EventStore
-from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.backoff import Backoff
 from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
 
 log = logging.getLogger(__name__)
@@ -34,7 +31,9 @@ CALL_TIMEOUT_S = 60.0
 # The shard's Postgres connections, shared by its drivers; their database work is admitted
 # fairly across tenants, `workflow_shard_max_active` (about twice this) at once.
 DB_CONNECTIONS = 8
-METRICS_FLUSH_S = 1.0
+# A shard restarting (or not yet running) is looked up again: three tries, waits from 0.5 s.
+CALL_TRIES = 3
+CALL_BACKOFF = Backoff(base=0.5, cap=2.0, jitter=0)
 KIND = "WorkflowShard"
 
 
@@ -45,24 +44,17 @@ def shard_name(index: int) -> str:
 @ray.remote(  # type: ignore[call-overload]
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000
 )
-class WorkflowShard:
+class WorkflowShard(ActorHost):
     """Ray restarts a killed shard; the new incarnation's __init__ resumes its workflows
     (nobody needs to call it: a step that was running is dispatched again)."""
 
     def __init__(self, settings: Settings, index: int, shards: int, generation: Generation) -> None:
-        configure_actor_logs(settings.log_format, settings.log_level)
-        self._settings = settings
+        super().__init__(shard_name(index), settings, generation)
         self._generation = generation
         self._index = index
         self._shards = shards
-        self._db: Database | None = None
         self._engine: WorkflowEngine | None = None
-        name = shard_name(index)
-        self._recorder = MetricsRecorder(f"{name}:{socket.gethostname()}:{os.getpid()}")
-        # The engine's loops (listener, sweep, drivers) and the metrics flush, which carries
-        # their restarts to svc_background_restarts_total.
-        self._supervisor = Supervisor(name, on_restart=self._recorder.background_restart)
-        self._boot = asyncio.get_running_loop().create_task(self._start())
+        self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
         engine = self._engine
@@ -73,22 +65,12 @@ class WorkflowShard:
             f" db={engine.admission!r})"
         )
 
-    async def _start(self) -> WorkflowEngine:
-        return await until_started(shard_name(self._index), self._start_once, self._undo_start)
-
-    async def _undo_start(self) -> None:
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            await engine.shutdown()
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-
-    async def _start_once(self) -> WorkflowEngine:
+    async def _start(self, opened: contextlib.AsyncExitStack) -> WorkflowEngine:
         assert self._settings.database_url
-        self._db = await connect(self._settings.database_url, min_size=1, max_size=DB_CONNECTIONS)
-        events = EventStore(self._db.pool)
-        store = WorkflowStore(self._db.pool, events)
+        db = await connect(self._settings.database_url, min_size=1, max_size=DB_CONNECTIONS)
+        opened.push_async_callback(db.close)
+        events = EventStore(db.pool)
+        store = WorkflowStore(db.pool, events)
         router = RayWorkflows(self._settings, self._generation)
         engine = WorkflowEngine(
             store,
@@ -102,40 +84,31 @@ class WorkflowShard:
             owner=self._generation.name(KIND, self._index),
             supervisor=self._supervisor,
         )
-        self._engine = engine
-        if "metrics-flush" not in self._supervisor.tasks():
-            pusher = MetricsPusher(self._recorder, ActorMetricsHub(self._generation))
-            self._supervisor.spawn("metrics-flush", lambda: self._flush_metrics(pusher))
+        opened.push_async_callback(engine.shutdown)  # its drivers and loops, if this fails
         resumed = await engine.resume_unfinished(self._index, self._shards)
         log.info("%s: resumed %d unfinished workflows", shard_name(self._index), resumed)
+        self._engine = engine
         return engine
 
-    @staticmethod
-    async def _flush_metrics(pusher: MetricsPusher) -> None:
-        while True:
-            await asyncio.sleep(METRICS_FLUSH_S)
-            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
-                await pusher.flush()
-
     async def ready(self) -> str:
-        await self._boot
+        await self._booted
         return repr(self)
 
     async def drain(self) -> None:
         """Stop driving (the generation is being replaced): every workflow stays as it is in
         Postgres, for the next generation's shards to resume."""
-        engine = await self._boot
+        engine = await self._booted
         # Steps in flight end and are recorded (not run again by the next generation);
         # the rest of the drain budget is the agent workers'.
         await engine.shutdown(drain_s=self._settings.generation_drain_s * 0.75)
 
     async def start(self, workflow_id: str) -> None:
         """Drive a workflow just created (idempotent)."""
-        engine = await self._boot
+        engine = await self._booted
         await engine.start(workflow_id)
 
     async def cancel(self, workflow_id: str) -> str:
-        engine = await self._boot
+        engine = await self._booted
         return await engine.cancel(workflow_id)
 
 
@@ -149,7 +122,7 @@ class RayWorkflows:
 
     async def _call(self, workflow_id: str, method: str) -> Any:
         index = shard_of(workflow_id, self._shards)
-        for attempt in range(3):
+        for failures in range(1, CALL_TRIES + 1):
             try:
                 actor = self._pool.actor(index)
                 return await asyncio.wait_for(
@@ -158,9 +131,9 @@ class RayWorkflows:
             except RayActorError:
                 # Restarting, or not running: look it up again.
                 self._pool.forget(index)
-                if attempt == 2:
+                if failures == CALL_TRIES:
                     raise
-                await asyncio.sleep(0.5 * (attempt + 1))
+                await asyncio.sleep(CALL_BACKOFF.delay(failures))
         raise AssertionError("unreachable")
 
     async def start(self, workflow_id: str) -> None:

@@ -243,21 +243,12 @@ def create_app(
         scheduler: SchedulerService | None = None
         if run_scheduler:
             scheduler = SchedulerService(
-                ctx.jobs,
-                dispatcher,
-                settings,
-                settings.database_url or "",
-                on_restart=ctx.recorder.background_restart,
+                ctx.jobs, dispatcher, settings, settings.database_url or "", supervisor
             )
             stack.push_async_callback(scheduler.shutdown)
         runner = workflow_runner
         if runner is None:
-            engine = WorkflowEngine(
-                ctx.workflows,
-                dispatcher,
-                settings,
-                supervisor=Supervisor("workflows", on_restart=ctx.recorder.background_restart),
-            )
+            engine = WorkflowEngine(ctx.workflows, dispatcher, settings, supervisor=supervisor)
             stack.push_async_callback(engine.close)
             await engine.resume_unfinished()
             runner = engine
@@ -321,7 +312,7 @@ def create_app(
         # Serve buffers a replica's log lines (1,000 at a time): written at least every second.
         supervisor.spawn("log-flush", lambda: _every(LOG_FLUSH_S, "log flush", _flush_logs))
         if scheduler is not None:
-            supervisor.spawn("scheduler", scheduler.run_forever)
+            scheduler.start()
         supervisor.spawn("heartbeat", lambda: _every(HEARTBEAT_S, "heartbeat", beat))
         # Revoked tokens leave every replica's auth cache by NOTIFY (no cache while it is down).
         supervisor.spawn(

@@ -108,9 +108,10 @@ def build_app(args: dict[str, Any]) -> Application:
         ray_actor_options={"num_cpus": settings.api_replica_cpus},
         logging_config=serve_logging_config(settings),
     )
-    # One version of the application: its code and settings. Every actor it runs carries it
-    # in its name, so a redeploy with other code or settings gets new actors.
+    # One version of the application: its code and the settings its actors read. Every actor
+    # it runs carries it in its name, so a redeploy with other code or such settings gets new
+    # actors (and one that changes only what the replicas read keeps them).
     generation = Generation.of(APP_NAME, settings)
-    runtime = runtime_deployment(settings).bind(settings, generation, INGRESS)
+    runtime = runtime_deployment(settings, generation).bind(settings, generation, INGRESS)
     app: Application = deployment.bind(settings, started_at, generation, runtime)
     return app

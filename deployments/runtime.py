@@ -7,15 +7,18 @@ tied to that process or detached and owned by nobody. Serve's `deployment_actors
 without a drain and never restarted by Ray (handles go stale until the controller's health
 checks recreate them). A replica that creates them is stopped by Serve gracefully on a
 redeploy and on `serve delete` (its `__del__` drains and kills the generation), and its
-actors are not detached, so Ray kills them even when the replica dies some other way."""
+actors are not detached, so Ray kills them even when the replica dies some other way.
+
+The replica is deployed under the generation's version (actors/version.py): a redeploy that
+changes only what the HTTP replicas read (the log level, a rate limit) leaves it, and so
+the generation, running. While it runs it keeps every member alive by awaiting each one's
+`watch` call (actors/generation.py `keep`): a member killed for good is created again."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
-import os
-import socket
 import time
 from typing import Any
 
@@ -24,25 +27,14 @@ from ray.serve._private.common import ReplicaState
 from ray.serve.schema import ApplicationStatus
 
 from actors import Generation
-from actors.generation import (
-    Member,
-    create,
-    drain,
-    members,
-    replace_missing,
-    stop_instances,
-    sweep,
-)
-from actors.metrics import ActorMetricsHub
+from actors.generation import Member, create, drain, keep, members, stop_instances, sweep
+from actors.host import ActorHost
 from deployments.logs import log_like_serve, serve_logging_config
 from orchestrator.config import Settings
-from orchestrator.observability import MetricsPusher, MetricsRecorder, flush_buffered_logs
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.observability import flush_buffered_logs
 
 log = logging.getLogger(__name__)
 
-# How often the replica makes sure every member of its generation exists.
-KEEP_S = 2.0
 # What an application's deletion gives its inference instances to stop.
 INSTANCE_STOP_S = 10.0
 # What Serve grants `__del__` beyond the drain itself (killing, inference instances).
@@ -88,9 +80,10 @@ def _app_deleting(app: str) -> bool:
 
 
 @serve.deployment(name="Runtime", num_replicas=1, max_ongoing_requests=16)
-class Runtime:
-    """Creates the generation when it starts, once the ingress serves; drains and kills it
-    when Serve stops it."""
+class Runtime(ActorHost):
+    """Creates the generation when it starts, once the ingress serves, and keeps it; drains
+    and kills it when Serve stops it. Its logs are Serve's (a replica), flushed every second
+    with its metrics."""
 
     # Serve awaits an async constructor: the generation runs before the replica is ready
     # (so the application is RUNNING once its actors run), and it starts once the ingress
@@ -99,34 +92,29 @@ class Runtime:
     async def __init__(  # type: ignore[misc]
         self, settings: Settings, generation: Generation, ingress: str
     ) -> None:
-        log_like_serve(settings)
-        self._settings = settings
+        super().__init__("runtime", settings, generation)
         self._generation = generation
         self._members: list[Member] = members(settings, generation)
+        self._handles: dict[str, Any] = {}
         log.info("generation %s: starting once %s serves", generation.prefix, ingress)
         flush_buffered_logs()  # Serve buffers a replica's lines until its constructor ends
         await _after_ingress(generation.app, ingress)
-        self._handles: dict[str, Any] = await create(
-            self._members, started_within_s=GENERATION_START_S
-        )
-        self._recorder = MetricsRecorder(f"runtime:{socket.gethostname()}:{os.getpid()}")
-        self._pusher = MetricsPusher(self._recorder, ActorMetricsHub(generation))
-        self._supervisor = Supervisor(
-            f"runtime {generation.prefix}", on_restart=self._recorder.background_restart
-        )
-        self._supervisor.spawn("keep-generation", self._keep)
+        self._handles.update(await create(self._members, started_within_s=GENERATION_START_S))
+        for member in self._members:
+            self._supervisor.spawn(
+                f"keep {member.name.removeprefix(generation.prefix)}",
+                functools.partial(keep, member, self._handles),
+            )
         log.info("generation %s: %d actors", generation.prefix, len(self._handles))
+
+    def _configure_logs(self, settings: Settings) -> None:
+        log_like_serve(settings)
+
+    def _before_flush(self) -> None:
+        flush_buffered_logs()  # Serve buffers this replica's log lines
 
     def __repr__(self) -> str:
         return f"Runtime({self._generation.prefix}, actors={len(self._handles)})"
-
-    async def _keep(self) -> None:
-        while True:
-            await asyncio.sleep(KEEP_S)
-            await replace_missing(self._generation, self._members, self._handles)
-            flush_buffered_logs()  # Serve buffers this replica's log lines
-            with contextlib.suppress(Exception):  # the Metrics actor may be restarting
-                await self._pusher.flush()
 
     async def describe(self) -> dict[str, Any]:
         return {
@@ -149,9 +137,17 @@ class Runtime:
         log.info("generation %s drained and killed", self._generation.prefix)
 
 
-def runtime_deployment(settings: Settings) -> Any:
-    """The Runtime deployment with Serve's stop budget covering the drain."""
+def runtime_deployment(settings: Settings, generation: Generation) -> Any:
+    """The Runtime deployment with Serve's stop budget covering the drain, under the
+    generation's version."""
     return Runtime.options(  # type: ignore[attr-defined]
+        # Serve stopped taking a deployment's version from users (each `serve.run` gets a
+        # random one, so every redeploy replaced every replica, this one and so the whole
+        # generation). Same version, same running replica: Serve does not restart it, and
+        # its arguments cannot differ in anything the actors read. A config deployed with
+        # `serve deploy` gets its version from Serve (its args), as before.
+        version=generation.version,
+        _internal=True,
         ray_actor_options={"num_cpus": 0},
         logging_config=serve_logging_config(settings),
         graceful_shutdown_timeout_s=settings.generation_drain_s + SHUTDOWN_MARGIN_S,

@@ -20,6 +20,8 @@ import uvicorn
 
 from orchestrator.config import Settings
 from orchestrator.runtime import EmbeddedPostgres, EmbeddedRedis
+from orchestrator.runtime.backoff import Backoff
+from orchestrator.runtime.supervisor import Supervisor
 from tests.fakes._sockets import bound_socket
 
 
@@ -157,6 +159,19 @@ async def clean_redis(redis_url: str) -> str:
     """The session's Redis, emptied (for module-scoped services: `empty_redis`)."""
     await empty_redis(redis_url)
     return redis_url
+
+
+def make_supervisor(owner: str = "test") -> Supervisor:
+    """A process's supervisor for a test (components take one), restarting fast."""
+    return Supervisor(owner, backoff=Backoff(base=0.05, cap=0.5))
+
+
+@pytest.fixture
+async def supervisor() -> AsyncIterator[Supervisor]:
+    """The test's process supervisor, closed (its tasks cancelled) after the test."""
+    sup = make_supervisor()
+    yield sup
+    await sup.aclose()
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from orchestrator.channels._platforms import (
 )
 from orchestrator.channels._store import CLAIM_KIND, Channel, ChannelStore, InboxItem
 from orchestrator.config import Settings
+from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor
 
@@ -81,6 +82,8 @@ class ChannelRelay:
         self._store = store
         self._dispatcher = dispatcher
         self._settings = settings
+        # Deliveries retried later: exact doublings (the wait is stored with the item).
+        self._retry_backoff = Backoff(base=settings.channel_retry_base_s, cap=MAX_RETRY_S, jitter=0)
         self._http = http
         self._shard = shard
         self._shards = shards
@@ -290,7 +293,7 @@ class ChannelRelay:
         message = str(exc)
         attempt = item.attempts + 1
         if exc.retryable and attempt < s.channel_delivery_attempts:
-            delay = min(MAX_RETRY_S, s.channel_retry_base_s * 2 ** (attempt - 1))
+            delay = self._retry_backoff.delay(attempt)
             if exc.retry_after is not None:
                 delay = max(delay, min(MAX_RETRY_S, exc.retry_after))
             await self._store.retry_later(item.id, message, delay, fence=fence)
@@ -320,11 +323,9 @@ def reply_of(inbound_reply: Mapping[str, Any], sync: bool) -> dict[str, Any]:
 class LocalChannels:
     """Without Ray: one relay in the API process for every channel."""
 
-    def __init__(self, relay: ChannelRelay, supervisor: Supervisor | None = None) -> None:
+    def __init__(self, relay: ChannelRelay, supervisor: Supervisor) -> None:
         self._relay = relay
-        self._task = (supervisor or Supervisor("channels")).spawn(
-            "channel-relay", relay.run_forever
-        )
+        self._task = supervisor.spawn("channel-relay", relay.run_forever)
 
     async def submit(self, channel_id: str, inbox_id: int) -> None:
         self._relay.submit(inbox_id)

@@ -143,10 +143,10 @@ class Fanout:
         *,
         client_limit: int = 10_000,
         on_clients: Callable[[int], None] | None = None,
-        supervisor: Supervisor | None = None,
+        supervisor: Supervisor,
     ) -> None:
         self._upstream = upstream
-        self._supervisor = supervisor or Supervisor("fanout")
+        self._supervisor = supervisor
         self._store = store
         self._client_limit = client_limit
         self._on_clients = on_clients

@@ -61,10 +61,10 @@ class EventFeed:
         batch: int = 500,
         subscriber_limit: int = 50_000,
         on_batch: BatchHook | None = None,
-        supervisor: Supervisor | None = None,
+        supervisor: Supervisor,
     ) -> None:
         self._store = store
-        self._supervisor = supervisor or Supervisor("event-feed")
+        self._supervisor = supervisor
         self._dsn = dsn
         self._poll_s = poll_s
         self._batch = batch

@@ -35,7 +35,7 @@ class EventServices:
         store: EventStore,
         dsn: str,
         recorder: MetricsRecorder,
-        supervisor: Supervisor | None = None,
+        supervisor: Supervisor,
         project_every_s: float = PROJECT_EVERY_S,
     ) -> None:
         self.store = store

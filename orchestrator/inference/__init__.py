@@ -2,7 +2,8 @@
 
 An instance is a llama-server compatible process (`inference_bin`, else `llama-server` on
 PATH, else the bundled cyllama launcher `python -m orchestrator.inference.llama_server`),
-supervised by an `InstanceSupervisor`; requests go straight to its port."""
+run (spawned, health-checked, its transitions recorded) by an `InstanceRunner`; requests go
+straight to its port."""
 
 from orchestrator.inference._instances import (
     LIVE_STATES,
@@ -37,8 +38,8 @@ from orchestrator.inference._process import (
     free_port,
     resolve_binary,
 )
+from orchestrator.inference._runner import InstanceRunner
 from orchestrator.inference._service import DiscoveryResult, InferenceService, StartRequest
-from orchestrator.inference._supervisor import InstanceSupervisor
 
 __all__ = [
     "BUNDLED_LAUNCHER",
@@ -53,9 +54,9 @@ __all__ = [
     "InProcessInference",
     "InferenceService",
     "InstanceRecord",
+    "InstanceRunner",
     "InstanceState",
     "InstanceStore",
-    "InstanceSupervisor",
     "LaunchFailed",
     "LocalEndpoint",
     "LocalInference",

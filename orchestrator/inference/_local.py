@@ -1,6 +1,6 @@
 """Where instance processes run. The HTTP layer sees only `LocalInference`; under Ray it is
 `actors.inference.RayLocalInference` (one `InferenceInstance` actor per instance, placed on
-a node with the GPUs it asks for), and `InProcessInference` runs the same supervisors as
+a node with the GPUs it asks for), and `InProcessInference` runs the same runners as
 tasks of the current process (one process, no Ray: tests, a single uvicorn worker)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from orchestrator.db import Database, connect
 from orchestrator.errors import ServiceUnavailable
 from orchestrator.events import EventStore
 from orchestrator.inference._instances import InstanceStore
-from orchestrator.inference._supervisor import InstanceSupervisor
+from orchestrator.inference._runner import InstanceRunner
 
 __all__ = ["InProcessInference", "LaunchFailed", "LocalInference"]
 
@@ -40,14 +40,14 @@ class LocalInference(Protocol):
 
 
 class InProcessInference:
-    """Supervisors as tasks of this process; they end with it."""
+    """Instance runners as tasks of this process; they end with it."""
 
     def __init__(self, settings: Settings, host: str = "127.0.0.1") -> None:
         self._settings = settings
         self._host = host
         self._db: Database | None = None
         self._lock = asyncio.Lock()
-        self._supervisors: dict[str, InstanceSupervisor] = {}
+        self._runners: dict[str, InstanceRunner] = {}
 
     async def _store(self) -> InstanceStore:
         async with self._lock:
@@ -57,29 +57,27 @@ class InProcessInference:
                 self._db = await connect(self._settings.database_url, min_size=1, max_size=4)
             return InstanceStore(EventStore(self._db.pool))
 
-    def supervisor(self, instance_id: str) -> InstanceSupervisor | None:
-        return self._supervisors.get(instance_id)
+    def runner(self, instance_id: str) -> InstanceRunner | None:
+        return self._runners.get(instance_id)
 
     async def start(self, instance_id: str) -> None:
-        supervisor = InstanceSupervisor(
-            await self._store(), instance_id, self._settings, self._host
-        )
-        self._supervisors[instance_id] = supervisor
-        supervisor.start()
+        runner = InstanceRunner(await self._store(), instance_id, self._settings, self._host)
+        self._runners[instance_id] = runner
+        runner.start()
 
     async def stop(self, instance_id: str, reason: str) -> bool:
-        supervisor = self._supervisors.pop(instance_id, None)
-        if supervisor is None:
+        runner = self._runners.pop(instance_id, None)
+        if runner is None:
             return False
-        await supervisor.stop(reason)
+        await runner.stop(reason)
         return True
 
     async def stop_all(self, instance_ids: Sequence[str], reason: str) -> list[bool]:
         return list(await asyncio.gather(*(self.stop(i, reason) for i in instance_ids)))
 
     async def close(self) -> None:
-        # Their processes cannot outlive this one's supervision: stop them for the record.
-        await self.stop_all(list(self._supervisors), "service shutting down")
+        # Their processes cannot outlive this one's runners: stop them for the record.
+        await self.stop_all(list(self._runners), "service shutting down")
         if self._db is not None:
             await self._db.close()
             self._db = None

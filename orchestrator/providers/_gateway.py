@@ -37,6 +37,7 @@ from orchestrator.providers._types import (
     ProviderError,
     StreamEvent,
 )
+from orchestrator.runtime.backoff import Backoff
 
 __all__ = ["Gateway", "LocalTarget", "Route", "RoutedStream"]
 
@@ -142,6 +143,10 @@ class Gateway:
         self._recorder = recorder
         self._local_source = local
         self._sleep = sleep
+        # Retries on one route: exact doublings (a peer's Retry-After is compared with them).
+        self._retry_backoff = Backoff(
+            base=settings.provider_retry_backoff_s, cap=MAX_RETRY_SLEEP_S, jitter=0
+        )
         self._own_http = http is None
         self._http = http or upstream_client(settings)
         self._exact_http: httpx.AsyncClient | None = None
@@ -461,7 +466,7 @@ class Gateway:
         """Seconds to wait before the next attempt on the same route; None: no more."""
         if attempt >= self._settings.provider_retries:
             return None
-        delay = self._settings.provider_retry_backoff_s * (2.0**attempt)
+        delay = self._retry_backoff.delay(attempt + 1)
         if exc.retry_after is not None:
             if exc.retry_after > MAX_RETRY_SLEEP_S:
                 return None  # not worth holding the caller: fall back instead

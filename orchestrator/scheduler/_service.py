@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 LEASE = ("scheduler", "leader")
 LEASE_RETRY_S = 1.0
+# How a session ends without a bug: the lease lost, the database away.
+SESSION_ENDS = (StaleClaim, OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 FINISH_ATTEMPTS = 60  # one a second: a Postgres restart is over long before
 
 
@@ -54,10 +56,10 @@ class SchedulerService:
         dispatcher: TaskDispatcher,
         settings: Settings,
         dsn: str,
+        supervisor: Supervisor,
         *,
         clock: Callable[[], float] = time.time,
         name: str = "scheduler",
-        on_restart: Callable[[str], None] | None = None,
         run_store: JobStore | None = None,
     ) -> None:
         self._store = store
@@ -69,7 +71,8 @@ class SchedulerService:
         self._dsn = dsn
         self._clock = clock
         self.name = name
-        self._on_restart = on_restart
+        self._supervisor = supervisor
+        self._loop: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._runs: set[asyncio.Task[None]] = set()
         self._inflight: set[int] = set()  # run ids this scheduler is waiting on
@@ -87,29 +90,18 @@ class SchedulerService:
     def poke(self) -> None:
         self._wake.set()
 
-    async def run_forever(self) -> None:
-        """Wait for the lease, then schedule until cancelled, under a Supervisor: a lost
-        lease or database connection gives the lease up and the loop takes it again when
-        it can; anything unexpected (a bug) is logged with its traceback, counted
-        (`on_restart`) and the loop restarted with backoff."""
-        supervisor = Supervisor(self.name, on_restart=self._on_restart, base_delay=LEASE_RETRY_S)
-        try:
-            await supervisor.spawn("scheduler", self._sessions)
-        finally:
-            await supervisor.aclose()
+    def start(self) -> None:
+        """Run the scheduler as the task `scheduler` of the process's supervisor, its one
+        restart layer: a session waits for the lease, then schedules until it ends; a lost
+        lease, a lost database connection or a bug ends it (the lease given up), and the
+        supervisor logs it, counts it and starts the next session after its backoff."""
+        self._loop = self._supervisor.spawn("scheduler", self._session, expected=SESSION_ENDS)
 
-    async def _sessions(self) -> None:
-        while True:
-            try:
-                await self._hold_lease_and_run()
-            except StaleClaim as exc:
-                log.warning("%s: lost the lease (%s); standing by", self.name, exc)
-                await asyncio.sleep(LEASE_RETRY_S)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("%s: database trouble (%r); starting over", self.name, exc)
-                await asyncio.sleep(LEASE_RETRY_S)
-            finally:
-                await self._release()
+    async def _session(self) -> None:
+        try:
+            await self._hold_lease_and_run()
+        finally:
+            await self._release()
 
     async def _release(self) -> None:
         self.active = False
@@ -348,6 +340,11 @@ class SchedulerService:
         return None
 
     async def shutdown(self) -> None:
+        """Stop scheduling: the loop, then the runs in flight; the lease is given up."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
         for task in list(self._runs):
             task.cancel()
         for task in list(self._runs):

@@ -58,6 +58,7 @@ import asyncpg
 from orchestrator.agents import AgentTask, TaskDispatcher
 from orchestrator.config import Settings
 from orchestrator.errors import Conflict, NotFound, RateLimited, ValidationFailed
+from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.workflows._admission import DriverAdmission
@@ -107,7 +108,7 @@ class WorkflowEngine:
         starter: Starter | None = None,
         canceller: Canceller | None = None,
         owner: str | None = None,
-        supervisor: Supervisor | None = None,
+        supervisor: Supervisor,
         shard: tuple[int, int] = (0, 1),
     ) -> None:
         self._store = store
@@ -119,8 +120,13 @@ class WorkflowEngine:
         # (with new epochs: the old one, were it still alive, is fenced off).
         self.owner = owner or f"engine/{uuid.uuid4().hex[:12]}"
         self._claims = ClaimStore(store.pool, settings.workflow_claim_ttl_ms)
-        self._sup = supervisor or Supervisor(f"workflows {self.owner}")
-        self._own_supervisor = supervisor is None
+        # The process's supervisor: drivers, interrupts, the listener and the sweep run
+        # under it (named by workflow, so `shutdown` stops exactly this engine's tasks).
+        self._sup = supervisor
+        # Infrastructure failures of a workflow in a row: doubling, jittered waits.
+        self._retry_backoff = Backoff(
+            base=settings.workflow_retry_base_ms / 1000, cap=settings.workflow_retry_max_ms / 1000
+        )
         self._shard = shard
         self._fences: dict[str, Fence] = {}
         self._waiters: dict[str, set[asyncio.Event]] = {}
@@ -252,17 +258,14 @@ class WorkflowEngine:
             drivers = [t for n, t in self._sup.tasks().items() if n.startswith(_DRIVER)]
             if drivers:
                 await asyncio.wait(drivers, timeout=drain_s)
-        if self._own_supervisor:
-            await self._sup.aclose()
-        else:
-            ours = [
-                t
-                for n, t in self._sup.tasks().items()
-                if n.startswith((_DRIVER, _INTERRUPT)) or n in (_LISTENER, _SWEEP)
-            ]
-            for task in ours:
-                task.cancel()
-            await asyncio.gather(*ours, return_exceptions=True)
+        ours = [
+            t
+            for n, t in self._sup.tasks().items()
+            if n.startswith((_DRIVER, _INTERRUPT)) or n in (_LISTENER, _SWEEP)
+        ]
+        for task in ours:
+            task.cancel()
+        await asyncio.gather(*ours, return_exceptions=True)
         self._patterns.close()
 
     async def close(self) -> None:
@@ -418,21 +421,18 @@ class WorkflowEngine:
                 if failures >= attempts:
                     await self._give_up(workflow_id, fence, exc, failures)
                     return
-                delay = min(
-                    self._settings.workflow_retry_max_ms,
-                    self._settings.workflow_retry_base_ms * 2 ** (failures - 1),
-                ) * (0.5 + random.random() / 2)
+                delay = self._retry_backoff.delay(failures)
                 log.warning(
                     "workflow %s: infrastructure failure %d/%d (%r); retrying in %.0f ms",
                     workflow_id,
                     failures,
                     attempts,
                     exc,
-                    delay,
+                    delay * 1000,
                     exc_info=exc,
                 )
                 async with self._admission.away(workflow_id):
-                    await asyncio.sleep(delay / 1000)
+                    await asyncio.sleep(delay)
 
     async def _give_up(self, workflow_id: str, fence: Fence, exc: Exception, n: int) -> None:
         reason = f"infrastructure failure, {n} attempts in a row: {exc!r}"[:2000]

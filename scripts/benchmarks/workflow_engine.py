@@ -72,13 +72,14 @@ async def _run(url: str, sequential: int, concurrent: int) -> dict[str, Any]:
     from orchestrator.config import Settings
     from orchestrator.db import connect
     from orchestrator.events import EventStore
+    from orchestrator.runtime.supervisor import Supervisor
     from orchestrator.workflows import WorkflowEngine, WorkflowSpec, WorkflowStore
 
     db = await connect(url, min_size=4, max_size=16)
     agent = _Instant()
     settings = Settings.load(environ={}, database_url=url)
     store = WorkflowStore(db.pool, EventStore(db.pool))
-    engine = WorkflowEngine(store, agent, settings)
+    engine = WorkflowEngine(store, agent, settings, supervisor=Supervisor("bench"))
     spec = WorkflowSpec.parse(
         "bench", [{"name": f"s{i}", "prompt": f"step {i}"} for i in range(STEPS)]
     )

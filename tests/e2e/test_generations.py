@@ -1,6 +1,8 @@
 """Actors owned by the application, through `orchestrator serve --address` on a `ray start`
 cluster (Postgres and Redis outside the service, as on a shared cluster, so they outlive it):
 
+- a redeploy that changes only settings the HTTP replicas read (the log level, the rate
+  limit) restarts those replicas and keeps the actors: the same processes, not nine new ones;
 - a redeploy with changed settings gets a new actor generation that runs with them (the
   agent workers report the new values, their CPU reservation included), the old generation
   is gone, and a workflow running across the redeploy completes;
@@ -271,6 +273,41 @@ def _replicas(cluster: Cluster, deployment: str) -> list[psutil.Process]:
                     if p.status() != psutil.STATUS_ZOMBIE and p not in found:
                         found.append(p)
     return found
+
+
+REPLICA_ONLY = """
+from ray import serve
+from deployments.app import APP_NAME, build_app
+before = {n: ray.get_actor(n)._actor_id.hex() for n in ours()}
+scheduler = ray.get_actor(next(n for n in before if n.endswith("-Scheduler")))
+settings = ray.get(scheduler.settings.remote())
+new = settings.model_copy(update={"log_level": "DEBUG", "rate_limit_per_minute": 100000})
+serve.run(build_app({"settings": new}), name=APP_NAME, route_prefix="/", blocking=False)
+time.sleep(5)  # a generation replaced would be draining by now
+after = {n: ray.get_actor(n)._actor_id.hex() for n in ours()}
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_a_redeploy_of_replica_settings_keeps_the_actors(service: Service) -> None:
+    """log_level and rate_limit_per_minute are not in the generation's version: the Api
+    replica restarts with them, the Runtime replica and its actors stay as they are."""
+    [api] = _replicas(service.cluster, "Api")
+    [runtime] = _replicas(service.cluster, "Runtime")
+    got = service.cluster.driver(REPLICA_ONLY)
+    assert got["before"] and got["after"] == got["before"]  # same names, same actors
+    assert [p.pid for p in _replicas(service.cluster, "Runtime")] == [runtime.pid]
+    deadline = time.monotonic() + 120
+    while [p.pid for p in _replicas(service.cluster, "Api")] in ([], [api.pid]):
+        assert time.monotonic() < deadline, "the Api replica did not restart"
+        time.sleep(0.5)
+    with service.client() as c:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if c.get("/ready").text == "OK":
+                    break
+            assert time.monotonic() < deadline, "the new Api replica did not become ready"
+            time.sleep(0.5)
 
 
 REDEPLOY = """

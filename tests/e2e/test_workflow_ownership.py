@@ -21,6 +21,7 @@ from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventStore
 from orchestrator.workflows import WorkflowEngine, WorkflowStore
+from tests.conftest import make_supervisor
 from tests.e2e.test_workflows import _events, _wait_all, agent_config, llm, running
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +44,9 @@ async def _compete(database_url: str, ids: list[str]) -> list[str]:
     db = await connect(database_url, migrate=False)
     zombie = _Zombie()
     settings = Settings.load(environ={}, database_url=database_url)
-    engine = WorkflowEngine(WorkflowStore(db.pool, EventStore(db.pool)), zombie, settings)
+    engine = WorkflowEngine(
+        WorkflowStore(db.pool, EventStore(db.pool)), zombie, settings, supervisor=make_supervisor()
+    )
     try:
         for wid in ids:
             await engine.start(wid)

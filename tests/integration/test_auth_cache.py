@@ -14,7 +14,7 @@ from orchestrator.auth import Authenticator, JwtVerifier, TokenStore
 from orchestrator.auth._tokens import LISTENER_NAME
 from orchestrator.db import Database, connect
 from orchestrator.errors import Unauthorized
-from orchestrator.runtime.supervisor import Supervisor
+from tests.conftest import make_supervisor
 
 NO_JWT = JwtVerifier()
 REVOCATION_BOUND_S = 1.0
@@ -25,7 +25,7 @@ async def replica(database_url: str) -> AsyncIterator[tuple[Database, Authentica
     """One replica's pool and authenticator, with its token listener running (supervised)."""
     db = await connect(database_url)
     auth = Authenticator(TokenStore(db.pool), NO_JWT, cache_ttl_s=60)
-    supervisor = Supervisor("test-replica", base_delay=0.05)
+    supervisor = make_supervisor("test-replica")
     supervisor.spawn("token-listener", lambda: auth.watch(database_url))
     try:
         deadline = time.monotonic() + 10

@@ -32,6 +32,7 @@ from orchestrator.events import (
 )
 from orchestrator.events import _notifier as notifier_module
 from orchestrator.observability import MetricsRecorder
+from orchestrator.runtime.supervisor import Supervisor
 
 ADMIN = Principal("test", is_admin=True)
 
@@ -221,14 +222,16 @@ async def test_projection_rebuild_gives_the_same_state(db: Database) -> None:
 
 
 async def test_projections_catch_up_once_a_window_and_count_the_last_event(
-    db: Database, database_url: str
+    db: Database, database_url: str, supervisor: Supervisor
 ) -> None:
     """The feed hands on a batch per wake; the projections catch up at most once a window
     (each catch-up is a transaction that reads the events again), and the events of the
     last batches, after which nothing more comes, are still counted."""
     store = EventStore(db.pool)
     every = 0.3
-    services = EventServices(store, database_url, MetricsRecorder("test"), project_every_s=every)
+    services = EventServices(
+        store, database_url, MetricsRecorder("test"), supervisor, project_every_s=every
+    )
     catch_ups = 0
     catch_up = services.projections.catch_up
 
@@ -272,14 +275,16 @@ async def test_projections_catch_up_once_a_window_and_count_the_last_event(
         await services.stop()
 
 
-async def test_stopping_counts_what_the_window_held_back(db: Database, database_url: str) -> None:
+async def test_stopping_counts_what_the_window_held_back(
+    db: Database, database_url: str, supervisor: Supervisor
+) -> None:
     """Events the projections have not caught up with when the services stop (the window is
     still open) are counted by the stop, in Postgres and in the process's metrics, and those
     committed before the start, by the start."""
     store = EventStore(db.pool)
     await store.append([task_event("before")])
     recorder = MetricsRecorder("test")
-    services = EventServices(store, database_url, recorder, project_every_s=60)
+    services = EventServices(store, database_url, recorder, supervisor, project_every_s=60)
     await services.start()
     assert recorder.drain().events == {"task.created": 1}
     seen: list[Event] = []
@@ -306,10 +311,12 @@ async def test_stopping_counts_what_the_window_held_back(db: Database, database_
     assert recorder.drain().events == {"task.dispatched": 3}
 
 
-async def test_feed_live_catch_up_and_slow_subscribers(db: Database, database_url: str) -> None:
+async def test_feed_live_catch_up_and_slow_subscribers(
+    db: Database, database_url: str, supervisor: Supervisor
+) -> None:
     store = EventStore(db.pool)
     [early] = await store.append([task_event("f0")])
-    feed = EventFeed(store, database_url, poll_s=5.0, subscriber_limit=3)
+    feed = EventFeed(store, database_url, poll_s=5.0, subscriber_limit=3, supervisor=supervisor)
     await feed.start()
     try:
         stream = feed.subscribe(after=0)
@@ -354,13 +361,15 @@ async def test_reads_are_scoped_to_the_caller_in_the_store(db: Database) -> None
 
 
 async def test_appends_to_different_aggregates_commit_concurrently(
-    db: Database, database_url: str
+    db: Database, database_url: str, supervisor: Supervisor
 ) -> None:
     """One transaction holds its append open; another aggregate's append commits meanwhile.
     Followers (read_after, head, the live feed) hold the later position back until the open
     transaction ends, then deliver both in position order, woken without a new append."""
     store = EventStore(db.pool)
-    feed = EventFeed(store, database_url, poll_s=30.0)  # no poll timer to save the day
+    feed = EventFeed(
+        store, database_url, poll_s=30.0, supervisor=supervisor
+    )  # no poll timer to save the day
     await feed.start()
     stream = feed.subscribe(after=0)
     first_live = asyncio.ensure_future(anext(stream))
@@ -420,7 +429,7 @@ async def test_same_aggregate_appends_wait_for_each_other(db: Database) -> None:
 
 
 async def test_random_concurrent_writers_never_make_a_follower_skip(
-    db: Database, database_url: str
+    db: Database, database_url: str, supervisor: Supervisor
 ) -> None:
     """The proof by test: 16 concurrent writers, each transaction with random work before its
     append (some take a transaction id early), random delays before commit, some rolled
@@ -434,7 +443,7 @@ async def test_random_concurrent_writers_never_make_a_follower_skip(
     await db.pool.execute("CREATE TABLE scratch (v int CHECK (v >= 0))")
     rng = random.Random(1616)
     writers, per_writer, rounds = 16, 6, 4
-    feed = EventFeed(store, database_url, poll_s=0.2)
+    feed = EventFeed(store, database_url, poll_s=0.2, supervisor=supervisor)
     await feed.start()
 
     async def follow(read: AsyncIterator[list], seen: list, want: list[int]) -> None:

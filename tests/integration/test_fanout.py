@@ -14,6 +14,8 @@ from orchestrator.auth import Principal
 from orchestrator.db import Database, connect
 from orchestrator.events import Event, EventFeed, EventStore, NewEvent, SubscriberTooSlow, _fanout
 from orchestrator.events._fanout import COALESCE_BYTES, Fanout, FanoutStream, StreamFilter
+from orchestrator.runtime.supervisor import Supervisor
+from tests.conftest import make_supervisor
 
 ADMIN = Principal("root", is_admin=True)
 
@@ -26,21 +28,28 @@ async def db(database_url: str) -> AsyncIterator[Database]:
 
 
 @pytest.fixture
-async def fanout_of(db: Database, database_url: str) -> AsyncIterator[Callable[[int], Fanout]]:
+async def fanout_of(
+    db: Database, database_url: str, supervisor: Supervisor
+) -> AsyncIterator[Callable[[int], Fanout]]:
     """A Fanout (with the given client buffer) following the store through an EventFeed,
     as a replica served without Ray does."""
     store = EventStore(db.pool)
-    feed = EventFeed(store, database_url, poll_s=5.0)
+    feed = EventFeed(store, database_url, poll_s=5.0, supervisor=supervisor)
     await feed.start()
     made: list[Fanout] = []
+    replicas: list[Supervisor] = []
 
     def make(limit: int = 10_000) -> Fanout:
-        made.append(Fanout(feed.subscribe, store, client_limit=limit))
+        # Each fan-out is a replica's: a supervisor of its own.
+        replicas.append(make_supervisor(f"replica-{len(replicas)}"))
+        made.append(Fanout(feed.subscribe, store, client_limit=limit, supervisor=replicas[-1]))
         return made[-1]
 
     yield make
     for fanout in made:
         await fanout.close()
+    for replica in replicas:
+        await replica.aclose()
     await feed.stop()
 
 

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from orchestrator.auth import RateLimiter
 from orchestrator.errors import RateLimited
-from orchestrator.runtime.supervisor import Supervisor
+from tests.conftest import make_supervisor
 
 SYNC_S = 0.05
 
@@ -22,7 +22,7 @@ async def replicas(redis_url: str, n: int, limit: int) -> AsyncIterator[list[Rat
     """`n` limiters, each with its own Redis client and its sync loop (as replicas run it)."""
     namespace = f"rl-{uuid.uuid4().hex[:8]}"
     clients = [aioredis.from_url(redis_url) for _ in range(n)]
-    supervisor = Supervisor("test-replicas", base_delay=0.05)
+    supervisor = make_supervisor("test-replicas")
     limiters = [RateLimiter(c, limit, namespace=namespace, sync_s=SYNC_S) for c in clients]
     for i, limiter in enumerate(limiters):
         supervisor.spawn(f"sync-{i}", limiter.run)

@@ -16,8 +16,9 @@ import pytest
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.db import connect
 from orchestrator.events import EventStore
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import JobSpec, JobStore, SchedulerService, every
-from tests.conftest import ADMIN_TOKEN, ServedApp
+from tests.conftest import ADMIN_TOKEN, ServedApp, make_supervisor
 from tests.fakes.agent_llm import agent_reply
 from tests.fakes.openai_server import OpenAIFake
 from tests.integration.test_workflows_api import agent_settings, user
@@ -255,9 +256,12 @@ async def test_catch_up_lease_and_interrupted_runs(make_settings: Any) -> None:
         )
         await db.pool.execute("UPDATE scheduled_jobs SET running = 1 WHERE id = $1", ids[7])
         first, second = _Recorder(), _Recorder()
-        one = SchedulerService(store, first, settings, settings.database_url, name="one")
-        two = SchedulerService(store, second, settings, settings.database_url, name="two")
-        tasks = [asyncio.create_task(one.run_forever()), asyncio.create_task(two.run_forever())]
+        # Two processes: a supervisor each.
+        sups = [make_supervisor("one"), make_supervisor("two")]
+        one = SchedulerService(store, first, settings, settings.database_url, sups[0], name="one")
+        two = SchedulerService(store, second, settings, settings.database_url, sups[1], name="two")
+        one.start()
+        two.start()
         try:
             await _until(lambda: _settled(first, second, 5), within=15)
             await asyncio.sleep(0.5)
@@ -277,14 +281,13 @@ async def test_catch_up_lease_and_interrupted_runs(make_settings: Any) -> None:
             assert interrupted.running == 0
             # The active one stops: the other takes the lease over.
             active, waiting = (one, two) if one.active else (two, one)
-            tasks[[one, two].index(active)].cancel()
+            await active.shutdown()
             await _until(lambda: _is_active(waiting), within=10)
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             await one.shutdown()
             await two.shutdown()
+            for sup in sups:
+                await sup.aclose()
     finally:
         await db.close()
 
@@ -311,14 +314,16 @@ class _Slow(_Recorder):
 
 
 @pytest.mark.parametrize("overlap", ["allow", "queue"])
-async def test_overlap_allow_and_queue(make_settings: Any, overlap: str) -> None:
+async def test_overlap_allow_and_queue(
+    make_settings: Any, supervisor: Supervisor, overlap: str
+) -> None:
     settings = make_settings()
     assert settings.database_url
     db = await connect(settings.database_url)
     slow = _Slow(2.2)
     store = JobStore(db.pool, EventStore(db.pool))
-    service = SchedulerService(store, slow, settings, settings.database_url)
-    runner = asyncio.create_task(service.run_forever())
+    service = SchedulerService(store, slow, settings, settings.database_url, supervisor)
+    service.start()
     try:
         await store.create(
             JobSpec(name="o", prompt="p", schedule=every(1000), overlap=overlap), "admin", 10
@@ -333,13 +338,11 @@ async def test_overlap_allow_and_queue(make_settings: Any, overlap: str) -> None
             assert len(starts) == 2, starts
             assert abs(starts[1] - slow.ended[0]) < 0.3
     finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
         await db.close()
 
 
-async def test_catch_up_switched_off(make_settings: Any) -> None:
+async def test_catch_up_switched_off(make_settings: Any, supervisor: Supervisor) -> None:
     settings = make_settings(catchup_enabled=False)
     assert settings.database_url
     db = await connect(settings.database_url)
@@ -350,8 +353,8 @@ async def test_catch_up_switched_off(make_settings: Any) -> None:
     await db.pool.execute(
         "UPDATE scheduled_jobs SET next_run = $2 WHERE id = $1", job.id, now - 5000
     )
-    service = SchedulerService(store, seen, settings, settings.database_url)
-    runner = asyncio.create_task(service.run_forever())
+    service = SchedulerService(store, seen, settings, settings.database_url, supervisor)
+    service.start()
     try:
         await _until(lambda: _is_active(service))
         await asyncio.sleep(0.5)
@@ -359,13 +362,13 @@ async def test_catch_up_switched_off(make_settings: Any) -> None:
         later = await store.get(job.id)
         assert later is not None and later.next_run is not None and later.next_run > now
     finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
         await db.close()
 
 
-async def test_lease_lost_mid_run_counts_the_run_once(make_settings: Any) -> None:
+async def test_lease_lost_mid_run_counts_the_run_once(
+    make_settings: Any, supervisor: Supervisor
+) -> None:
     """The scheduler's connection dies while a run is in flight: it takes the lease back
     without calling its own run interrupted, and the run's end is recorded exactly once."""
     settings = make_settings()
@@ -373,8 +376,8 @@ async def test_lease_lost_mid_run_counts_the_run_once(make_settings: Any) -> Non
     db = await connect(settings.database_url)
     slow = _Slow(3.0)
     store = JobStore(db.pool, EventStore(db.pool))
-    service = SchedulerService(store, slow, settings, settings.database_url)
-    runner = asyncio.create_task(service.run_forever())
+    service = SchedulerService(store, slow, settings, settings.database_url, supervisor)
+    service.start()
     try:
         job = await store.create(
             JobSpec(name="l", prompt="p", schedule=every(3_600_000)), "admin", 10
@@ -411,13 +414,13 @@ async def test_lease_lost_mid_run_counts_the_run_once(make_settings: Any) -> Non
         )
         assert twice is not None and twice.last_result == "ok" and twice.consecutive_errors == 0
     finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
         await db.close()
 
 
-async def test_queued_run_survives_a_scheduler_restart(make_settings: Any) -> None:
+async def test_queued_run_survives_a_scheduler_restart(
+    make_settings: Any, supervisor: Supervisor
+) -> None:
     """A run waiting (overlap `queue`) behind one that a dead scheduler left unfinished goes
     as soon as the next scheduler records that run as interrupted."""
     settings = make_settings()
@@ -438,14 +441,12 @@ async def test_queued_run_survives_a_scheduler_restart(make_settings: Any) -> No
     await db.pool.execute(
         "UPDATE scheduled_jobs SET running = 1, queued = true WHERE id = $1", job.id
     )
-    service = SchedulerService(store, seen, settings, settings.database_url)
-    runner = asyncio.create_task(service.run_forever())
+    service = SchedulerService(store, seen, settings, settings.database_url, supervisor)
+    service.start()
     try:
         await _until(lambda: _settled(seen, _Recorder(), 1))
         assert [t.prompt for _, t in seen.seen] == ["queued"]
     finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
         await db.close()
 

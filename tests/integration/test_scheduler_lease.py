@@ -18,6 +18,7 @@ from orchestrator.db import Database, connect
 from orchestrator.errors import Conflict
 from orchestrator.events import EventStore, EventTransaction
 from orchestrator.runtime.claims import StaleClaim
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import Job, JobSpec, JobStore, SchedulerService, every
 
 
@@ -111,11 +112,11 @@ async def _make_due(db: Database, job: Job) -> None:
     await db.pool.execute("UPDATE scheduled_jobs SET next_run = $2 WHERE id = $1", job.id, past)
 
 
-async def _active(service: SchedulerService) -> asyncio.Task[None]:
-    runner = asyncio.create_task(service.run_forever())
+async def _active(service: SchedulerService) -> None:
+    service.start()
     for _ in range(200):
         if service.active:
-            return runner
+            return
         await asyncio.sleep(0.05)
     raise AssertionError("the scheduler never became active")
 
@@ -132,7 +133,10 @@ async def _dispatches(db: Database, job_id: int) -> int:
 
 @pytest.mark.parametrize("change", ["pause", "delete"])
 async def test_a_job_changed_mid_tick_waits_for_that_tick(
-    make_settings: Any, db: Database, change: str, caplog: pytest.LogCaptureFixture
+    make_settings: Any,
+    db: Database,
+    change: str,
+    supervisor: Supervisor,
 ) -> None:
     settings = make_settings(timer_clamp_ms=200)
     assert settings.database_url
@@ -140,8 +144,8 @@ async def test_a_job_changed_mid_tick_waits_for_that_tick(
     store = _MidTick(db.pool, events)
     other = await _due_job(store, db, "other")
     recorder = _Recorder()
-    service = SchedulerService(store, recorder, settings, settings.database_url)
-    runner = await _active(service)
+    service = SchedulerService(store, recorder, settings, settings.database_url, supervisor)
+    await _active(service)
     try:
         await asyncio.wait_for(_seen(recorder, 1), 10)  # `other` ran: the loop is healthy
         events.store = store
@@ -182,7 +186,7 @@ async def test_a_job_changed_mid_tick_waits_for_that_tick(
         await asyncio.wait_for(_seen(recorder, 3), 10)
         assert sorted(t.prompt for t in recorder.seen) == ["other", "target", "third"]
         assert service.active
-        assert not [r for r in caplog.records if "starting over" in r.getMessage()]
+        assert supervisor.restarts() == {}  # one session throughout
         assert await service._claims.holder("scheduler", "leader") == holder
         # Nothing of `target` after the answer.
         assert await _dispatches(db, target.id) == 1
@@ -191,8 +195,6 @@ async def test_a_job_changed_mid_tick_waits_for_that_tick(
             assert paused is not None and not paused.enabled
         assert third.id != other.id
     finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
 
 
@@ -201,13 +203,15 @@ async def _seen(recorder: _Recorder, n: int) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_a_deposed_scheduler_dispatches_nothing(make_settings: Any, db: Database) -> None:
+async def test_a_deposed_scheduler_dispatches_nothing(
+    make_settings: Any, db: Database, supervisor: Supervisor
+) -> None:
     settings = make_settings(timer_clamp_ms=200, scheduler_lease_ttl_ms=60_000)
     assert settings.database_url
     store = JobStore(db.pool, EventStore(db.pool))
     recorder = _Recorder()
-    service = SchedulerService(store, recorder, settings, settings.database_url)
-    runner = await _active(service)
+    service = SchedulerService(store, recorder, settings, settings.database_url, supervisor)
+    await _active(service)
     try:
         fence = service._fence
         assert fence is not None
@@ -228,8 +232,6 @@ async def test_a_deposed_scheduler_dispatches_nothing(make_settings: Any, db: Da
         assert recorder.seen == []
         assert await db.pool.fetchval("SELECT count(*) FROM scheduled_runs") == 0
     finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
 
 
@@ -253,10 +255,9 @@ async def test_a_failing_tick_is_restarted_and_counted(make_settings: Any, db: D
     store = _BrokenOnce(db.pool, EventStore(db.pool))
     restarts: list[str] = []
     recorder = _Recorder()
-    service = SchedulerService(
-        store, recorder, settings, settings.database_url, on_restart=restarts.append
-    )
-    runner = asyncio.create_task(service.run_forever())
+    supervisor = Supervisor("test", on_restart=restarts.append)
+    service = SchedulerService(store, recorder, settings, settings.database_url, supervisor)
+    service.start()
     try:
         # Its first tick fails: the loop is restarted (after a backoff) and counted.
         deadline = time.monotonic() + 20
@@ -269,6 +270,5 @@ async def test_a_failing_tick_is_restarted_and_counted(make_settings: Any, db: D
         assert restarts == ["scheduler"]
         assert [t.prompt for t in recorder.seen] == ["after"]
     finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()
+        await supervisor.aclose()

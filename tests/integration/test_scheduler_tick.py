@@ -14,6 +14,7 @@ import pytest
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
+from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.scheduler import JobSpec, JobStore, SchedulerService, every
 
 
@@ -44,14 +45,14 @@ async def _seen(held: _Held, n: int) -> None:
 
 
 async def test_a_tick_commits_its_dispatches_and_skips_at_once(
-    make_settings: Any, db: Database
+    make_settings: Any, db: Database, supervisor: Supervisor
 ) -> None:
     settings = make_settings(timer_clamp_ms=60_000, max_dispatch_per_tick=5)
     assert settings.database_url
     store = JobStore(db.pool, EventStore(db.pool))
     held = _Held()
-    service = SchedulerService(store, held, settings, settings.database_url)
-    runner = asyncio.create_task(service.run_forever())
+    service = SchedulerService(store, held, settings, settings.database_url, supervisor)
+    service.start()
     try:
         for _ in range(200):
             if service.active:
@@ -101,6 +102,4 @@ async def test_a_tick_commits_its_dispatches_and_skips_at_once(
         assert {r["tx"] for r in rows} | {r["tx"] for r in started} == {rows[0]["tx"]}
     finally:
         held.release.set()
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
         await service.shutdown()

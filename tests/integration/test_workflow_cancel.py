@@ -12,6 +12,7 @@ from orchestrator.db import connect
 from orchestrator.errors import Conflict
 from orchestrator.events import EventStore
 from orchestrator.workflows import WorkflowEngine, WorkflowSpec, WorkflowStore
+from tests.conftest import make_supervisor
 
 
 class _Agent:
@@ -32,7 +33,9 @@ async def test_cancel_survives_an_unreachable_child(make_settings: Any) -> None:
     assert settings.database_url
     db = await connect(settings.database_url)
     store = WorkflowStore(db.pool, EventStore(db.pool))
-    engine = WorkflowEngine(store, _Agent(), settings, canceller=_unreachable)
+    engine = WorkflowEngine(
+        store, _Agent(), settings, canceller=_unreachable, supervisor=make_supervisor()
+    )
     try:
         spec = WorkflowSpec.parse(
             "parent",

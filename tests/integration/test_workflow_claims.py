@@ -19,6 +19,7 @@ from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
 from orchestrator.runtime.claims import ClaimStore, StaleClaim
 from orchestrator.workflows import WorkflowEngine, WorkflowSpec, WorkflowStore
+from tests.conftest import make_supervisor
 
 
 class _Agent:
@@ -136,8 +137,12 @@ async def test_two_engines_over_one_workflow_run_each_step_once(
     settings = make_settings(workflow_claim_ttl_ms=60_000)
     store = _store(db)
     agent = _Agent()
-    old = WorkflowEngine(store, agent, settings, owner="shard-0/gen-a")
-    new = WorkflowEngine(store, agent, settings, owner="shard-0/gen-b")
+    old = WorkflowEngine(
+        store, agent, settings, owner="shard-0/gen-a", supervisor=make_supervisor()
+    )
+    new = WorkflowEngine(
+        store, agent, settings, owner="shard-0/gen-b", supervisor=make_supervisor()
+    )
     try:
         wids = [await store.create(_spec(f"w{i}", 3), "ann") for i in range(4)]
         gated = f"{wids[0]}:s1:1"
@@ -184,8 +189,14 @@ async def test_resharding_mid_run_loses_and_duplicates_nothing(
     settings = make_settings(workflow_claim_ttl_ms=60_000)
     store = _store(db)
     agent = _Agent(delay=0.3)
-    old = [WorkflowEngine(store, agent, settings, owner=f"shard-{i}/2") for i in range(2)]
-    new = [WorkflowEngine(store, agent, settings, owner=f"shard-{i}/3") for i in range(3)]
+    old = [
+        WorkflowEngine(store, agent, settings, owner=f"shard-{i}/2", supervisor=make_supervisor())
+        for i in range(2)
+    ]
+    new = [
+        WorkflowEngine(store, agent, settings, owner=f"shard-{i}/3", supervisor=make_supervisor())
+        for i in range(3)
+    ]
     try:
         wids = [await store.create(_spec(f"w{i}", 4), "ann") for i in range(12)]
         mid_run = agent.after(8)
@@ -218,7 +229,7 @@ async def test_infrastructure_failures_end_in_a_failed_workflow(
     )
     store = _store(db)
     broken = _Broken()
-    engine = WorkflowEngine(store, broken, settings)
+    engine = WorkflowEngine(store, broken, settings, supervisor=make_supervisor())
     try:
         wid = await store.create(_spec("w", 2), "ann")
         await engine.start(wid)
@@ -252,7 +263,7 @@ async def test_a_parent_wakes_on_its_childrens_notify(
     heard: list[str] = []
     listener = await asyncpg.connect(settings.database_url)
     await listener.add_listener("orch_workflows", lambda *a: heard.append(a[-1]))
-    engine = WorkflowEngine(store, _Agent(delay=0.2), settings)
+    engine = WorkflowEngine(store, _Agent(delay=0.2), settings, supervisor=make_supervisor())
     try:
         spec = WorkflowSpec.parse(
             "parent",
@@ -290,9 +301,15 @@ async def test_a_restarted_shard_takes_its_claims_back_at_once(
     settings = make_settings(workflow_claim_ttl_ms=600_000)
     store = _store(db)
     agent = _Agent()
-    first = WorkflowEngine(store, agent, settings, owner="gen-a-WorkflowShard-0")
-    again = WorkflowEngine(store, agent, settings, owner="gen-a-WorkflowShard-0")
-    other = WorkflowEngine(store, agent, settings, owner="gen-a-WorkflowShard-1")
+    first = WorkflowEngine(
+        store, agent, settings, owner="gen-a-WorkflowShard-0", supervisor=make_supervisor()
+    )
+    again = WorkflowEngine(
+        store, agent, settings, owner="gen-a-WorkflowShard-0", supervisor=make_supervisor()
+    )
+    other = WorkflowEngine(
+        store, agent, settings, owner="gen-a-WorkflowShard-1", supervisor=make_supervisor()
+    )
     try:
         wid = await store.create(_spec("w", 2), "ann")
         gated = f"{wid}:s0:1"
@@ -321,8 +338,8 @@ async def test_a_cancel_reaches_the_driver_on_another_engine(
     settings = make_settings()
     store = _store(db)
     agent = _Agent()
-    driver = WorkflowEngine(store, agent, settings, owner="shard-0")
-    other = WorkflowEngine(store, agent, settings, owner="shard-1")
+    driver = WorkflowEngine(store, agent, settings, owner="shard-0", supervisor=make_supervisor())
+    other = WorkflowEngine(store, agent, settings, owner="shard-1", supervisor=make_supervisor())
     try:
         wid = await store.create(_spec("w", 3), "ann")
         gated = f"{wid}:s1:1"

@@ -21,6 +21,7 @@ from orchestrator.events import EventStore
 from orchestrator.runtime.claims import ClaimStore, Fence
 from orchestrator.workflows import WorkflowEngine, WorkflowSpec, WorkflowStore
 from orchestrator.workflows._store import LIVE_LOCK
+from tests.conftest import make_supervisor
 from tests.integration.test_workflow_claims import _Agent, _spec, _store, db
 
 __all__ = ["db"]  # fixture used here
@@ -47,7 +48,7 @@ async def test_a_tenants_backlog_does_not_queue_another_tenants_workflow(
     settings = make_settings(workflow_claim_ttl_ms=120_000, workflow_max_live_per_user=BACKLOG + 10)
     store = WorkflowStore(shard_db.pool, EventStore(shard_db.pool))
     agent = _Agent()
-    engine = WorkflowEngine(store, agent, settings, owner="shard-0")
+    engine = WorkflowEngine(store, agent, settings, owner="shard-0", supervisor=make_supervisor())
     a_done, a_hold = asyncio.Event(), asyncio.Event()
     try:
         a_ids = [await store.create(_spec(f"a{i}", 2), "tenant-a") for i in range(BACKLOG)]
@@ -132,7 +133,9 @@ async def test_a_driver_cancelled_twice_gives_its_slot_back(
     """A cancel request and an interrupt (or shutdown) both cancel a driver that holds a
     slot; the second lands while the first's cleanup awaits the claim renewer. The slot
     still goes back (held forever, it would shrink the shard for every tenant)."""
-    engine = WorkflowEngine(_store(db), _Agent(), make_settings(), owner="shard-0")
+    engine = WorkflowEngine(
+        _store(db), _Agent(), make_settings(), owner="shard-0", supervisor=make_supervisor()
+    )
     holding, renewer_cancelled, renewer_may_end = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def drive(workflow_id: str, fence: Fence) -> None:  # database work, in its slot
@@ -201,7 +204,9 @@ async def test_a_spawn_of_more_children_than_the_ceiling_fails_its_step(
         workflow_max_live_per_user=2, workflow_retry_attempts=2, workflow_retry_base_ms=20
     )
     store = _store(db)
-    engine = WorkflowEngine(store, _Agent(), settings, owner="shard-0")
+    engine = WorkflowEngine(
+        store, _Agent(), settings, owner="shard-0", supervisor=make_supervisor()
+    )
     leaf = {"name": "leaf", "steps": [{"name": "x", "prompt": "hi"}]}
     spec = WorkflowSpec.parse("root", [{"name": "kids", "type": "spawn", "workflows": [leaf] * 3}])
     try:
@@ -223,7 +228,9 @@ async def test_a_pattern_search_waits_without_a_database_slot(
     """Ann's condition waits for a pattern thread (held here until Bob's workflow is done);
     the shard's only database slot is not hers meanwhile: Bob's workflow runs to its end."""
     settings = make_settings(workflow_shard_max_active=1, workflow_shard_tenant_share=1.0)
-    engine = WorkflowEngine(_store(db), _Agent(), settings, owner="shard-0")
+    engine = WorkflowEngine(
+        _store(db), _Agent(), settings, owner="shard-0", supervisor=make_supervisor()
+    )
     searching, thread_free = asyncio.Event(), asyncio.Event()
     search = engine._patterns.run
 

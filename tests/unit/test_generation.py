@@ -9,7 +9,7 @@ from actors.generation import members
 from orchestrator.config import Settings
 
 
-def test_the_version_follows_every_setting_secrets_included() -> None:
+def test_the_version_follows_the_actor_settings_secrets_included() -> None:
     base = Settings()
     assert app_version(base) == app_version(Settings())
     assert app_version(base.model_copy(update={"provider_retries": 5})) != app_version(base)

@@ -7,7 +7,10 @@ import logging
 
 import pytest
 
+from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.supervisor import Supervisor
+
+FAST = Backoff(base=0.001, cap=0.01)
 
 
 async def test_a_failing_loop_is_restarted_counted_and_logged(
@@ -25,7 +28,7 @@ async def test_a_failing_loop_is_restarted_counted_and_logged(
             await asyncio.Event().wait()
         raise RuntimeError(f"boom {runs}")
 
-    sup = Supervisor("test", on_restart=restarted.append, base_delay=0.001, max_delay=0.01)
+    sup = Supervisor("test", on_restart=restarted.append, backoff=FAST)
     with caplog.at_level(logging.ERROR, logger="orchestrator.runtime.supervisor"):
         sup.spawn("pump", loop)
         await asyncio.wait_for(third_run.wait(), 5)
@@ -47,7 +50,7 @@ async def test_a_loop_that_returns_is_restarted() -> None:
             again.set()
             await asyncio.Event().wait()
 
-    sup = Supervisor("test", base_delay=0.001)
+    sup = Supervisor("test", backoff=FAST)
     sup.spawn("tick", loop)
     await asyncio.wait_for(again.wait(), 5)
     assert sup.restarts() == {"tick": 1}
@@ -55,11 +58,19 @@ async def test_a_loop_that_returns_is_restarted() -> None:
 
 
 def test_backoff_grows_exponentially_with_jitter_up_to_the_cap() -> None:
-    sup = Supervisor("test", base_delay=0.5, max_delay=30.0)
-    for failures, full in [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (7, 30.0), (100, 30.0)]:
-        delays = [sup._delay(failures) for _ in range(200)]
+    backoff = Backoff(base=0.5, cap=30.0, jitter=0.5)
+    assert backoff.delay(0) == 0.0
+    for failures, full in [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (7, 30.0), (10_000, 30.0)]:
+        delays = [backoff.delay(failures) for _ in range(200)]
         assert all(full / 2 <= d <= full for d in delays), (failures, min(delays), max(delays))
         assert len(set(delays)) > 1  # jittered, not one fixed instant
+
+
+def test_backoff_without_jitter_is_exact() -> None:
+    backoff = Backoff(base=0.1, cap=1.0, jitter=0)
+    assert [backoff.delay(n) for n in range(1, 6)] == [0.1, 0.2, 0.4, 0.8, 1.0]
+    with pytest.raises(ValueError):
+        Backoff(jitter=2)
 
 
 async def test_waits_between_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,7 +89,7 @@ async def test_waits_between_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
     async def loop() -> None:
         raise OSError("database away")
 
-    sup = Supervisor("test", base_delay=1.0, max_delay=4.0)
+    sup = Supervisor("test", backoff=Backoff(base=1.0, cap=4.0))
     sup.spawn("feed", loop)
     await asyncio.wait_for(done.wait(), 5)
     await sup.aclose()
@@ -114,7 +125,7 @@ async def test_cancelled_error_ends_the_task_without_a_restart() -> None:
     async def loop() -> None:
         raise asyncio.CancelledError
 
-    sup = Supervisor("test", on_restart=restarted.append, base_delay=0.001)
+    sup = Supervisor("test", on_restart=restarted.append, backoff=FAST)
     task = sup.spawn("loop", loop)
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -132,7 +143,7 @@ async def test_a_loop_swallowing_its_cancel_is_not_restarted() -> None:
         except asyncio.CancelledError:
             return  # a badly behaved loop
 
-    sup = Supervisor("test", on_restart=restarted.append, base_delay=0.001)
+    sup = Supervisor("test", on_restart=restarted.append, backoff=FAST)
     task = sup.spawn("loop", loop)
     await asyncio.wait_for(started.wait(), 5)
     task.cancel()
@@ -178,7 +189,7 @@ async def test_a_failing_restart_callback_does_not_end_the_loop() -> None:
             await asyncio.Event().wait()
         raise RuntimeError("x")
 
-    sup = Supervisor("test", on_restart=broken, base_delay=0.001)
+    sup = Supervisor("test", on_restart=broken, backoff=FAST)
     sup.spawn("loop", loop)
     await asyncio.wait_for(second.wait(), 5)
     await sup.aclose()
@@ -206,3 +217,60 @@ async def test_aclose_cancels_again_a_loop_that_lost_its_cancel() -> None:
     # Within the timeout (not at its end): a second cancel reached it.
     await asyncio.wait_for(sup.aclose(timeout=30), 5)
     assert task.cancelled() and cancels == 2
+
+
+async def test_retry_runs_until_it_returns_undoing_each_failed_try() -> None:
+    restarted: list[str] = []
+    undone: list[int] = []
+    tries = 0
+
+    async def start() -> str:
+        nonlocal tries
+        tries += 1
+        if tries < 3:
+            raise OSError("database away")
+        return "engine"
+
+    async def undo() -> None:
+        undone.append(tries)
+
+    sup = Supervisor("test", on_restart=restarted.append, backoff=FAST)
+    assert await asyncio.wait_for(sup.retry("boot", start, undo=undo), 5) == "engine"
+    assert undone == [1, 2] and restarted == ["boot", "boot"]
+    assert sup.tasks() == {}  # done: no longer held
+
+
+async def test_retry_is_cancelled_by_aclose() -> None:
+    async def never() -> None:
+        raise OSError("still away")
+
+    sup = Supervisor("test", backoff=Backoff(base=60.0, cap=60.0))
+    boot = sup.retry("boot", never)
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(sup.aclose(), 5)
+    assert boot.cancelled()
+
+
+async def test_an_expected_failure_is_one_warning_line_and_still_restarted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    restarted: list[str] = []
+    runs = 0
+    second = asyncio.Event()
+
+    async def session() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 2:
+            second.set()
+            await asyncio.Event().wait()
+        raise ConnectionError("lease lost")
+
+    sup = Supervisor("test", on_restart=restarted.append, backoff=FAST)
+    with caplog.at_level(logging.WARNING, logger="orchestrator.runtime.supervisor"):
+        sup.spawn("scheduler", session, expected=(ConnectionError,))
+        await asyncio.wait_for(second.wait(), 5)
+    await sup.aclose()
+    assert restarted == ["scheduler"]
+    [line] = [r for r in caplog.records if "scheduler" in r.getMessage()]
+    assert line.levelno == logging.WARNING and not line.exc_info

@@ -1,5 +1,7 @@
-"""One instance's process, supervised: spawn it, wait for its /health, follow its /slots
+"""One instance's process, run: spawn it, wait for its /health, follow its /slots
 (ready <-> running), report an exit or a server that stops answering as failed, stop it.
+(An `InstanceRunner`, not a supervisor: the process's one `Supervisor` runs loops; this runs
+a llama-server.)
 
 Hosted by the `InferenceInstance` actor under Ray, or by `InProcessInference` without it.
 Requests to the model never pass through here: clients talk to the server's port."""
@@ -33,7 +35,7 @@ from orchestrator.inference._process import (
     terminate,
 )
 
-__all__ = ["InstanceSupervisor"]
+__all__ = ["InstanceRunner"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-class InstanceSupervisor:
+class InstanceRunner:
     def __init__(
         self, store: InstanceStore, instance_id: str, settings: Settings, host: str
     ) -> None:
