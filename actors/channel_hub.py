@@ -31,7 +31,7 @@ from orchestrator.config import Settings
 from orchestrator.db import Database, connect
 from orchestrator.events import EventStore
 from orchestrator.observability import MetricsPusher, MetricsRecorder, configure_actor_logs
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,7 @@ class ChannelHub:
         the same name, would take them back at once anyway, fencing this one off)."""
         relay = await self._boot
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+            await cancel_and_wait([self._loop_task])
         await relay.close()
 
     async def submit(self, inbox_id: int) -> None:

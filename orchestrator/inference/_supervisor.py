@@ -32,6 +32,7 @@ from orchestrator.inference._process import (
     spawn,
     terminate,
 )
+from orchestrator.runtime.supervisor import cancel_and_wait
 
 __all__ = ["InstanceSupervisor"]
 
@@ -272,8 +273,7 @@ class InstanceSupervisor:
         """Stop following the server, stop the server, record the instance stopped."""
         task = self._task
         if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task})
+            await cancel_and_wait([task])
         if self._proc is not None:
             await terminate(self._proc)
         record = await self._store.get(self._id)
