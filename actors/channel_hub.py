@@ -27,6 +27,7 @@ from orchestrator.channels import (
 from orchestrator.config import Settings
 from orchestrator.db import connect
 from orchestrator.events import EventStore
+from orchestrator.runtime.supervisor import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,7 @@ class ChannelHub(ActorHost):
         the same name, would take them back at once anyway, fencing this one off)."""
         relay = await self._booted
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+            await cancel_and_wait([self._loop_task])
         await relay.close()
 
     async def submit(self, inbox_id: int) -> None:

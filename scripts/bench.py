@@ -57,6 +57,10 @@ buffered file, against the counter and SLO buckets alone.
 idle and while tenant A's 500 one-step workflows on a slow model are in flight (issue 29);
 `--fifo` adds the configuration before fair admission, in the same run.
 
+`dispatch` measures an agent task's hand-off from an actor to a worker as an actor call and
+as a Serve DeploymentHandle call (latency p50/p99 sequentially, calls/s at `--concurrency`):
+why the AgentWorker pool is actors (docs/design-notes.md).
+
 `mixed` runs workflows, chat completions, memory writes/reads and a live event stream at once
 on one service (with `--alone`, each alone first, for the ratio); `all` runs every benchmark
 and `mixed`, and writes one JSON report.

@@ -38,7 +38,7 @@ from orchestrator.channels._store import CLAIM_KIND, Channel, ChannelStore, Inbo
 from orchestrator.config import Settings
 from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,7 @@ class ChannelRelay:
 
     async def close(self) -> None:
         tasks = list(self._inflight.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
     # --- one item --------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ in one chunk, so a client that fell behind catches up in few writes, and never h
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +26,7 @@ from orchestrator.events._catalog import stream_name
 from orchestrator.events._feed import SubscriberTooSlow
 from orchestrator.events._model import Event, owner_scope
 from orchestrator.events._store import EventStore
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 Upstream = Callable[[int], AsyncIterator[list[Event]]]
 
@@ -186,9 +185,7 @@ class Fanout:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def _pump(self) -> None:
         """Follow the upstream from the last position seen. Any failure (the store's head,

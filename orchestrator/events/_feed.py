@@ -21,7 +21,7 @@ from orchestrator.errors import ServiceUnavailable
 from orchestrator.events._model import Event
 from orchestrator.events._notifier import NOTIFY_CHANNEL
 from orchestrator.events._store import EventStore
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,7 @@ class EventFeed:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
 

@@ -34,6 +34,7 @@ from orchestrator.inference._process import (
     spawn,
     terminate,
 )
+from orchestrator.runtime.supervisor import cancel_and_wait
 
 __all__ = ["InstanceRunner"]
 
@@ -274,8 +275,7 @@ class InstanceRunner:
         """Stop following the server, stop the server, record the instance stopped."""
         task = self._task
         if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task})
+            await cancel_and_wait([task])
         if self._proc is not None:
             await terminate(self._proc)
         record = await self._store.get(self._id)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from orchestrator.runtime.backoff import Backoff
@@ -26,10 +26,40 @@ T = TypeVar("T")
 
 # A run this long resets the backoff: the loop was healthy, its next failure is news.
 HEALTHY_RUN_S = 60.0
-# At shutdown, a task that has not stopped this long after its cancel is cancelled again.
+# A task that has not stopped this long after its cancel is cancelled again (cancel_and_wait).
 RECANCEL_S = 0.25
 # Restarts and boot retries: 0.25-0.5 s after a first failure, doubling up to 15-30 s.
 RESTART_BACKOFF = Backoff(base=0.5, cap=30.0, jitter=0.5)
+
+
+async def cancel_and_wait(
+    tasks: Iterable[asyncio.Future[Any]],
+    timeout: float | None = None,  # noqa: ASYNC109 (bounds the wait after cancelling)
+) -> set[asyncio.Future[Any]]:
+    """Cancel `tasks` and wait until each has finished (at most `timeout`); return those
+    still running. Their exceptions are taken (not logged as never retrieved).
+
+    A task still running after RECANCEL_S is cancelled again: Python 3.11's
+    `asyncio.wait_for` loses a cancel that arrives as its inner call completes (fixed in
+    3.12), and redis-py and asyncpg await through it, so a loop could swallow its one cancel
+    and go on, holding whoever awaited it (an app's shutdown waited out its whole timeout,
+    and a test's teardown hung)."""
+    given = list(tasks)
+    pending = {task for task in given if not task.done()}
+    done: set[asyncio.Future[Any]] = {task for task in given if task.done()}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        for task in pending:
+            task.cancel()
+        wait = RECANCEL_S if deadline is None else min(RECANCEL_S, deadline - time.monotonic())
+        if wait <= 0:
+            break
+        finished, pending = await asyncio.wait(pending, timeout=wait)
+        done |= finished
+    for task in done:
+        if not task.cancelled():
+            task.exception()
+    return pending
 
 
 class Supervisor:
@@ -87,25 +117,12 @@ class Supervisor:
         return dict(self._restarts)
 
     async def aclose(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 (bounds the wait after cancelling, not the call)
-        """Cancel every task and wait (up to `timeout`) until each has finished.
-
-        A task still running after a moment is cancelled again: Python 3.11's
-        `asyncio.wait_for` loses a cancel that arrives as its inner call completes (fixed in
-        3.12), and redis-py writes through it whenever a socket timeout is set, so a loop
-        that syncs with Redis could swallow the one cancel and hold the shutdown for the
-        whole timeout (the inference records flushed after it came too late)."""
+        """Cancel every task and wait (up to `timeout`) until each has finished."""
         self._closed = True
-        pending = set(self._tasks.values())
-        deadline = time.monotonic() + timeout
-        while pending:
-            for task in pending:
-                task.cancel()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            _, pending = await asyncio.wait(pending, timeout=min(left, RECANCEL_S))
+        pending = await cancel_and_wait(self._tasks.values(), timeout)
         for task in pending:
-            log.error("%s: task %s did not stop within %.1fs", self.owner, task.get_name(), timeout)
+            name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+            log.error("%s: task %s did not stop within %.1fs", self.owner, name, timeout)
 
     def _start(self, name: str, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         running = self._tasks.get(name)

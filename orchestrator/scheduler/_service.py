@@ -37,7 +37,7 @@ from orchestrator.agents import AgentTask, TaskDispatcher, TaskResult, created_e
 from orchestrator.config import Settings
 from orchestrator.events import NewEvent
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 from orchestrator.scheduler._jobs import WAKE_CHANNEL, Job, JobStore, Slot
 
 log = logging.getLogger(__name__)
@@ -133,9 +133,7 @@ class SchedulerService:
             for task in done:
                 task.result()
         finally:
-            for task in (schedule, keep):
-                task.cancel()
-            await asyncio.gather(schedule, keep, return_exceptions=True)
+            await cancel_and_wait([schedule, keep])
 
     async def _schedule(self) -> None:
         assert self._conn is not None

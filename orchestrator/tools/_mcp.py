@@ -58,6 +58,7 @@ from orchestrator.agents._tools import cut_utf8
 from orchestrator.config import Settings
 from orchestrator.egress import Httpx2DestinationNotAllowed, httpx2_egress_client
 from orchestrator.observability import REDACTED
+from orchestrator.runtime.supervisor import cancel_and_wait
 from orchestrator.tools._model import CallOutcome, McpServer, McpToolInfo
 
 __all__ = ["McpPool", "McpUnavailable"]
@@ -380,8 +381,7 @@ class McpPool:
     async def aclose(self) -> None:
         """Close every session (a stdio child ends with its session)."""
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+            await cancel_and_wait([self._sweeper])
             self._sweeper = None
         conns = list(self._conns.values())
         self._conns.clear()

@@ -60,7 +60,7 @@ from orchestrator.config import Settings
 from orchestrator.errors import Conflict, NotFound, RateLimited, ValidationFailed
 from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 from orchestrator.workflows._admission import DriverAdmission
 from orchestrator.workflows._patterns import PatternBudgetSpent, PatternRunner, Search
 from orchestrator.workflows._resolve import resolve_child
@@ -263,9 +263,7 @@ class WorkflowEngine:
             for n, t in self._sup.tasks().items()
             if n.startswith((_DRIVER, _INTERRUPT)) or n in (_LISTENER, _SWEEP)
         ]
-        for task in ours:
-            task.cancel()
-        await asyncio.gather(*ours, return_exceptions=True)
+        await cancel_and_wait(ours)
         self._patterns.close()
 
     async def close(self) -> None:
@@ -316,8 +314,7 @@ class WorkflowEngine:
         """Cancelled elsewhere: abandon the running step, drive on (compensation)."""
         driver = self._driver(workflow_id)
         if driver is not None:
-            driver.cancel()
-            await asyncio.gather(driver, return_exceptions=True)
+            await cancel_and_wait([driver])
         await self.start(workflow_id)
 
     async def _until_finished(self, ids: Sequence[str], within: float | None = None) -> None:

@@ -274,3 +274,31 @@ async def test_an_expected_failure_is_one_warning_line_and_still_restarted(
     assert restarted == ["scheduler"]
     [line] = [r for r in caplog.records if "scheduler" in r.getMessage()]
     assert line.levelno == logging.WARNING and not line.exc_info
+
+
+async def test_cancel_and_wait_outlasts_a_lost_cancel_and_takes_each_exception() -> None:
+    from orchestrator.runtime.supervisor import cancel_and_wait
+
+    lost = 0
+
+    async def swallows_once() -> None:
+        nonlocal lost
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                lost += 1
+                if lost == 1:
+                    continue
+                raise
+
+    async def fails() -> None:
+        raise RuntimeError("taken, not reported as never retrieved")
+
+    stubborn = asyncio.create_task(swallows_once())
+    failed = asyncio.create_task(fails())
+    await asyncio.sleep(0)
+    # No timeout: it returns once a second cancel reached the loop that lost the first.
+    assert await asyncio.wait_for(cancel_and_wait([stubborn, failed]), 5) == set()
+    assert stubborn.cancelled() and lost == 2
+    assert isinstance(failed.exception(), RuntimeError)
