@@ -198,24 +198,6 @@ class EventWriter:
         await self._finish(committed, carried)
         return row, committed
 
-    async def append_with(
-        self,
-        pool: asyncpg.Pool,
-        sql: str,
-        args: Sequence[Any],
-        events: Sequence[NewEvent],
-    ) -> tuple[asyncpg.Record | None, list[Event]]:
-        """The one remaining old path, kept for the memory store until it moves to `write`:
-        `write([f"state AS ({sql})"], args, events, returning="state")` (on the writer's
-        own pool; `pool` is the one the memory store passes, the same)."""
-        del pool
-        if not events:
-            raise ValueError("append_with needs at least one event")
-        return await self.write([f"state AS ({sql})"], args, events, returning="state")
-
-    # The old name of `append` (which now queues without waiting, as this did).
-    enqueue = append
-
     # --- how a write is made and ended -------------------------------------------------
 
     def _prepare(self, events: Sequence[NewEvent]) -> list[Prepared]:

@@ -284,11 +284,11 @@ class MemoryStore:
             )
         # The entry and its events in one statement, autocommitted: one round trip and one
         # commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
-        statement = self._events.append_with(
-            self._pool,
-            _store_sql(self.pgvector),
+        statement = self._events.write(
+            [_store_cte(self.pgvector)],
             [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
             events,
+            returning="entry",
         )
         row, _ = await self._write_one(agent_id, principal.user_uuid, key, statement)
         assert row is not None
@@ -367,7 +367,7 @@ class MemoryStore:
             ts,
             entry.user_uuid or "",
         )
-        self._events.enqueue(
+        self._events.append(
             [NewEvent("memory.accessed", {"agent_id": agent_id, "key": key}, principal.user_uuid)]
         )
         return entry
@@ -592,16 +592,16 @@ class MemoryStore:
 
 
 @functools.cache
-def _store_sql(pgvector: bool) -> str:
-    """A store's upsert (`MemoryStore.store`): one row version, the pgvector column (when
-    there is one) written with the rest."""
+def _store_cte(pgvector: bool) -> str:
+    """A store's upsert (`MemoryStore.store`) as the CTE `entry` of the writer's statement:
+    one row version, the pgvector column (when there is one) written with the rest."""
     vcol, vval, vset = (
         (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
         if pgvector
         else ("", "", "")
     )
     return (
-        "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
+        "entry AS (INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
         f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
         f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
         " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
@@ -611,7 +611,7 @@ def _store_sql(pgvector: bool) -> str:
         " expires_at = EXCLUDED.expires_at,"
         f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
         " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
-        " RETURNING created_at, user_uuid, pinned"
+        " RETURNING created_at, user_uuid, pinned)"
     )
 
 

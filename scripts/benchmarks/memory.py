@@ -220,7 +220,7 @@ async def _stores(
     writer = Principal("writer")
     out: dict[str, Any] = {
         # Which implementation ran (old or new checkout, for an A/B in the same minute).
-        "store_impl": "one statement" if hasattr(EventStore, "append_with") else "transaction",
+        "store_impl": "write" if not hasattr(EventStore, "append_with") else "append_with",
     }
     await db.pool.execute("CREATE TABLE IF NOT EXISTS bench_baseline (k text PRIMARY KEY, v text)")
     spent: dict[str, float] = {}

@@ -592,7 +592,7 @@ async def test_enqueued_batches_of_one_aggregate_commit_in_order(db: Database) -
     store = EventStore(db.pool)
     futures = []
     for i in range(60):
-        futures.append(store.enqueue([task_event(f"ord-{i % 3}", "task.dispatched", note=str(i))]))
+        futures.append(store.append([task_event(f"ord-{i % 3}", "task.dispatched", note=str(i))]))
         if i % 7 == 0:
             await asyncio.sleep(0)  # let writers start and take partial queues
     events = [e for f in futures for e in await asyncio.wait_for(f, 10)]
@@ -813,17 +813,6 @@ async def test_append_queues_at_once_and_a_caller_need_not_wait(db: Database) ->
     await asyncio.wait_for(hooked.wait(), 10)
     events, _ = await store.query(EventQuery(aggregate="unawaited"), ADMIN)
     assert [e.data["note"] for e in events] == ["0", "1", "2", "3", "4"]
-
-
-async def test_append_with_still_works_for_the_memory_store(db: Database) -> None:
-    """The one old path kept until the memory store moves to `write`."""
-    await db.pool.execute("CREATE TABLE scratch (v int)")
-    store = EventStore(db.pool)
-    row, events = await store.append_with(
-        db.pool, "INSERT INTO scratch VALUES ($1) RETURNING v", [7], [task_event("legacy")]
-    )
-    assert row is not None and row["v"] == 7 and events[0].seq == 1
-    assert [e.aggregate_id for e in await store.read_after(0)] == ["legacy"]
 
 
 # --- the horizon: probed from a known one ---------------------------------------------------

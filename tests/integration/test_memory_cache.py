@@ -135,8 +135,8 @@ async def test_a_write_whose_caller_goes_away_still_drops_the_copy(
     assert b'"v1"' in (await replicas.cached() or b"")
     assert writer._cache is not None
     if cut == "in its statement":
-        hold, reached, gate = held(replicas.events.append_with)
-        replicas.events.append_with = hold  # type: ignore[method-assign]
+        hold, reached, gate = held(replicas.events.write)
+        replicas.events.write = hold  # type: ignore[method-assign]
     else:
         hold, reached, gate = held(writer._cache.drop)
         writer._cache.drop = hold  # type: ignore[method-assign]
@@ -172,20 +172,20 @@ async def test_a_write_that_may_commit_late_keeps_readers_from_filling(
     writer, reader = replicas.memory(), replicas.memory()
     await writer.store("ns", "k", "v1", ANN)
     assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
-    sent: list[tuple[Any, ...]] = []
-    commit = replicas.events.append_with
+    sent: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    commit = replicas.events.write
 
-    async def lost(*statement: Any) -> Any:
-        sent.append(statement)
+    async def lost(*args: Any, **kwargs: Any) -> Any:
+        sent.append((args, kwargs))
         raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
 
-    replicas.events.append_with = lost  # type: ignore[method-assign]
+    replicas.events.write = lost  # type: ignore[method-assign]
     with pytest.raises(asyncpg.ConnectionDoesNotExistError):
         await writer.store("ns", "k", "v2", ANN)
     assert await replicas.cached() == b"X"
     assert (await reader.get("ns", "k", ANN)).value == "v1"  # from Postgres, not filled
     assert await replicas.cached() == b"X"
-    await commit(*sent[0])  # the server commits it now
+    await commit(*sent[0][0], **sent[0][1])  # the server commits it now
     for replica in (reader, writer, replicas.memory()):
         assert (await replica.get("ns", "k", ANN)).value == "v2"
 
