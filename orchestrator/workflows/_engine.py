@@ -1,6 +1,6 @@
-"""The workflow engine: drives workflows (each a supervised asyncio task), step by step,
-through the store's transitions, and runs each task step on the agent runtime (a
-`TaskDispatcher`).
+"""The workflow engine: drives workflows, each a supervised asyncio task; how a driver
+goes through a workflow's steps (through the store's transitions, task steps on the agent
+runtime, a `TaskDispatcher`) is in _driving.py. Here, what is around the drivers:
 
 - Ownership: a driver first acquires the workflow's claim (orchestrator/runtime/claims.py,
   kind `workflow`), renews it every third of `workflow_claim_ttl_ms` while driving, and
@@ -10,81 +10,49 @@ through the store's transitions, and runs each task step on the agent runtime (a
   task.created) commits under the fence before the task is dispatched, so a zombie cannot
   dispatch a new attempt. A workflow whose claim is free (never started, driver dead) is
   taken by the next sweep of any live engine (`sweep`, every third of the TTL).
-- A workflow starts on creation: pending -> running (workflow.started), then its steps in
-  order: a false `condition` skips a step; a task step runs as an agent task (its mode,
-  tools, timeout, the workflow's or step's model, the creator's user_uuid; context: the
-  original prompt (the first step's) and every earlier completed result); a branch step
-  jumps; a spawn step starts child workflows and waits for them: a child's end commits
-  with `NOTIFY orch_workflows 'done:<id>'`, which wakes the parent (a re-check every
-  CHILD_RECHECK_S covers a notification lost while the listener reconnects). Children
-  that would take their user past `workflow_max_live_per_user` fail the spawn step.
 - Database work is admitted fairly across tenants (_admission.py): a driver holds one of
   the shard's `workflow_shard_max_active` slots for its transitions, gives it up while it
   waits on its agent task, its children or a backoff, and queues again after.
-- A condition or branch that searches a regular expression is evaluated off the event
-  loop, metered per workflow (`PatternRunner`, _patterns.py): past
-  `workflow_pattern_budget_ms` the workflow fails.
-- Each step attempt has the idempotency key `<workflow>:<step>:<attempt>` (also the task's
-  id); its outcome is recorded once. After a crash, the step that was running is dispatched
-  again as a new attempt (at-least-once per step, at most once per attempt); a late result
-  of an older attempt is dropped.
 - Infrastructure failures (the database, an actor: anything raised rather than a failed
   task result) are retried with doubling, jittered backoff from `workflow_retry_base_ms` up
   to `workflow_retry_max_ms`; `workflow_retry_attempts` in a row (progress resets the count)
   fail the workflow with the reason (compensation first; if that fails too, failed at
   once).
-- A failed step (or a branch with no match, or the step budget spent): workflow.step_failed,
-  workflow.compensating, compensation of the completed steps in reverse order (each step's
-  `compensate`: a prompt run as an agent task, or `{notify}`; every compensated step gets a
-  `workflow.compensating` event naming it; a failing compensation is recorded there and the
-  others still run), then workflow.failed. Cancel: the running step is abandoned (skipped),
-  descendants are cancelled, compensation, workflow.cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import asyncpg
 
-from orchestrator.agents import AgentTask, TaskDispatcher
+from orchestrator.agents import TaskDispatcher
 from orchestrator.config import Settings
-from orchestrator.errors import Conflict, NotFound, RateLimited, ValidationFailed
+from orchestrator.errors import Conflict, NotFound
 from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 from orchestrator.workflows._admission import DriverAdmission
-from orchestrator.workflows._patterns import PatternBudgetSpent, PatternRunner, Search
-from orchestrator.workflows._resolve import resolve_child
-from orchestrator.workflows._spec import (
-    BranchRule,
-    Condition,
-    StepSpec,
-    branch_uses_patterns,
-    choose_branch,
-)
-from orchestrator.workflows._states import FINISHED, StepState, WorkflowState
+from orchestrator.workflows._driving import Starter, WorkflowDriving
+from orchestrator.workflows._patterns import PatternRunner
+from orchestrator.workflows._states import FINISHED, WorkflowState
 from orchestrator.workflows._store import (
     CLAIM_KIND,
     NOTIFY_CHANNEL,
-    LiveLockBusy,
     WorkflowRecord,
     WorkflowStore,
 )
-from orchestrator.workflows._tasks import announcer, chainable, step_task
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-Starter = Callable[[str], Awaitable[None]]
 Canceller = Callable[[str], Awaitable[str]]
 CHILD_RECHECK_S = 10.0  # a safety net only: children's ends arrive by NOTIFY
 CANCEL_WAIT_S = 30.0
@@ -98,7 +66,7 @@ class _Drained(Exception):
     """The engine drains: a driver waiting on children stops (they are resumed elsewhere)."""
 
 
-class WorkflowEngine:
+class WorkflowEngine(WorkflowDriving):
     def __init__(
         self,
         store: WorkflowStore,
@@ -450,289 +418,3 @@ class WorkflowEngine:
             except Exception as again:  # noqa: BLE001 - compensation failed the same way
                 reason = f"{reason}; compensation did not complete: {again!r}"[:2000]
         await self._finish(workflow_id, WorkflowState.FAILED, error=reason, step=None, fence=fence)
-
-    async def _finish(self, workflow_id: str, status: WorkflowState, **kwargs: Any) -> None:
-        """The workflow's last transition, which also releases its claim: the renewer may
-        find the claim gone from here on, and is told so."""
-        self._fences.pop(workflow_id, None)
-        await self._store.finish(workflow_id, status, **kwargs)
-
-    async def _drive(self, workflow_id: str, fence: Fence) -> None:
-        record = await self._store.load(workflow_id)
-        # Its tenant known, the rest waits its turn among the shard's drivers (_admission.py).
-        if record is not None and await self._admission.enter(workflow_id, record.user_uuid):
-            record = await self._store.load(workflow_id)  # it waited: read it as it is now
-        if record is None or record.finished or self._draining:
-            return
-        if record.ending is not None:
-            self._knows_ending.add(workflow_id)  # compensating: a late cancel NOTIFY is old
-        if record.status == WorkflowState.PENDING and record.ending is None:
-            record = await self._store.mark_started(workflow_id, fence)
-        while record.ending is None:
-            if record.cursor >= len(record.steps):
-                await self._finish(workflow_id, WorkflowState.COMPLETED, fence=fence)
-                return
-            if record.executed >= self._settings.workflow_max_steps:
-                await self._store.begin_ending(
-                    workflow_id,
-                    "failed",
-                    f"step budget spent: {self._settings.workflow_max_steps} steps executed"
-                    " (workflow_max_steps); a branch loop?",
-                    fence=fence,
-                )
-            else:
-                await self._step(record, record.cursor, fence)
-                self._progress[workflow_id] = self._progress.get(workflow_id, 0) + 1
-            if self._draining:
-                return  # between steps: the next generation goes on from here
-            loaded = await self._store.load(workflow_id)
-            assert loaded is not None
-            record = loaded
-        await self._compensate(record, fence)
-
-    async def _step(self, record: WorkflowRecord, idx: int, fence: Fence) -> None:
-        spec, step = record.spec.steps[idx], record.steps[idx]
-        if step.status in (StepState.COMPLETED, StepState.SKIPPED):
-            await self._store.skip_steps(record.id, (), idx + 1, fence)
-            return
-        if step.status == StepState.FAILED:
-            await self._store.begin_ending(
-                record.id, "failed", step.error or "step failed", fence=fence
-            )
-            return
-        if step.status == StepState.PENDING and spec.condition is not None:
-            condition = Condition(spec.condition)
-            try:
-                holds = (
-                    await self._search(
-                        record, lambda search: condition.evaluate(record.lookup, search)
-                    )
-                    if condition.uses_patterns
-                    else condition.evaluate(record.lookup)
-                )
-            except PatternBudgetSpent as exc:
-                await self._store.begin_ending(
-                    record.id, "failed", f"step {spec.name}: {exc}", spec.name, fence
-                )
-                return
-            if not holds:
-                await self._store.skip_steps(record.id, (idx,), idx + 1, fence)
-                return
-        if spec.type == "branch":
-            await self._branch(record, idx, spec, fence)
-        elif spec.type == "spawn":
-            await self._spawn(record, idx, spec, fence)
-        else:
-            await self._task(record, idx, spec, fence)
-
-    async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
-        tasks: list[AgentTask] = []
-        # The task's task.created commits with the step's start: one transaction, not two,
-        # and under the fence: a driver that lost the claim never dispatches this attempt.
-        _, key = await self._store.start_step(
-            record.id, idx, announcer(record, spec, tasks, self._settings), fence
-        )
-        while True:
-            task = tasks[-1]
-            async with self._admission.away(record.id):
-                result = await self._dispatcher.run(task)
-            if result.ok:
-                # The result and the next task step's start in one commit.
-                _, following = await self._store.finish_and_start_next(
-                    record.id,
-                    idx,
-                    key,
-                    result=result.result or "",
-                    duration_ms=result.duration_ms,
-                    plan=lambda fresh: chainable(
-                        fresh, tasks, self._settings, draining=self._draining
-                    ),
-                    fence=fence,
-                )
-                if following is None:
-                    return
-                self._progress[record.id] = self._progress.get(record.id, 0) + 1
-                idx, key = following
-                continue
-            error = result.error or result.status
-            if result.status == "timeout":
-                error = f"timeout: {result.error}"
-            recorded = await self._store.finish_step(
-                record.id,
-                idx,
-                key,
-                ok=False,
-                result=result.result or "",
-                error=error,
-                duration_ms=result.duration_ms,
-                next_cursor=idx + 1,
-                fence=fence,
-            )
-            if recorded:
-                name = record.spec.steps[idx].name
-                await self._store.begin_ending(
-                    record.id, "failed", f"step {name} failed: {error}", name, fence
-                )
-            return
-
-    async def _search(self, record: WorkflowRecord, evaluate: Callable[[Search], T]) -> T:
-        """`evaluate` with pattern searches, off the loop (_patterns.py), without the
-        workflow's database slot: the search may wait for a thread, and the slot is for
-        database work (the shard's other drivers need it meanwhile)."""
-        try:
-            async with self._admission.away(record.id):
-                return await self._patterns.run(record.id, record.user_uuid, evaluate)
-        except PatternBudgetSpent:
-            await self._admission.enter(record.id)  # its handler records the failure
-            raise
-
-    async def _choose(self, record: WorkflowRecord, spec: StepSpec) -> BranchRule | str:
-        """The branch entry to follow, or why the branch step fails."""
-        try:
-            rule = (
-                await self._search(
-                    record, lambda search: choose_branch(spec, record.lookup, search)
-                )
-                if branch_uses_patterns(spec)
-                else choose_branch(spec, record.lookup)
-            )
-        except PatternBudgetSpent as exc:
-            return str(exc)
-        return rule or "no branch condition matched and there is no fallback"
-
-    async def _branch(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
-        _, key = await self._store.start_step(record.id, idx, fence=fence)
-        rule = await self._choose(record, spec)
-        if isinstance(rule, str):
-            await self._fail_step(record, idx, key, rule, fence)
-            return
-        target = record.spec.step_index[rule.then]
-        await self._store.finish_step(
-            record.id,
-            idx,
-            key,
-            ok=True,
-            result=f"{rule.name} -> {rule.then}",
-            error=None,
-            duration_ms=0,
-            next_cursor=target,
-            skip=range(idx + 1, target) if target > idx else (),
-            rewind=range(target, idx + 1) if target < idx else None,
-            fence=fence,
-        )
-
-    async def _fail_step(
-        self, record: WorkflowRecord, idx: int, key: str, error: str, fence: Fence
-    ) -> None:
-        """The running step attempt failed with `error` (recorded once): so does the workflow."""
-        name = record.spec.steps[idx].name
-        if await self._store.finish_step(
-            record.id,
-            idx,
-            key,
-            ok=False,
-            result=None,
-            error=error,
-            duration_ms=0,
-            next_cursor=idx,
-            fence=fence,
-        ):
-            await self._store.begin_ending(
-                record.id, "failed", f"step {name}: {error}", name, fence
-            )
-
-    async def _spawn(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
-        started = time.monotonic()
-        _, key = await self._store.start_step(record.id, idx, fence=fence)
-        children = await self._store.children_of_step(record.id, spec.name)
-        if not children:
-            specs = [
-                await resolve_child(self._store, child, record.user_uuid, f"{spec.name}[{i}]")
-                for i, child in enumerate(spec.workflows)
-            ]
-            try:
-                children = await self._create_children(record, idx, spec, specs, fence)
-            except LiveLockBusy:
-                raise  # contention, not a limit: retried as an infrastructure failure
-            except (RateLimited, ValidationFailed) as exc:
-                # Past the user's live ceiling (a 400: more children than the ceiling
-                # itself, say lowered since admission): the step fails, naming it.
-                await self._fail_step(record, idx, key, exc.message, fence)
-                return
-        async with self._admission.away(record.id):  # the children need the slots
-            for child_id in children:
-                await self._starter(child_id)
-            # Woken by each child's `done` NOTIFY (no polling); the renewer keeps our claim.
-            await self._until_finished(children)
-        summary = [
-            {
-                "id": child.id,
-                "name": child.name,
-                "status": str(child.status),
-                "result": child.last_result(),
-            }
-            for child in await self._store.load_many(children)
-        ]
-        failed = [str(c["id"]) for c in summary if c["status"] != "completed"]
-        error = f"child workflows did not complete: {', '.join(failed)}" if failed else None
-        recorded = await self._store.finish_step(
-            record.id,
-            idx,
-            key,
-            ok=not failed,
-            result=json.dumps({"children": summary}),
-            error=error,
-            duration_ms=int((time.monotonic() - started) * 1000),
-            next_cursor=idx + 1,
-            fence=fence,
-        )
-        if recorded and failed:
-            await self._store.begin_ending(
-                record.id, "failed", f"step {spec.name} failed: {error}", spec.name, fence
-            )
-
-    async def _create_children(
-        self, record: WorkflowRecord, idx: int, spec: StepSpec, specs: list[Any], fence: Fence
-    ) -> list[str]:
-        async with self._store.pool.acquire() as conn, conn.transaction():
-            await fence.check(conn)  # a zombie creates no children
-            # Admitted with their root, but the user may have started others since.
-            await self._store.check_live_room(
-                conn,
-                record.user_uuid,
-                len(specs),
-                self._settings.workflow_max_live_per_user,
-                field=f"steps[{idx}].workflows",
-            )
-            return [
-                await self._store.create(
-                    s, record.user_uuid, parent_id=record.id, parent_step=spec.name, conn=conn
-                )
-                for s in specs
-            ]
-
-    async def _compensate(self, record: WorkflowRecord, fence: Fence) -> None:
-        for step in reversed(record.steps):
-            if step.status != StepState.COMPLETED or step.compensated:
-                continue
-            action = record.spec.steps[step.idx].compensate
-            ok, detail = True, "compensated (no action)"
-            if isinstance(action, dict):
-                detail = f"notify: {action['notify']}"
-            elif isinstance(action, str):
-                spec = record.spec.steps[step.idx]
-                task = step_task(record, spec, f"{step.key or record.id}:compensate", action)
-                async with self._admission.away(record.id):
-                    result = await self._dispatcher.run(task)
-                ok = result.ok
-                detail = (
-                    f"compensated: {(result.result or '')[:500]}"
-                    if ok
-                    else f"compensation failed: {result.error}"
-                )
-            await self._store.mark_compensated(
-                record.id, step.idx, ok=ok, detail=detail, fence=fence
-            )
-        failed_step = next((s.name for s in record.steps if s.status == StepState.FAILED), None)
-        final = WorkflowState.FAILED if record.ending == "failed" else WorkflowState.CANCELLED
-        await self._finish(record.id, final, error=record.error, step=failed_step, fence=fence)

@@ -10,9 +10,9 @@ from dataclasses import replace
 from orchestrator.agents import AgentTask, created_event
 from orchestrator.config import Settings
 from orchestrator.events import NewEvent
+from orchestrator.workflows._records import WorkflowRecord
 from orchestrator.workflows._spec import StepSpec, fill_refs
 from orchestrator.workflows._states import StepState
-from orchestrator.workflows._store import WorkflowRecord
 
 __all__ = ["Announcer", "announcer", "chainable", "pinned_skills", "step_task"]
 
