@@ -332,7 +332,5 @@ class LocalChannels:
         return await self._relay.answer(inbox_id, within)
 
     async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait([self._task])
         await self._relay.close()

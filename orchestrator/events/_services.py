@@ -5,7 +5,6 @@ one; an app served without Ray runs its own."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -14,7 +13,7 @@ from orchestrator.events._model import Event
 from orchestrator.events._projections import EventTypeCounts, ProjectionRunner
 from orchestrator.events._store import EventStore
 from orchestrator.observability import MetricsRecorder
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +104,9 @@ class EventServices:
         self._stopping = True
         task, self._projecting = self._projecting, None
         if task is not None and not task.done():
-            if not self._catching_up:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(task, STOP_PROJECT_S)
+            if self._catching_up:  # let it reach its end first, within the bound
+                await asyncio.wait({task}, timeout=STOP_PROJECT_S)
+            await cancel_and_wait([task], STOP_PROJECT_S)
         try:
             await asyncio.wait_for(self._project(), STOP_PROJECT_S)
         except Exception as exc:  # noqa: BLE001 - counted by the next process's start

@@ -37,6 +37,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from orchestrator._json import dumps, loads
+from orchestrator.runtime.supervisor import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,7 @@ class MemoryCache:
     async def settle(self) -> None:
         """One more try at the owed DELs, and no retries after (shutdown; tests)."""
         if self._retrying is not None:
-            self._retrying.cancel()
-            await asyncio.gather(self._retrying, return_exceptions=True)
+            await cancel_and_wait([self._retrying])
             self._retrying = None
         if self._owed:
             await self._deliver()

@@ -341,11 +341,6 @@ class SchedulerService:
         """Stop scheduling: the loop, then the runs in flight; the lease is given up."""
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.cancel()
-            await asyncio.gather(loop, return_exceptions=True)
-        for task in list(self._runs):
-            task.cancel()
-        for task in list(self._runs):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([loop])  # first: it starts no run after this
+        await cancel_and_wait(list(self._runs))
         await self._release()

@@ -229,12 +229,9 @@ class _Connection:
 
     async def close(self) -> None:
         self._stop.set()
-        if not self._ready.is_set():  # still connecting: nothing to close gracefully
-            self._task.cancel()
-        done, _ = await asyncio.wait({self._task}, timeout=_CLOSE_GRACE_S)
-        if not done:
-            self._task.cancel()
-            await asyncio.wait({self._task})
+        if self._ready.is_set():  # connected: it closes gracefully, given the time
+            await asyncio.wait({self._task}, timeout=_CLOSE_GRACE_S)
+        await cancel_and_wait([self._task])  # still connecting, or past the grace
 
     async def _own(self) -> None:
         limit = self._settings.mcp_connect_timeout_s

@@ -180,9 +180,7 @@ class WorkflowEngine(WorkflowDriving):
             )
         driver = self._driver(workflow_id)
         if driver is not None and record.ending is None:
-            driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await driver
+            await cancel_and_wait([driver])
         # Not fenced: a request, from anywhere. A driver elsewhere hears `cancel:<id>`.
         await self._store.begin_ending(workflow_id, "cancelled", "cancelled by request")
         try:
@@ -342,7 +340,7 @@ class WorkflowEngine(WorkflowDriving):
             self._patterns.forget(workflow_id)
             self._knows_ending.discard(workflow_id)
             try:
-                await asyncio.gather(renewer, return_exceptions=True)
+                await cancel_and_wait([renewer])
             finally:
                 with contextlib.suppress(Exception):
                     # Shielded: a cancelled driver (shutdown) still hands its claim back.
