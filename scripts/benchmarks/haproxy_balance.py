@@ -5,7 +5,7 @@ orchestrator/runtime/haproxy_harden.py) and when every request is balanced on it
 Issue 31 asked that the sticky connections be kept only if they do not skew the replicas'
 load with many clients of unequal load. The service runs twice (one Ray cluster at a time):
 with the rule (BENCH_HAPROXY_STICK=1, read by the hardening wrapper) and without it.
-Each run opens `--clients` keep-alive connections in a random order, a few heavy (requests
+Each run opens `--concurrency` keep-alive connections in a random order, a few heavy (requests
 back to back) and the rest light (one request every `--light-interval-ms`), on
 GET /api/v1/whoami with the admin token, for `--duration` seconds, `--trials` times with new
 connections; each replica's request count is read from HAProxy's stats CSV (`req_tot` per
