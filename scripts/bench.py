@@ -13,6 +13,8 @@
     python scripts/bench.py telemetry [--json] [--requests 200000]
     python scripts/bench.py mixed [--json] [--duration 15] [--alone]
     python scripts/bench.py fairness [--json] [--flood 500] [--slow-s 10] [--fifo]
+    python scripts/bench.py dispatch [--json] [--calls 500] [--concurrency 32]
+    python scripts/bench.py haproxy-balance [--json] [--heavy 3] [--trials 3] [--modes ...]
     python scripts/bench.py all [--report bench-report.json] [--skip a,b]
 
 `ingress` starts `orchestrator serve` (Ray Serve, HAProxy unless --no-haproxy) and, next to
@@ -61,6 +63,11 @@ idle and while tenant A's 500 one-step workflows on a slow model are in flight (
 as a Serve DeploymentHandle call (latency p50/p99 sequentially, calls/s at `--concurrency`):
 why the AgentWorker pool is actors (docs/design-notes.md).
 
+`haproxy-balance` starts `orchestrator serve` with 2 API replicas twice, with HAProxy's
+sticky connections and without them, loads it with 16 keep-alive clients of unequal load (a
+few back to back, the rest paced) and reads each replica's request count from HAProxy's stats:
+whether pinning a connection to a replica skews the replicas' load (docs/design-notes.md).
+
 `mixed` runs workflows, chat completions, memory writes/reads and a live event stream at once
 on one service (with `--alone`, each alone first, for the ratio); `all` runs every benchmark
 and `mixed`, and writes one JSON report.
@@ -104,6 +111,7 @@ for _module in (
     "telemetry",
     "fairness",
     "dispatch",
+    "haproxy_balance",
     "suite",
 ):
     importlib.import_module(f"benchmarks.{_module}")

@@ -324,50 +324,61 @@ def known_context(model: str) -> int:
 _PAGES = 10  # model list pages read at most per provider (1000 models each)
 
 
+async def _pages(
+    config: ProviderConfig,
+    http: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    params: dict[str, str],
+    read: Callable[[dict[str, Any], dict[str, int]], dict[str, str] | None],
+) -> dict[str, int]:
+    """A provider's model list, page after page (`_PAGES` at most): `read` adds a page's
+    windows to the result and returns what asks for the next page (None after the last)."""
+    out: dict[str, int] = {}
+    for _ in range(_PAGES):
+        r = await http.get(url, params=params, headers=headers, timeout=_timeout(config))
+        r.raise_for_status()
+        following = read(r.json(), out)
+        if not following:
+            break
+        params = {**params, **following}
+    return out
+
+
 async def _gemini_contexts(config: ProviderConfig, http: httpx.AsyncClient) -> dict[str, int]:
     """Gemini `GET /models` (pageSize, nextPageToken): `inputTokenLimit` per `models/<id>`."""
-    out: dict[str, int] = {}
-    params: dict[str, str] = {"pageSize": "1000"}
-    headers = {"x-goog-api-key": config.api_key or "", "Accept": "application/json"}
-    for _ in range(_PAGES):
-        r = await http.get(
-            f"{config.base_url}/models", params=params, headers=headers, timeout=_timeout(config)
-        )
-        r.raise_for_status()
-        page = r.json()
+
+    def read(page: dict[str, Any], out: dict[str, int]) -> dict[str, str] | None:
         for m in page.get("models") or []:
             limit = m.get("inputTokenLimit")
             if isinstance(limit, int) and isinstance(m.get("name"), str):
                 out[m["name"].removeprefix("models/")] = limit
         token = page.get("nextPageToken")
-        if not token:
-            break
-        params["pageToken"] = token
-    return out
+        return {"pageToken": token} if token else None
+
+    headers = {"x-goog-api-key": config.api_key or "", "Accept": "application/json"}
+    return await _pages(
+        config, http, f"{config.base_url}/models", headers, {"pageSize": "1000"}, read
+    )
 
 
 async def _anthropic_contexts(config: ProviderConfig, http: httpx.AsyncClient) -> dict[str, int]:
     """Anthropic `GET /v1/models` (limit, after_id, has_more): ModelInfo `max_input_tokens`."""
-    base = config.base_url.rstrip("/").removesuffix("/v1")
-    headers = {"anthropic-version": ANTHROPIC_VERSION, "Accept": "application/json"}
-    if config.api_key:
-        headers["x-api-key"] = config.api_key
-    out: dict[str, int] = {}
-    params: dict[str, str] = {"limit": "1000"}
-    for _ in range(_PAGES):
-        r = await http.get(
-            f"{base}/v1/models", params=params, headers=headers, timeout=_timeout(config)
-        )
-        r.raise_for_status()
-        page = r.json()
+
+    def read(page: dict[str, Any], out: dict[str, int]) -> dict[str, str] | None:
         for m in page.get("data") or []:
             limit = m.get("max_input_tokens")
             if isinstance(limit, int) and isinstance(m.get("id"), str):
                 out[m["id"]] = limit
         if not page.get("has_more") or not page.get("last_id"):
-            break
-        params["after_id"] = page["last_id"]
-    return out
+            return None
+        return {"after_id": page["last_id"]}
+
+    base = config.base_url.rstrip("/").removesuffix("/v1")
+    headers = {"anthropic-version": ANTHROPIC_VERSION, "Accept": "application/json"}
+    if config.api_key:
+        headers["x-api-key"] = config.api_key
+    return await _pages(config, http, f"{base}/v1/models", headers, {"limit": "1000"}, read)
 
 
 async def _ollama_contexts(config: ProviderConfig, http: httpx.AsyncClient) -> dict[str, int]:

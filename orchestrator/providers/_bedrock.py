@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, NoReturn, cast
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote
 
 import httpx
 from botocore.auth import SigV4Auth
@@ -25,8 +25,9 @@ from botocore.eventstream import EventStreamBuffer, EventStreamMessage, ParserEr
 
 from orchestrator.errors import BadRequest
 from orchestrator.providers import _params
-from orchestrator.providers._blocks import BlockWriter
-from orchestrator.providers._http import open_stream
+from orchestrator.providers._blocks import BlockWriter, new_message_id
+from orchestrator.providers._client import UpstreamResponse
+from orchestrator.providers._http import json_answer, json_object, open_stream
 from orchestrator.providers._params import Translate
 from orchestrator.providers._registry import DEFAULT_BASE_URLS
 from orchestrator.providers._types import (
@@ -260,34 +261,32 @@ class BedrockAdapter:
         return body
 
     # --- the adapter protocol --------------------------------------------------------------
-    async def complete(self, request: ChatRequest) -> ChatResponse:
-        name = self.config.name
-        url = self._url(request, "converse")
-        payload = _dumps(self.build_body(request))
+    @contextlib.asynccontextmanager
+    async def _post(
+        self, url: str, body: dict[str, Any], accept: str = "application/json"
+    ) -> AsyncIterator[httpx.Response | UpstreamResponse]:
+        """A signed POST of `body` as JSON, its response open for the block."""
+        payload = _dumps(body)
         headers = await self.signed_headers(
-            "POST", url, payload, {"Content-Type": "application/json", "Accept": "application/json"}
+            "POST", url, payload, {"Content-Type": "application/json", "Accept": accept}
         )
         async with open_stream(
             self.http,
-            name,
+            self.config.name,
             "POST",
             url,
             content=payload,
             headers=headers,
             request_timeout=self._timeout,
         ) as response:
+            yield response
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        name = self.config.name
+        async with self._post(self._url(request, "converse"), self.build_body(request)) as response:
             raw = await response.aread()
             request_id = response.headers.get("x-amzn-requestid")
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise ProviderError(
-                f"{name}: answer is not JSON", provider=name, upstream_status=200
-            ) from exc
-        if not isinstance(data, dict):
-            raise ProviderError(
-                f"{name}: answer is not an object", provider=name, upstream_status=200
-            )
+        data = json_object(name, json_answer(name, raw))
         message = (data.get("output") or {}).get("message") or {}
         content: list[Block] = []
         for block in message.get("content") or []:
@@ -313,7 +312,7 @@ class BedrockAdapter:
         if stop == "end_turn" and any(isinstance(b, ToolUseBlock) for b in content):
             stop = "tool_use"
         return ChatResponse(
-            id=request_id or _new_id(name),
+            id=request_id or new_message_id(name),
             model=self.model_id(request),
             content=tuple(content),
             stop_reason=stop,
@@ -322,24 +321,12 @@ class BedrockAdapter:
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         name = self.config.name
-        url = self._url(request, "converse-stream")
-        payload = _dumps(self.build_body(request))
-        headers = await self.signed_headers(
-            "POST",
-            url,
-            payload,
-            {"Content-Type": "application/json", "Accept": "application/vnd.amazon.eventstream"},
-        )
-        async with open_stream(
-            self.http,
-            name,
-            "POST",
-            url,
-            content=payload,
-            headers=headers,
-            request_timeout=self._timeout,
+        async with self._post(
+            self._url(request, "converse-stream"),
+            self.build_body(request),
+            accept="application/vnd.amazon.eventstream",
         ) as response:
-            message_id = response.headers.get("x-amzn-requestid") or _new_id(name)
+            message_id = response.headers.get("x-amzn-requestid") or new_message_id(name)
             decoder = EventStreamDecoder(name)
             writer = BlockWriter()
             started = False
@@ -403,27 +390,8 @@ class BedrockAdapter:
         raise ProviderError.no_embeddings(self.config.name, model_id)
 
     async def _invoke(self, url: str, body: dict[str, Any]) -> Any:
-        payload = _dumps(body)
-        headers = await self.signed_headers(
-            "POST", url, payload, {"Content-Type": "application/json", "Accept": "application/json"}
-        )
-        async with open_stream(
-            self.http,
-            self.config.name,
-            "POST",
-            url,
-            content=payload,
-            headers=headers,
-            request_timeout=self._timeout,
-        ) as response:
-            raw = await response.aread()
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            name = self.config.name
-            raise ProviderError(
-                f"{name}: answer is not JSON", provider=name, upstream_status=200
-            ) from exc
+        async with self._post(url, body) as response:
+            return json_answer(self.config.name, await response.aread())
 
     async def probe(self) -> None:
         """A signed ListFoundationModels. The runtime endpoint has no cheap read, so with the
@@ -466,10 +434,6 @@ def _no_dimensions(model_id: str) -> BadRequest:
 
 def _dumps(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _new_id(provider: str) -> str:
-    return f"{provider}-{uuid.uuid4().hex[:24]}"
 
 
 def _usage(usage: Any) -> Usage:
@@ -549,15 +513,10 @@ def _content(message: Message) -> list[dict[str, Any]]:
 
 
 def _image(block: ImageBlock) -> dict[str, Any]:
-    media, data = block.media_type, block.data
-    if not data and block.url and block.url.startswith("data:"):
-        header, _, payload = block.url.partition(",")
-        media = header[5:].split(";")[0] or None
-        data = (
-            payload if ";base64" in header else base64.b64encode(unquote_to_bytes(payload)).decode()
-        )
-    if not data:
+    inline = block.inline()
+    if inline is None:
         raise BadRequest("bedrock accepts inline (base64) images only, not image URLs")
+    media, data = inline
     fmt = _IMAGE_FORMATS.get((media or "").lower()) or _sniff(data)
     if fmt is None:
         raise BadRequest(f"bedrock accepts png, jpeg, gif and webp images, not {media!r}")

@@ -1,9 +1,14 @@
 """`BlockWriter`: turns flat deltas (text, reasoning, tool-call fragments keyed by the
-provider's tool index) into the ordered block events of the internal stream."""
+provider's tool index) into the ordered block events of the internal stream; and the ids an
+adapter makes where its provider gives none (a message's, a tool call's)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.providers._types import (
     BlockDelta,
@@ -15,7 +20,23 @@ from orchestrator.providers._types import (
     Usage,
 )
 
-__all__ = ["BlockWriter"]
+__all__ = ["BlockWriter", "new_message_id", "tool_call_id"]
+
+
+def new_message_id(provider: str) -> str:
+    return f"{provider}-{uuid.uuid4().hex[:24]}"
+
+
+def tool_call_id(given: Any, n: int, salt: str, name: str, args: dict[str, Any]) -> str:
+    """The provider's id of the n-th tool call of a reply when it `given` one, else
+    `call_<n>_<hash>`: the same for the same reply (stable across a retry of the decoding),
+    different across replies (`salt`: the reply's id or timestamp)."""
+    if isinstance(given, str) and given:
+        return given
+    digest = hashlib.sha256(
+        json.dumps([salt, n, name, args], sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()[:16]
+    return f"call_{n}_{digest}"
 
 
 @dataclass

@@ -9,24 +9,27 @@ so JSON Schema is narrowed to it.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import json
 import mimetypes
 import re
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote
 
 import httpx
 
 from orchestrator.errors import BadRequest
 from orchestrator.providers import _params
-from orchestrator.providers._blocks import BlockWriter
-from orchestrator.providers._http import error_message, iter_sse, retry_after_of
+from orchestrator.providers._blocks import BlockWriter, new_message_id, tool_call_id
+from orchestrator.providers._http import (
+    error_message,
+    iter_sse,
+    json_answer,
+    json_object,
+    retry_after_of,
+)
 from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     Block,
@@ -187,12 +190,8 @@ class GeminiAdapter:
         async with self._request(
             "POST", self._url(request, "generateContent"), self.build_body(request), self._timeout
         ) as response:
-            data = _json(name, await response.aread())
-        if not isinstance(data, dict):
-            raise ProviderError(
-                f"{name}: answer is not an object", provider=name, upstream_status=200
-            )
-        reply_id = str(data.get("responseId") or _new_id(name))
+            data = json_object(name, json_answer(name, await response.aread()))
+        reply_id = str(data.get("responseId") or new_message_id(name))
         content: list[Block] = []
         stop: StopReason = "end_turn"
         candidates = data.get("candidates") or []
@@ -244,14 +243,14 @@ class GeminiAdapter:
             stop: StopReason | None = None
             usage = Usage()
             async for _event, data in iter_sse(response):
-                chunk = _json(name, data.encode())
+                chunk = json_answer(name, data.encode())
                 if not isinstance(chunk, dict):
                     raise ProviderError(f"{name}: stream event is not an object", provider=name)
                 if "error" in chunk:
                     raise _error(name, 500, data.encode(), None)
                 if not started:
                     started = True
-                    reply_id = str(chunk.get("responseId") or _new_id(name))
+                    reply_id = str(chunk.get("responseId") or new_message_id(name))
                     prompt = (chunk.get("usageMetadata") or {}).get("promptTokenCount") or 0
                     yield MessageStart(
                         reply_id, str(chunk.get("modelVersion") or request.model), int(prompt)
@@ -310,7 +309,7 @@ class GeminiAdapter:
             ]
             body = {"requests": batch}
             async with self._request("POST", url, body, self._timeout) as response:
-                data = _json(self.config.name, await response.aread())
+                data = json_answer(self.config.name, await response.aread())
             vectors += [[float(x) for x in e["values"]] for e in data["embeddings"]]
         return Embeddings(vectors)
 
@@ -380,20 +379,7 @@ def _error(provider: str, status: int, body: bytes, retry_after: float | None) -
     return ProviderError.from_status(provider, status, message, retry_after)
 
 
-def _json(provider: str, raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ProviderError(
-            f"{provider}: answer is not JSON", provider=provider, upstream_status=200
-        ) from exc
-
-
 # --- conversions ---------------------------------------------------------------------------
-def _new_id(provider: str) -> str:
-    return f"{provider}-{uuid.uuid4().hex[:24]}"
-
-
 def _user_parts(message: Message, names: dict[str, str]) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for block in message.content:
@@ -422,15 +408,11 @@ def _user_parts(message: Message, names: dict[str, str]) -> list[dict[str, Any]]
 
 
 def _image_part(block: ImageBlock) -> dict[str, Any]:
-    if block.data:
-        return {"inlineData": {"mimeType": block.media_type or "image/png", "data": block.data}}
+    inline = block.inline()
+    if inline is not None:
+        media, data = inline
+        return {"inlineData": {"mimeType": media or "image/png", "data": data}}
     url = block.url or ""
-    if url.startswith("data:"):
-        header, _, payload = url.partition(",")
-        mime = header[5:].split(";")[0] or "application/octet-stream"
-        if ";base64" not in header:
-            payload = base64.b64encode(unquote_to_bytes(payload)).decode()
-        return {"inlineData": {"mimeType": mime, "data": payload}}
     mime = block.media_type or mimetypes.guess_type(url)[0] or "image/jpeg"
     return {"fileData": {"mimeType": mime, "fileUri": url}}
 
@@ -444,13 +426,7 @@ def _function_call(call: Any, n: int, salt: str) -> tuple[str, str, dict[str, An
     args = call.get("args") or {}
     if not isinstance(args, dict):
         args = {"_value": args}
-    given = call.get("id")
-    if isinstance(given, str) and given:
-        return given, name, args
-    digest = hashlib.sha256(
-        json.dumps([salt, n, name, args], sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()[:16]
-    return f"call_{n}_{digest}", name, args
+    return tool_call_id(call.get("id"), n, salt, name, args), name, args
 
 
 def _append_text(content: list[Block], text: str) -> None:

@@ -38,6 +38,8 @@ __all__ = [
     "error_message",
     "iter_ndjson",
     "iter_sse",
+    "json_answer",
+    "json_object",
     "open_stream",
     "post_json",
     "response_events",
@@ -140,12 +142,26 @@ async def post_json(
             raise _transport_error(provider, exc) from exc
     if response.status_code >= 400:
         _raise_for(provider, response, response.content)
+    return json_answer(provider, response.content)
+
+
+def json_answer(provider: str, raw: bytes) -> Any:
+    """An upstream's successful answer decoded; a body that is not JSON is a `ProviderError`."""
     try:
-        return loads(response.content)
+        return loads(raw)
     except ValueError as exc:
         raise ProviderError(
             f"{provider}: answer is not JSON", provider=provider, upstream_status=200
         ) from exc
+
+
+def json_object(provider: str, data: Any) -> dict[str, Any]:
+    """`data` when it is a JSON object; any other answer is a `ProviderError`."""
+    if not isinstance(data, dict):
+        raise ProviderError(
+            f"{provider}: answer is not an object", provider=provider, upstream_status=200
+        )
+    return data
 
 
 @contextlib.asynccontextmanager

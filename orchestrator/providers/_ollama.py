@@ -7,20 +7,22 @@ a result's function name is found from the assistant turn that made the call.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
-import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import httpx
 
 from orchestrator.errors import BadRequest
 from orchestrator.providers import _params
-from orchestrator.providers._blocks import BlockWriter
-from orchestrator.providers._http import iter_ndjson, open_stream, post_json
+from orchestrator.providers._blocks import BlockWriter, new_message_id, tool_call_id
+from orchestrator.providers._http import (
+    iter_ndjson,
+    json_answer,
+    json_object,
+    open_stream,
+    post_json,
+)
 from orchestrator.providers._params import Translate
 from orchestrator.providers._types import (
     Block,
@@ -112,8 +114,7 @@ class OllamaAdapter:
             self._headers(),
             self._timeout,
         )
-        if not isinstance(data, dict):
-            raise ProviderError(f"{name}: answer is not an object", provider=name)
+        data = json_object(name, data)
         if "error" in data:
             raise _stream_error(name, data)
         message = data.get("message") or {}
@@ -135,7 +136,7 @@ class OllamaAdapter:
         if any(isinstance(b, ToolUseBlock) for b in content) and stop == "end_turn":
             stop = "tool_use"
         return ChatResponse(
-            id=_message_id(name),
+            id=new_message_id(name),
             model=str(data.get("model") or request.model),
             content=tuple(content),
             stop_reason=stop,
@@ -165,7 +166,7 @@ class OllamaAdapter:
                     if not started:
                         started = True
                         yield MessageStart(
-                            _message_id(name), str(chunk.get("model") or request.model)
+                            new_message_id(name), str(chunk.get("model") or request.model)
                         )
                     message = chunk.get("message") or {}
                     for event in writer.thinking(str(message.get("thinking") or "")):
@@ -238,20 +239,10 @@ class OllamaAdapter:
             headers=self._headers(),
             request_timeout=httpx.Timeout(self.config.connect_timeout_s),
         ) as response:
-            raw = await response.aread()
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise ProviderError(
-                f"{name}: answer is not JSON", provider=name, upstream_status=200
-            ) from exc
+            return json_answer(name, await response.aread())
 
 
 # --- conversions ---------------------------------------------------------------------------
-def _message_id(provider: str) -> str:
-    return f"{provider}-{uuid.uuid4().hex[:24]}"
-
-
 def _tool_names(messages: Sequence[Message]) -> dict[str, str]:
     return {
         block.id: block.name
@@ -310,13 +301,9 @@ def _user_messages(message: Message, names: dict[str, str]) -> list[dict[str, An
 
 def _image_data(block: ImageBlock) -> str:
     """Base64 image bytes: Ollama takes inline images only (a data: URL is inline too)."""
-    if block.data:
-        return block.data
-    if block.url and block.url.startswith("data:"):
-        header, _, payload = block.url.partition(",")
-        if ";base64" in header:
-            return payload
-        return base64.b64encode(unquote_to_bytes(payload)).decode()
+    inline = block.inline()
+    if inline is not None:
+        return inline[1]
     raise BadRequest("ollama accepts inline (base64) images only, not image URLs")
 
 
@@ -333,13 +320,7 @@ def _tool_call(call: Any, n: int, salt: str) -> tuple[str, str, dict[str, Any]]:
         args = json.loads(args) if args.strip() else {}
     if not isinstance(args, dict):
         args = {"_value": args}
-    given = call.get("id")
-    if isinstance(given, str) and given:
-        return given, name, args
-    digest = hashlib.sha256(
-        json.dumps([salt, n, name, args], sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()[:16]
-    return f"call_{n}_{digest}", name, args
+    return tool_call_id(call.get("id"), n, salt, name, args), name, args
 
 
 def _stop_reason(done_reason: Any) -> StopReason:

@@ -10,10 +10,12 @@ every other format can be produced from it without guessing.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+from urllib.parse import unquote_to_bytes
 
 from orchestrator.errors import (
     BadGateway,
@@ -76,6 +78,19 @@ class ImageBlock:
     data: str | None = None
     url: str | None = None
     type: Literal["image"] = "image"
+
+    def inline(self) -> tuple[str | None, str] | None:
+        """(media type, base64 bytes) of an image sent inline, a `data:` URL included (its
+        percent-encoded bytes encoded to base64); None for an image by http(s) URL."""
+        if self.data:
+            return self.media_type, self.data
+        url = self.url or ""
+        if not url.startswith("data:"):
+            return None
+        header, _, payload = url.partition(",")
+        if ";base64" not in header:
+            payload = base64.b64encode(unquote_to_bytes(payload)).decode()
+        return header[5:].split(";")[0] or None, payload
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class ProxyPolicy:
     ingress_key: str = ""
     # HAProxy's log line per request (see `quiet`).
     request_log: bool = False
+    # A client connection stays on one replica (`_STICK_TO_CONNECTION`): off, see there.
+    stick_to_connection: bool = False
 
 
 # The one form of a request id (deployments/edge.py REQUEST_ID, the same text).
@@ -133,17 +135,19 @@ def harden(config: str, policy: ProxyPolicy) -> str:
     if count != 1:
         raise ValueError("HAProxy config: no http_frontend section")
     # None yet in the configuration HAProxy starts with, before an application is deployed.
-    config = _APP_BACKEND.sub(lambda m: m.group(1) + _STICK_TO_CONNECTION, config)
+    if policy.stick_to_connection:
+        config = _APP_BACKEND.sub(lambda m: m.group(1) + _STICK_TO_CONNECTION, config)
     return config if policy.request_log else quiet(config)
 
 
 # Serve's backend of each application (`backend http-<app>`; its `default_backend` has no
-# servers). A client connection's requests stay on the replica its first one went to, while
-# that replica is up (`option redispatch` moves them otherwise); new connections are spread
-# by the backend's balance algorithm (leastconn). Balanced per request, a sequential client
-# alternated between replicas and each call found the other replica's caches: ~50-80 us of
-# a gateway call at concurrency 1 (docs/benchmarks.md). Entries outlive HAProxy's 90 s
-# keep-alive; a reused client port within that time goes to the same replica, harmlessly.
+# servers). With this rule a client connection's requests stay on the replica its first one
+# went to, while that replica is up; new connections are spread by leastconn. It saved a
+# sequential client ~0.1-0.2 ms a gateway call (its replica's caches stay warm), but with
+# clients of unequal load a replica took 1.2-2.9x the other's requests (two heavy
+# connections on one), against 1.01-1.06x balanced per request (scripts/bench.py
+# haproxy-balance, docs/design-notes.md "HAProxy sticky connections"): off; kept for that
+# measurement (`STICK_ENV`). Entries outlive HAProxy's 90 s keep-alive.
 _APP_BACKEND = re.compile(r"(?m)^(backend http-\S+\n)")
 _STICK_TO_CONNECTION = (
     "    # Added by the orchestrator: a client connection stays on one replica.\n"
@@ -152,6 +156,10 @@ _STICK_TO_CONNECTION = (
     "    stick on src,concat(:,txn.orch_client_port)\n"
 )
 
+
+# Inherited from `orchestrator serve` through Ray's processes to Serve's HAProxy manager
+# (not ORCH_: `orchestrator serve` refuses environment variables that are not settings).
+STICK_ENV = "BENCH_HAPROXY_STICK"
 
 PR_SET_PDEATHSIG = 1
 
@@ -178,6 +186,9 @@ def _exec(policy_path: str, args: list[str]) -> None:
     die_with_parent()
     with open(policy_path) as f:
         policy = ProxyPolicy(**json.load(f))
+    # For the measurement only (scripts/benchmarks/haproxy_balance.py): with the rule.
+    if os.environ.get(STICK_ENV) == "1":
+        policy = ProxyPolicy(**{**asdict(policy), "stick_to_connection": True})
     out = list(args)
     if "-f" not in out:  # `-v` and the like
         os.execv(policy.binary, [policy.binary, *out])

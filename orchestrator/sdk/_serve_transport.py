@@ -129,7 +129,11 @@ def _response(request: httpx.Request, head: Any, stream: Any) -> httpx.Response:
     return httpx.Response(head.status, headers=list(head.headers), stream=stream, request=request)
 
 
-class _Chunks(httpx.SyncByteStream):
+class _Body:
+    """A response body in flight: its first chunk, and the replica's generator of the rest
+    (`more`) that a stream left before its end stops, as a closed connection would (a
+    caller leaving /sync-events)."""
+
     def __init__(self, request: httpx.Request, first: bytes, more: bool, rest: Any) -> None:
         self._request = request
         self._first = first
@@ -137,6 +141,13 @@ class _Chunks(httpx.SyncByteStream):
         self._rest = rest
         self._done = not more
 
+    def _stop(self) -> None:
+        if not self._done:
+            self._done = True
+            self._rest.cancel()
+
+
+class _Chunks(_Body, httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         if self._first:
             yield self._first
@@ -148,21 +159,10 @@ class _Chunks(httpx.SyncByteStream):
         self._done = True
 
     def close(self) -> None:
-        # A stream left before its end (a caller leaving /sync-events): stop the replica's
-        # side too, as a closed connection would.
-        if not self._done:
-            self._done = True
-            self._rest.cancel()
+        self._stop()
 
 
-class _AsyncChunks(httpx.AsyncByteStream):
-    def __init__(self, request: httpx.Request, first: bytes, more: bool, rest: Any) -> None:
-        self._request = request
-        self._first = first
-        self._more = more
-        self._rest = rest
-        self._done = not more
-
+class _AsyncChunks(_Body, httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._first:
             yield self._first
@@ -174,9 +174,7 @@ class _AsyncChunks(httpx.AsyncByteStream):
         self._done = True
 
     async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            self._rest.cancel()
+        self._stop()
 
 
 class ServeTransport(httpx.BaseTransport):

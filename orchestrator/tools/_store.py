@@ -237,10 +237,19 @@ class ToolStore:
         )
         return [self._rows.server(r) for r in rows]
 
-    async def get_mcp_server(self, caller: Principal, server_id: str) -> McpServer:
-        """One of the caller's own servers or a shared one (NotFound otherwise)."""
-        row = await self._pool.fetchrow(
-            f"SELECT {_SERVER_COLUMNS} FROM mcp_servers WHERE id = $1 AND {_VISIBLE}",
+    async def get_mcp_server(
+        self,
+        caller: Principal,
+        server_id: str,
+        conn: asyncpg.Connection | None = None,
+        *,
+        for_update: bool = False,
+    ) -> McpServer:
+        """One of the caller's own servers or a shared one (NotFound otherwise); in `conn`'s
+        transaction, locked, `for_update`."""
+        row = await (conn or self._pool).fetchrow(
+            f"SELECT {_SERVER_COLUMNS} FROM mcp_servers WHERE id = $1 AND {_VISIBLE}"
+            + (" FOR UPDATE" if for_update else ""),
             _server_id(server_id),
             caller.user_uuid,
         )
@@ -266,15 +275,7 @@ class ToolStore:
         refused = await self._refused(raw.get("url"))
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                row = await conn.fetchrow(
-                    f"SELECT {_SERVER_COLUMNS} FROM mcp_servers WHERE id = $1 AND {_VISIBLE}"
-                    " FOR UPDATE",
-                    key,
-                    caller.user_uuid,
-                )
-                if row is None:
-                    raise NotFound(f"MCP server {server_id} not found")
-                current = self._rows.server(row)
+                current = await self.get_mcp_server(caller, server_id, conn, for_update=True)
                 if current.shared and not caller.is_admin:
                     raise Forbidden("only admins change shared MCP servers")
                 changes = validate_mcp_server(
@@ -409,9 +410,19 @@ class ToolStore:
         )
         return [self._rows.http(r) for r in rows]
 
-    async def get_http_tool(self, caller: Principal, tool_id: str) -> HttpTool:
-        row = await self._pool.fetchrow(
-            f"SELECT {_HTTP_COLUMNS} FROM http_tools WHERE id = $1 AND user_uuid = $2",
+    async def get_http_tool(
+        self,
+        caller: Principal,
+        tool_id: str,
+        conn: asyncpg.Connection | None = None,
+        *,
+        for_update: bool = False,
+    ) -> HttpTool:
+        """One of the caller's HTTP tools (NotFound otherwise); in `conn`'s transaction,
+        locked, `for_update`."""
+        row = await (conn or self._pool).fetchrow(
+            f"SELECT {_HTTP_COLUMNS} FROM http_tools WHERE id = $1 AND user_uuid = $2"
+            + (" FOR UPDATE" if for_update else ""),
             _http_id(tool_id),
             caller.user_uuid,
         )
@@ -432,15 +443,7 @@ class ToolStore:
             raise invalid("url", URL_REFUSED)
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                row = await conn.fetchrow(
-                    f"SELECT {_HTTP_COLUMNS} FROM http_tools WHERE id = $1 AND user_uuid = $2"
-                    " FOR UPDATE",
-                    key,
-                    caller.user_uuid,
-                )
-                if row is None:
-                    raise NotFound(f"HTTP tool {tool_id} not found")
-                current = self._rows.http(row)
+                current = await self.get_http_tool(caller, tool_id, conn, for_update=True)
                 merged = {
                     "name": current.name,
                     "description": current.description,

@@ -139,10 +139,12 @@ class _Named(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_keep_alive_client_stays_on_one_replica_and_new_ones_spread(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stick", [False, True])
+def test_each_request_is_balanced_unless_connections_stick(tmp_path: Path, stick: bool) -> None:
     """Through HAProxy with the hardened config and two replicas (loopback servers that say
-    their name): one connection's requests go to the replica that answered the last one
-    (leastconn alone alternates them); new connections are still spread over both."""
+    their name): one keep-alive connection's requests are spread over both (each request is
+    balanced); with the stick rule the measurement can switch on (`BENCH_HAPROXY_STICK`),
+    they stay on the replica of the first. New connections are spread over both either way."""
     ok, binary = haproxy_usable()
     assert ok, binary
     servers = []
@@ -164,7 +166,7 @@ def test_a_keep_alive_client_stays_on_one_replica_and_new_ones_spread(tmp_path: 
         )
     )
     config = tmp_path / "haproxy.cfg"
-    config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1")))
+    config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1", stick_to_connection=stick)))
     proxy = subprocess.Popen([binary, "-db", "-f", str(config)], stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
@@ -181,7 +183,7 @@ def test_a_keep_alive_client_stays_on_one_replica_and_new_ones_spread(tmp_path: 
             answered = [ask(conn) for _ in range(20)]
         finally:
             conn.close()
-        assert len(set(answered)) == 1, answered
+        assert len(set(answered)) == (1 if stick else 2), answered
         spread = set()
         for _ in range(10):
             fresh = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
@@ -213,7 +215,9 @@ def test_the_config_before_any_application_is_valid_for_haproxy(tmp_path: Path) 
     config.write_text(out)
     checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "stick on src,concat(:,txn.orch_client_port)" in harden(RENDERED, ProxyPolicy("/x", "h"))
+    assert "stick on" not in harden(RENDERED, ProxyPolicy("/x", "h"))
+    sticky = harden(RENDERED, ProxyPolicy("/x", "h", stick_to_connection=True))
+    assert "stick on src,concat(:,txn.orch_client_port)" in sticky
 
 
 def test_no_line_is_logged_per_request_unless_asked() -> None:

@@ -61,15 +61,12 @@ _STOP_REASONS: dict[str, StopReason] = {
 
 # --- client side: a request to an Anthropic-format upstream ----------------------------------
 def _image_source(block: ImageBlock) -> dict[str, Any]:
-    if block.data is not None:
-        return {"type": "base64", "media_type": block.media_type or "image/png", "data": block.data}
-    url = block.url or ""
-    if url.startswith("data:"):
-        # OpenAI-style data URL: Anthropic takes only http(s) URLs, so send it inline.
-        header, _, data = url.partition(",")
-        media_type = header.removeprefix("data:").split(";")[0] or "image/png"
-        return {"type": "base64", "media_type": media_type, "data": data}
-    return {"type": "url", "url": url}
+    # An OpenAI-style data URL goes inline too: Anthropic takes only http(s) URLs.
+    inline = block.inline()
+    if inline is not None:
+        media, data = inline
+        return {"type": "base64", "media_type": media or "image/png", "data": data}
+    return {"type": "url", "url": block.url or ""}
 
 
 def _request_block(block: Block) -> dict[str, Any] | None:
