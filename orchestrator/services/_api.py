@@ -1,53 +1,30 @@
-"""The composition root: `build_services(settings, role, stack)` wires every service a process
-uses, in one place, for each kind of process (the API replica and each actor kind).
-
-Why one builder: the API replica used to fill a mutable context field by field during its
-start, and each actor wired its own slice of the same services again (its own pools, stores,
-gateway), so a constructor change meant editing seven places and a service's set-up could
-differ between them. Here a role is a frozen dataclass of what that process uses: a `Core`
-every role has (settings, the database, the event store, the process's metrics recorder)
-plus the role's own services. The builder opens only what the role uses (an EventBus opens
-no gateway; the heavy modules are imported inside the role that needs them, so an actor's
-start-up cost stays its own), registers each close on `stack` as soon as it is open (a
-build that fails halfway closes what it opened, in reverse), and returns the services built
-completely: nothing is assigned after, and state that changes while serving (the Teams
-verifier cache, the metrics pusher) lives in objects built here.
-
-No Ray here: what reaches Ray actors (dispatchers, shard routers) is built by the caller and
-handed in (`ApiPeers`), or built by the actor around the services it gets.
-"""
+"""The API replica's role: every service its routes and request layers use, and what serves
+it from outside (`ApiPeers`). Apart from the actors' roles on purpose: actors never import
+this module, so the settings read here (auth, SLOs, the pool of a replica) are not part of
+the actors' generation version (actors/version.py, tests/unit/test_actor_settings.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
-from orchestrator.events import EventStore
-from orchestrator.observability import MetricsRecorder
+from orchestrator.services._core import Core, _fields
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    import httpx
     import redis.asyncio as aioredis
 
-    from orchestrator.agents import AgentRunner
     from orchestrator.auth import Authenticator, FailedAuthThrottle, RateLimiter, TokenStore
     from orchestrator.channels import ChannelRunner, ChannelStore, InboundLimits, TeamsVerifiers
     from orchestrator.events import Event, Fanout
-    from orchestrator.inference import InferenceService, InstanceStore, LocalInference
+    from orchestrator.inference import InferenceService, LocalInference
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore
-    from orchestrator.observability import (
-        MetricsPusher,
-        MetricsSnapshot,
-        SloQuery,
-        SloTargets,
-    )
+    from orchestrator.observability import MetricsPusher, MetricsSnapshot, SloQuery, SloTargets
     from orchestrator.providers import Gateway, InferenceLog
     from orchestrator.runtime.supervisor import Supervisor
     from orchestrator.scheduler import JobStore, SchedulerService
@@ -75,193 +52,6 @@ class MetricsHub(Protocol):
     async def gauges(self) -> dict[str, int]: ...
 
 
-S = TypeVar("S", bound="Core")
-
-
-@dataclass(frozen=True)
-class Core:
-    """What every process has. `POOL`: the role's Postgres connections (min, max); None: the
-    settings' `db_pool_min`/`db_pool_max`."""
-
-    POOL: ClassVar[tuple[int, int] | None] = None
-
-    settings: Settings
-    db: Database
-    events: EventStore
-    recorder: MetricsRecorder
-
-    @classmethod
-    async def _build(cls: type[S], core: Core, stack: contextlib.AsyncExitStack, **_: Any) -> S:
-        return cls(**_fields(core))
-
-
-def _fields(core: Core) -> dict[str, Any]:
-    # Not dataclasses.asdict: that deep-copies the pool.
-    return {f.name: getattr(core, f.name) for f in fields(Core)}
-
-
-@dataclass(frozen=True)
-class EventBusServices(Core):
-    """The EventBus actor: its follower and projections are built on the core."""
-
-    POOL = (1, 4)
-
-
-@dataclass(frozen=True)
-class InstanceServices(Core):
-    """An InferenceInstance actor: the record of its instance."""
-
-    POOL = (1, 2)
-
-    instances: InstanceStore
-
-    @classmethod
-    async def _build(
-        cls, core: Core, stack: contextlib.AsyncExitStack, **_: Any
-    ) -> InstanceServices:
-        from orchestrator.inference import InstanceStore
-
-        return cls(**_fields(core), instances=InstanceStore(core.events))
-
-
-@dataclass(frozen=True)
-class WorkflowShardServices(Core):
-    """A WorkflowShard actor: the workflows' store (its engine is built by the actor, around
-    the dispatcher to the agent workers). Its connections are shared by its drivers; their
-    database work is admitted fairly across tenants (about twice this many at once)."""
-
-    POOL = (1, 8)
-
-    workflows: WorkflowStore
-
-    @classmethod
-    async def _build(
-        cls, core: Core, stack: contextlib.AsyncExitStack, **_: Any
-    ) -> WorkflowShardServices:
-        from orchestrator.workflows import WorkflowStore
-
-        return cls(**_fields(core), workflows=WorkflowStore(core.db.pool, core.events))
-
-
-@dataclass(frozen=True)
-class SchedulerServices(Core):
-    """The Scheduler actor: the jobs, and a second store on its own connections for runs'
-    ends, so ticks never queue behind them."""
-
-    POOL = (1, 6)
-
-    jobs: JobStore
-    run_jobs: JobStore
-
-    @classmethod
-    async def _build(
-        cls, core: Core, stack: contextlib.AsyncExitStack, **_: Any
-    ) -> SchedulerServices:
-        from orchestrator.scheduler import JobStore
-
-        assert core.settings.database_url
-        runs_db = await connect(core.settings.database_url, min_size=1, max_size=4, migrate=False)
-        stack.push_async_callback(runs_db.close)
-        return cls(
-            **_fields(core),
-            jobs=JobStore(core.db.pool, core.events),
-            run_jobs=JobStore(runs_db.pool, EventStore(runs_db.pool)),
-        )
-
-
-@dataclass(frozen=True)
-class ChannelHubServices(Core):
-    """A ChannelHub actor: the channels (secrets sealed by the deployment's box) and the
-    HTTP client deliveries go out through."""
-
-    POOL = (1, 4)
-
-    channels: ChannelStore
-    egress: httpx.AsyncClient
-
-    @classmethod
-    async def _build(
-        cls, core: Core, stack: contextlib.AsyncExitStack, **_: Any
-    ) -> ChannelHubServices:
-        from orchestrator.channels import ChannelStore, EgressPolicy, channel_egress
-        from orchestrator.secret_box import configured_box
-
-        s = core.settings
-        store = ChannelStore(
-            core.db.pool, configured_box(s), egress=EgressPolicy(s.outbound_allowed_cidrs)
-        )
-        http = channel_egress(s)
-        stack.push_async_callback(http.aclose)
-        return cls(**_fields(core), channels=store, egress=http)
-
-
-@dataclass(frozen=True)
-class AgentWorkerServices(Core):
-    """An AgentWorker actor: the agent loop and what its tools use. Entries agents store
-    here are embedded by the replicas' fillers; writes drop the replicas' cached copies in
-    the shared Redis. Users' MCP servers and HTTP tools are called from here: one MCP
-    connection pool (and its stdio children) per worker process."""
-
-    POOL = (1, 8)
-
-    gateway: Gateway
-    memory: MemoryStore
-    tool_clients: AgentToolClients
-    runner: AgentRunner
-
-    @classmethod
-    async def _build(
-        cls, core: Core, stack: contextlib.AsyncExitStack, **_: Any
-    ) -> AgentWorkerServices:
-        import redis.asyncio as aioredis
-
-        from orchestrator.agents import AgentRunner
-        from orchestrator.inference import ready_endpoints
-        from orchestrator.marketplace import Marketplace
-        from orchestrator.memory import MemoryStore
-        from orchestrator.providers import Gateway
-        from orchestrator.toolset import AgentToolClients
-        from orchestrator.workspace import Workspace
-
-        s, pool, events = core.settings, core.db.pool, core.events
-        gateway = Gateway(s, core.recorder, local=lambda: ready_endpoints(pool))
-        stack.push_async_callback(gateway.aclose)
-        redis = None
-        if s.redis_url:
-            redis = aioredis.from_url(s.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            stack.push_async_callback(redis.aclose)
-        memory = MemoryStore(
-            pool,
-            events,
-            redis,
-            s.memory_embedding_dim,
-            pgvector=core.db.pgvector,
-            auto_embed=s.embedder != "none",
-        )
-        tool_clients = AgentToolClients(s)
-        stack.push_async_callback(tool_clients.aclose)
-        runner = AgentRunner(
-            s,
-            gateway,
-            events,
-            tool_clients.catalog(pool),
-            {
-                "pool": pool,
-                "events": events,
-                "memory": memory,
-                "workspace": Workspace(s),
-                "marketplace": Marketplace.of(pool, s),
-            },
-        )
-        return cls(
-            **_fields(core),
-            gateway=gateway,
-            memory=memory,
-            tool_clients=tool_clients,
-            runner=runner,
-        )
-
-
 @dataclass(frozen=True)
 class ApiPeers:
     """What serves an API replica from outside it: Ray actors under Serve, None without (then
@@ -284,7 +74,8 @@ class ApiPeers:
 @dataclass(frozen=True)
 class ApiServices(Core):
     """An API replica: every service its routes and request layers use. `scheduler` is
-    started by the replica's lifespan (with its other loops), when it runs here."""
+    started by the replica's lifespan (with its other loops), when it runs here. Its pool:
+    the settings' `db_pool_min`/`db_pool_max`."""
 
     redis: aioredis.Redis
     tokens: TokenStore
@@ -314,6 +105,10 @@ class ApiServices(Core):
     fanout: Fanout
     worker_pool: int  # AgentWorker actors (for /health workers.idle)
     started_at: float
+
+    @classmethod
+    def _pool(cls, settings: Settings) -> tuple[int, int]:
+        return settings.db_pool_min, settings.db_pool_max
 
     @classmethod
     async def _build(
@@ -522,41 +317,3 @@ async def _api(
         "worker_pool": worker_pool,
         "started_at": peers.started_at if peers.started_at is not None else time.time(),
     }
-
-
-async def build_services(
-    settings: Settings,
-    role: type[S],
-    stack: contextlib.AsyncExitStack,
-    *,
-    recorder: MetricsRecorder,
-    supervisor: Supervisor | None = None,
-    peers: ApiPeers | None = None,
-) -> S:
-    """The services of a process of kind `role` (one of the dataclasses above), built
-    completely; what they open is closed by `stack`, also when this fails halfway.
-    `recorder`: the process's metrics recorder (an actor's is its host's);
-    `supervisor` and `peers`: the API replica's (its loops and what Ray serves it)."""
-    if not settings.database_url:
-        raise RuntimeError("database_url must be set before the service starts")
-    low, high = role.POOL or (settings.db_pool_min, settings.db_pool_max)
-    db = await connect(settings.database_url, min_size=low, max_size=high)
-    stack.push_async_callback(db.close)
-    core = Core(settings=settings, db=db, events=EventStore(db.pool), recorder=recorder)
-    return await role._build(core, stack, supervisor=supervisor, peers=peers)
-
-
-__all__ = [
-    "AgentWorkerServices",
-    "ApiPeers",
-    "ApiServices",
-    "ChannelHubServices",
-    "Core",
-    "EventBusServices",
-    "InstanceServices",
-    "MetricsHub",
-    "SchedulerServices",
-    "WorkflowRunner",
-    "WorkflowShardServices",
-    "build_services",
-]
