@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from orchestrator.runtime.fair_queue import FairAdmission
 
 # The agent loop, the providers, memory, the workspace and the Redis client are imported in
-# `_start` (by the composition root, orchestrator/services.py), in the worker's own process.
+# `_start` (by the composition root, orchestrator/services/), in the worker's own process.
 # Not here: every dispatcher (the scheduler, the workflow shards, the channel hubs) imports
 # this module when it first looks a worker up (`ray.get_actor` loads the actor's class), and
 # an import of them there held the dispatcher's event loop for 0.2-0.4 s (the scheduler's

@@ -2,7 +2,7 @@
 over plain functions a route that resolves no dependencies (deployments/json_route.py) calls
 itself: one way to reach the services and the caller, whichever way a route is served.
 
-The services are the replica's `ApiServices` (orchestrator/services.py), built completely
+The services are the replica's `ApiServices` (orchestrator/services/), built completely
 before the app serves and kept on `app.state.services`."""
 
 from __future__ import annotations

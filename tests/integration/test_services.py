@@ -1,4 +1,4 @@
-"""The composition root (orchestrator/services.py): each role gets its services built
+"""The composition root (orchestrator/services/): each role gets its services built
 completely, frozen, with its own pool size; what a build opened is closed with its stack, also
 when the build fails halfway."""
 
