@@ -7,6 +7,7 @@ before the app serves and kept on `app.state.services`."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
@@ -59,7 +60,10 @@ async def admin_principal(principal: Annotated[Principal, Depends(current_princi
 
 
 def _service(name: str) -> Any:
-    """`Depends` on the replica's service `name` (an attribute of ApiServices)."""
+    """`Depends` on the replica's service `name` (a field of ApiServices: checked here, at
+    import, so a misspelt one fails at once rather than on its route's first request)."""
+    if name not in _API_FIELDS:
+        raise AttributeError(f"ApiServices has no {name!r}")
 
     async def service(request: Request) -> Any:
         return getattr(request.app.state.services, name)
@@ -67,6 +71,8 @@ def _service(name: str) -> Any:
     service.__name__ = f"{name}_dep"
     return Depends(service)
 
+
+_API_FIELDS = frozenset(f.name for f in dataclasses.fields(ApiServices))
 
 CurrentUser = Annotated[Principal, Depends(current_principal)]
 AdminUser = Annotated[Principal, Depends(admin_principal)]
