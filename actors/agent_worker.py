@@ -23,18 +23,19 @@ from actors.dispatch import KIND, AttemptLost, RayDispatcher, WorkerDraining, wo
 from actors.host import ActorHost
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.config import Settings
-from orchestrator.db import connect
-from orchestrator.events import EventStore, NewEvent
+from orchestrator.events import NewEvent
+from orchestrator.services import AgentWorkerServices, build_services
 
 if TYPE_CHECKING:
     from orchestrator.agents import AgentRunner
     from orchestrator.runtime.fair_queue import FairAdmission
 
 # The agent loop, the providers, memory, the workspace and the Redis client are imported in
-# `_start`, in the worker's own process. Not here: every dispatcher (the scheduler, the
-# workflow shards, the channel hubs) imports this module when it first looks a worker up
-# (`ray.get_actor` loads the actor's class), and an import of them there held the
-# dispatcher's event loop for 0.2-0.4 s (the scheduler's dispatches all late by that much).
+# `_start` (by the composition root, orchestrator/services/), in the worker's own process.
+# Not here: every dispatcher (the scheduler, the workflow shards, the channel hubs) imports
+# this module when it first looks a worker up (`ray.get_actor` loads the actor's class), and
+# an import of them there held the dispatcher's event loop for 0.2-0.4 s (the scheduler's
+# dispatches all late by that much).
 
 log = logging.getLogger(__name__)
 
@@ -83,55 +84,10 @@ class AgentWorker(ActorHost):
     async def _start(self, opened: contextlib.AsyncExitStack) -> AgentRunner:
         """Everything a try opens goes on `opened`: a failed try closes it (the gateway's
         HTTP pools once leaked here)."""
-        import redis.asyncio as aioredis
-
-        from orchestrator.agents import AgentRunner
-        from orchestrator.inference import ready_endpoints
-        from orchestrator.marketplace import Marketplace
-        from orchestrator.memory import MemoryStore
-        from orchestrator.providers import Gateway
-        from orchestrator.toolset import AgentToolClients
-        from orchestrator.workspace import Workspace
-
-        s = self._settings
-        assert s.database_url
-        db = await connect(s.database_url, min_size=1, max_size=8)
-        opened.push_async_callback(db.close)
-        events = EventStore(db.pool)
-        pool = db.pool
-        gateway = Gateway(s, self._recorder, local=lambda: ready_endpoints(pool))
-        opened.push_async_callback(gateway.aclose)
-        # Entries stored by agents here are embedded by the replicas' fillers; writes drop
-        # the replicas' cached copies in the shared Redis.
-        redis = None
-        if s.redis_url:
-            redis = aioredis.from_url(s.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-            opened.push_async_callback(redis.aclose)
-        memory = MemoryStore(
-            pool,
-            events,
-            redis,
-            s.memory_embedding_dim,
-            pgvector=db.pgvector,
-            auto_embed=s.embedder != "none",
+        services = await build_services(
+            self._settings, AgentWorkerServices, opened, recorder=self._recorder
         )
-        # Users' MCP servers and HTTP tools are called from here: one MCP connection pool
-        # (and stdio children) per worker process.
-        tool_clients = AgentToolClients(s)
-        opened.push_async_callback(tool_clients.aclose)
-        runner = AgentRunner(
-            s,
-            gateway,
-            events,
-            tool_clients.catalog(pool),
-            {
-                "pool": pool,
-                "events": events,
-                "memory": memory,
-                "workspace": Workspace(s),
-                "marketplace": Marketplace.of(pool, s),
-            },
-        )
+        events = services.events
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
         if self._crash_to_record:
             # Once per death, by the one who knows; a task it was running is recorded by
@@ -146,7 +102,7 @@ class AgentWorker(ActorHost):
         await events.append(started)
         self._crash_to_record = False
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
-        return runner
+        return services.runner
 
     def _before_flush(self) -> None:
         self._recorder.active_workers(1 if self._admission.running else 0)

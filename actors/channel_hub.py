@@ -16,18 +16,10 @@ from ray.exceptions import RayActorError
 from actors import Generation, Shards
 from actors.dispatch import RayDispatcher
 from actors.host import ActorHost
-from orchestrator.channels import (
-    ChannelRelay,
-    ChannelStore,
-    EgressPolicy,
-    channel_egress,
-    channel_shard,
-    secret_box,
-)
+from orchestrator.channels import ChannelRelay, channel_shard
 from orchestrator.config import Settings
-from orchestrator.db import connect
-from orchestrator.events import EventStore
 from orchestrator.runtime.supervisor import cancel_and_wait
+from orchestrator.services import ChannelHubServices, build_services
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +50,12 @@ class ChannelHub(ActorHost):
 
     async def _start(self, opened: contextlib.AsyncExitStack) -> ChannelRelay:
         s = self._settings
-        assert s.database_url
-        db = await connect(s.database_url, min_size=1, max_size=4)
-        opened.push_async_callback(db.close)
-        key = s.channel_secret_key.get_secret_value() if s.channel_secret_key else None
-        store = ChannelStore(
-            db.pool,
-            secret_box(key, s.data_dir),
-            egress=EgressPolicy(s.outbound_allowed_cidrs),
-        )
-        http = channel_egress(s)
-        opened.push_async_callback(http.aclose)
+        services = await build_services(s, ChannelHubServices, opened, recorder=self._recorder)
         relay = ChannelRelay(
-            store,
-            RayDispatcher(s, EventStore(db.pool), self._generation),
+            services.channels,
+            RayDispatcher(s, services.events, self._generation),
             s,
-            http,
+            services.egress,
             shard=self._index,
             shards=self._shards,
             name=hub_name(self._index),

@@ -14,8 +14,8 @@ from ray.exceptions import RayActorError
 from actors import Generation, lookup
 from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import connect
-from orchestrator.events import Event, EventServices, EventStore
+from orchestrator.events import Event, EventServices
+from orchestrator.services import EventBusServices, build_services
 
 KIND = "EventBus"
 
@@ -37,11 +37,12 @@ class EventBus(ActorHost):
         return f"EventBus(head={feed.head}, subscribers={feed.subscribers})"
 
     async def _start(self, opened: contextlib.AsyncExitStack) -> EventServices:
-        dsn = self._settings.database_url
-        assert dsn
-        db = await connect(dsn, min_size=1, max_size=4)
-        opened.push_async_callback(db.close)  # a failed try's pool: the next makes a new one
-        services = EventServices(EventStore(db.pool), dsn, self._recorder, self._supervisor)
+        # A failed try's pool is closed with `opened`: the next makes a new one.
+        core = await build_services(
+            self._settings, EventBusServices, opened, recorder=self._recorder
+        )
+        dsn = self._settings.database_url or ""
+        services = EventServices(core.events, dsn, self._recorder, self._supervisor)
         opened.push_async_callback(services.stop)
         await services.start()
         self._services = services

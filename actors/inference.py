@@ -19,14 +19,12 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from actors import NAMESPACE, app_prefix
 from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import Database, connect
-from orchestrator.events import EventStore
 from orchestrator.inference import (
     InstanceRunner,
     InstanceState,
-    InstanceStore,
     LaunchFailed,
 )
+from orchestrator.services import InstanceServices, build_services
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +48,8 @@ class InferenceInstance(ActorHost):
         super().__init__(f"instance-{instance_id}", settings, None)
         self._id = instance_id
         self._host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        self._db: Database | None = None
+        # What the services opened: kept as long as the process (Ray restarts the actor).
+        self._opened = contextlib.AsyncExitStack()
         self._instance: InstanceRunner | None = None
         self._booted = asyncio.Event()
         self._stopping = False
@@ -66,10 +65,12 @@ class InferenceInstance(ActorHost):
     async def _run(self) -> None:
         try:
             try:
-                assert self._settings.database_url
-                self._db = await connect(self._settings.database_url, min_size=1, max_size=2)
-                store = InstanceStore(EventStore(self._db.pool))
-                self._instance = InstanceRunner(store, self._id, self._settings, self._host)
+                services = await build_services(
+                    self._settings, InstanceServices, self._opened, recorder=self._recorder
+                )
+                self._instance = InstanceRunner(
+                    services.instances, self._id, self._settings, self._host
+                )
             finally:
                 self._booted.set()
             record = await self._instance.start()

@@ -15,9 +15,8 @@ from actors import Generation
 from actors.dispatch import RayDispatcher
 from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import connect
-from orchestrator.events import EventStore
-from orchestrator.scheduler import JobStore, SchedulerService
+from orchestrator.scheduler import SchedulerService
+from orchestrator.services import SchedulerServices, build_services
 
 log = logging.getLogger(__name__)
 
@@ -43,22 +42,18 @@ class Scheduler(ActorHost):
         return f"Scheduler({self._name}, active={s.active}, dispatched={s.dispatched})"
 
     async def _start(self, opened: contextlib.AsyncExitStack) -> SchedulerService:
-        dsn = self._settings.database_url
-        assert dsn
-        db = await connect(dsn, min_size=1, max_size=6)
-        opened.push_async_callback(db.close)
-        # Runs' ends on their own connections: ticks never queue behind them.
-        runs_db = await connect(dsn, min_size=1, max_size=4, migrate=False)
-        opened.push_async_callback(runs_db.close)
-        events = EventStore(db.pool)
+        services = await build_services(
+            self._settings, SchedulerServices, opened, recorder=self._recorder
+        )
         service = SchedulerService(
-            JobStore(db.pool, events),
-            RayDispatcher(self._settings, events, self._generation),
+            services.jobs,
+            RayDispatcher(self._settings, services.events, self._generation),
             self._settings,
-            dsn,
+            self._settings.database_url or "",
             self._supervisor,
             name=self._name,
-            run_store=JobStore(runs_db.pool, EventStore(runs_db.pool)),
+            # Runs' ends on their own connections: ticks never queue behind them.
+            run_store=services.run_jobs,
         )
         service.start()
         self._service = service

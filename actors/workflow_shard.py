@@ -20,17 +20,13 @@ from actors import Generation, Shards
 from actors.dispatch import RayDispatcher
 from actors.host import ActorHost
 from orchestrator.config import Settings
-from orchestrator.db import connect
-from orchestrator.events import EventStore
 from orchestrator.runtime.backoff import Backoff
-from orchestrator.workflows import WorkflowEngine, WorkflowStore, shard_of
+from orchestrator.services import WorkflowShardServices, build_services
+from orchestrator.workflows import WorkflowEngine, shard_of
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
-# The shard's Postgres connections, shared by its drivers; their database work is admitted
-# fairly across tenants, `workflow_shard_max_active` (about twice this) at once.
-DB_CONNECTIONS = 8
 # A shard restarting (or not yet running) is looked up again: three tries, waits from 0.5 s.
 CALL_TRIES = 3
 CALL_BACKOFF = Backoff(base=0.5, cap=2.0, jitter=0)
@@ -66,11 +62,10 @@ class WorkflowShard(ActorHost):
         )
 
     async def _start(self, opened: contextlib.AsyncExitStack) -> WorkflowEngine:
-        assert self._settings.database_url
-        db = await connect(self._settings.database_url, min_size=1, max_size=DB_CONNECTIONS)
-        opened.push_async_callback(db.close)
-        events = EventStore(db.pool)
-        store = WorkflowStore(db.pool, events)
+        services = await build_services(
+            self._settings, WorkflowShardServices, opened, recorder=self._recorder
+        )
+        events, store = services.events, services.workflows
         router = RayWorkflows(self._settings, self._generation)
         engine = WorkflowEngine(
             store,

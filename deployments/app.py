@@ -77,7 +77,7 @@ class Api:
         is this replica's event loop's."""
         state = self.app.state  # type: ignore[attr-defined]
         route = state.route_templates.match(path)
-        state.ctx.recorder.http_request(method, route, 500, duration_s)
+        state.services.recorder.http_request(method, route, 500, duration_s)
 
     def __repr__(self) -> str:
         return f"Api(port={self._settings.port})"

@@ -40,7 +40,7 @@ def request_layers(
     echo_request_id: bool,
     handlers: dict[Any, Any],
 ) -> list[Middleware]:
-    """The layers, outermost first. `ctx_getter`: the replica's context (built in the
+    """The layers, outermost first. `ctx_getter`: the replica's services (built in the
     lifespan); `handlers`: the app's exception handlers."""
     key = settings.ingress_key
     return [

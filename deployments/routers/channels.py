@@ -15,13 +15,21 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.client_address import scope_client_address
-from deployments.deps import Ctx, CurrentUser
+from deployments.deps import (
+    ChannelDriver,
+    ChannelLimits,
+    Channels,
+    Config,
+    CurrentUser,
+    TeamsVerifierCache,
+)
 from orchestrator import wire
 from orchestrator.channels import (
     Challenge,
     Channel,
     Inbound,
     TeamsVerifier,
+    TeamsVerifiers,
     VerificationFailed,
     parse_slack,
     parse_teams,
@@ -33,6 +41,7 @@ from orchestrator.channels import (
     verify_teams_service_url,
     verify_telegram,
 )
+from orchestrator.config import Settings
 from orchestrator.errors import NotFound, ServiceUnavailable, ValidationFailed
 
 log = logging.getLogger(__name__)
@@ -88,33 +97,37 @@ def _path(token: str) -> str:
 
 
 @router.get("/channels", response_model=wire.ChannelList)
-async def list_channels(ctx: Ctx, caller: CurrentUser) -> wire.ChannelList:
+async def list_channels(store: Channels, caller: CurrentUser) -> wire.ChannelList:
     """The caller's channels (an admin's: every channel)."""
-    channels = await ctx.channels.list_for(caller)
+    channels = await store.list_for(caller)
     return wire.ChannelList(data=[wire.Channel(**c.wire()) for c in channels])
 
 
 @router.post("/channels", response_model=wire.ChannelCreated)
-async def create_channel(body: CreateBody, ctx: Ctx, caller: CurrentUser) -> wire.ChannelCreated:
+async def create_channel(
+    body: CreateBody, channels: Channels, caller: CurrentUser
+) -> wire.ChannelCreated:
     """Config by type: slack `signing_secret` and `webhook_url` (or `bot_token`); teams
     `webhook_url`, `tenant_id` (`app_id`); telegram `bot_token`, `chat_ids`
     (`secret_token`); webhook (`callback_url`). 400 names a bad field; 422 an unknown type."""
-    channel, token = await ctx.channels.create(caller, body.type, body.name, body.config)
+    channel, token = await channels.create(caller, body.type, body.name, body.config)
     return wire.ChannelCreated(
         data=wire.CreatedChannel(**channel.wire(), webhook_token=token, webhook_path=_path(token))
     )
 
 
 @router.get("/channels/{channel_id}", response_model=wire.Channel)
-async def get_channel(channel_id: ChannelId, ctx: Ctx, caller: CurrentUser) -> wire.Channel:
-    return wire.Channel(**(await ctx.channels.get(channel_id, caller)).wire())
+async def get_channel(
+    channel_id: ChannelId, channels: Channels, caller: CurrentUser
+) -> wire.Channel:
+    return wire.Channel(**(await channels.get(channel_id, caller)).wire())
 
 
 @router.put("/channels/{channel_id}", response_model=wire.ChannelUpdated)
 async def update_channel(
-    body: UpdateBody, channel_id: ChannelId, ctx: Ctx, caller: CurrentUser
+    body: UpdateBody, channel_id: ChannelId, channels: Channels, caller: CurrentUser
 ) -> wire.ChannelUpdated:
-    channel, token = await ctx.channels.update(
+    channel, token = await channels.update(
         channel_id,
         caller,
         name=body.name,
@@ -131,9 +144,9 @@ async def update_channel(
 
 @router.delete("/channels/{channel_id}", response_model=wire.ChannelDeleted)
 async def delete_channel(
-    channel_id: ChannelId, ctx: Ctx, caller: CurrentUser
+    channel_id: ChannelId, channels: Channels, caller: CurrentUser
 ) -> wire.ChannelDeleted:
-    await ctx.channels.delete(channel_id, caller)
+    await channels.delete(channel_id, caller)
     return wire.ChannelDeleted(deleted=channel_id)
 
 
@@ -147,17 +160,11 @@ def _json_body(raw: bytes) -> Any:
         raise ValidationFailed("body: not JSON") from exc
 
 
-async def _teams_verifier(ctx: Any, channel: Channel) -> TeamsVerifier:
-    s = ctx.settings
+def _teams_verifier(s: Settings, verifiers: TeamsVerifiers, channel: Channel) -> TeamsVerifier:
     audience = channel.config.get("app_id") or s.teams_audience
     if not audience:
         raise VerificationFailed("teams channel has no app_id (the token audience) to check")
-    key = (s.teams_jwks_url, s.teams_issuer, audience)
-    cache: dict[Any, TeamsVerifier] = ctx.teams_verifiers
-    verifier = cache.get(key)
-    if verifier is None:
-        verifier = cache[key] = TeamsVerifier(s.teams_jwks_url, s.teams_issuer, audience)
-    return verifier
+    return verifiers.for_audience(audience)
 
 
 @router.post(
@@ -174,7 +181,11 @@ async def _teams_verifier(ctx: Any, channel: Channel) -> TeamsVerifier:
 )
 async def receive(
     request: Request,
-    ctx: Ctx,
+    channels: Channels,
+    settings: Config,
+    channel_limits: ChannelLimits,
+    channel_runner: ChannelDriver,
+    teams_verifiers: TeamsVerifierCache,
     token: Annotated[str, Path(min_length=8, max_length=200)],
     sync: Annotated[
         bool, Query(description="Generic webhooks: wait and answer in the response")
@@ -185,12 +196,12 @@ async def receive(
     nothing relayed when verification fails; duplicates (a platform's retries) are accepted
     and not relayed again. 429 with Retry-After, nothing relayed, past the channel's or its
     owner's inbound messages per minute."""
-    channel = await ctx.channels.by_token(token)
+    channel = await channels.by_token(token)
     if channel is None:
         raise NotFound("channel not found")
     raw = await request.body()
     headers = {k.lower(): v for k, v in request.headers.items()}
-    s = ctx.settings
+    s = settings
     inbound: Inbound | Challenge | None
     if channel.type == "slack":
         verify_slack(channel.secrets.get("signing_secret", ""), headers, raw)
@@ -198,7 +209,7 @@ async def receive(
         if isinstance(inbound, Challenge):
             return PlainTextResponse(inbound.challenge)
     elif channel.type == "teams":
-        verifier = await _teams_verifier(ctx, channel)
+        verifier = _teams_verifier(s, teams_verifiers, channel)
         claims = await verifier.verify(headers.get("authorization"), teams_channel_id(raw))
         inbound = parse_teams(_json_body(raw))
         if inbound is not None:
@@ -224,11 +235,11 @@ async def receive(
     # these requests: the channel's and the owner's budgets do (after verification, so a
     # forger cannot spend them). Only a message newly enqueued costs: the inbox's unique
     # delivery id finds a platform's re-delivery, and its count is given back.
-    admitted = await ctx.channel_limits.admit(channel)
+    admitted = await channel_limits.admit(channel)
     wait = sync and channel.type == "webhook"
     inbox_id: int | None = None
     try:
-        inbox_id = await ctx.channels.enqueue(
+        inbox_id = await channels.enqueue(
             channel.id,
             delivery_id=_clean(inbound.delivery_id),
             conversation=_clean(inbound.conversation),
@@ -238,14 +249,14 @@ async def receive(
         )
     finally:
         if inbox_id is None:
-            ctx.channel_limits.refund(channel, admitted)
+            channel_limits.refund(channel, admitted)
     if inbox_id is None:
         return JSONResponse(wire.WebhookAck(accepted=False, duplicate=True).model_dump())
     if wait:
         try:
-            answer = await ctx.channel_runner.answer(channel.id, inbox_id, s.channel_sync_timeout_s)
+            answer = await channel_runner.answer(channel.id, inbox_id, s.channel_sync_timeout_s)
         except TimeoutError as exc:
             raise ServiceUnavailable("no answer in time; it is still being worked on") from exc
         return JSONResponse(wire.WebhookAck(accepted=True, answer=answer).model_dump())
-    await ctx.channel_runner.submit(channel.id, inbox_id)
+    await channel_runner.submit(channel.id, inbox_id)
     return JSONResponse(wire.WebhookAck(accepted=True).model_dump())

@@ -21,12 +21,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
 
-from deployments.context import AppContext
-from deployments.deps import Ctx, CurrentUser
+from deployments.deps import Config, CurrentUser, InferenceRecords, ModelGateway
 from orchestrator import wire
+from orchestrator.config import Settings
 from orchestrator.errors import BadRequest, OrchestratorError
 from orchestrator.memory import ProviderEmbedder
 from orchestrator.memory._embed import LOCAL_DIM, LOCAL_MODELS, EmbeddingLimits, local_embedder
+from orchestrator.providers import Gateway
 
 router = APIRouter(tags=["inference"])
 
@@ -82,7 +83,8 @@ def _encode(vector: list[float], encoding: str) -> list[float] | str:
 
 
 async def _embed(
-    ctx: AppContext,
+    settings: Settings,
+    gateway: Gateway,
     model: str,
     texts: list[str],
     dimensions: int | None,
@@ -96,10 +98,10 @@ async def _embed(
                 f"dimensions: {model} makes {LOCAL_DIM}-dimensional vectors only",
                 extra={"fields": {"dimensions": "unsupported"}},
             )
-        local = local_embedder(ctx.settings.embedder_threads)
+        local = local_embedder(settings.embedder_threads)
         vectors, tokens = await local.embed_counted(texts, limits, user=user)
         return vectors, tokens, "local"
-    embedder = ProviderEmbedder(ctx.gateway, model, EmbeddingLimits.for_provider(ctx.settings))
+    embedder = ProviderEmbedder(gateway, model, EmbeddingLimits.for_provider(settings))
     vectors, tokens, provider = await embedder.embed_counted(texts, dimensions)
     if dimensions is not None and any(len(v) != dimensions for v in vectors):
         raise BadRequest(
@@ -111,13 +113,18 @@ async def _embed(
 
 @router.post("/embeddings", response_model=wire.EmbeddingList)
 async def embeddings(
-    body: Annotated[dict[str, Any], Body()], request: Request, ctx: Ctx, principal: CurrentUser
+    body: Annotated[dict[str, Any], Body()],
+    request: Request,
+    settings: Config,
+    gateway: ModelGateway,
+    inference_log: InferenceRecords,
+    principal: CurrentUser,
 ) -> wire.EmbeddingList:
     """OpenAI's CreateEmbeddingResponse: one `embedding` per input, in order."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required", extra={"fields": {"model": "required"}})
-    limits = EmbeddingLimits.of(ctx.settings)
+    limits = EmbeddingLimits.of(settings)
     texts = _inputs(body, limits)
     encoding = _encoding(body)
     dimensions = _dimensions(body)
@@ -125,10 +132,10 @@ async def embeddings(
     started = time.perf_counter()
     try:
         vectors, tokens, provider = await _embed(
-            ctx, model, texts, dimensions, limits, principal.user_uuid
+            settings, gateway, model, texts, dimensions, limits, principal.user_uuid
         )
     except OrchestratorError as exc:
-        ctx.inference_log.error(
+        inference_log.error(
             request_id=request_id,
             user_uuid=principal.user_uuid,
             model=model,
@@ -136,7 +143,7 @@ async def embeddings(
             status_code=exc.status_code,
         )
         raise
-    ctx.inference_log.complete(
+    inference_log.complete(
         request_id=request_id,
         user_uuid=principal.user_uuid,
         model=model,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from deployments.deps import BIGINT_MAX, Ctx, CurrentUser, Offset, Position
+from deployments.deps import BIGINT_MAX, Config, CurrentUser, Events, Feed, Offset, Position
 from orchestrator import wire
 from orchestrator.auth import Principal
 from orchestrator.errors import BadRequest
@@ -67,7 +67,9 @@ async def _sse(
 
 
 async def _stream_response(
-    ctx: Ctx,
+    fanout: Feed,
+    settings: Config,
+    events: Events,
     caller: Principal,
     aggregate: str,
     user_uuid: str | None,
@@ -78,14 +80,14 @@ async def _stream_response(
     if after is None and from_seq > 0:
         # No Last-Event-ID: start at from_seq (a seq of the aggregate, or a position of all).
         agg = None if aggregate == "all" else aggregate
-        after = await ctx.events.position_before(agg, from_seq)
+        after = await events.position_before(agg, from_seq)
     flt = StreamFilter(
         user_uuid=user_uuid,
         aggregate=None if aggregate == "all" else aggregate,
         types=frozenset(types),
     )
     return StreamingResponse(
-        _sse(ctx.fanout, flt, after, caller, ctx.settings.sse_ping_interval_s),
+        _sse(fanout, flt, after, caller, settings.sse_ping_interval_s),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -103,7 +105,9 @@ LastIdQ = Annotated[int | None, Query(ge=0, le=BIGINT_MAX)]
 async def list_events(
     request: Request,
     response: Response,
-    ctx: Ctx,
+    fanout: Feed,
+    settings: Config,
+    events: Events,
     caller: CurrentUser,
     aggregate: AggregateQ = "all",
     user_uuid: UserQ = None,
@@ -118,11 +122,13 @@ async def list_events(
     wanted = _types(type_, types)
     if _wants_stream(request):
         after = _last_event_id(last_event_id_header, last_event_id)
-        return await _stream_response(ctx, caller, aggregate, user_uuid, wanted, after, from_seq)
-    limit = limit or ctx.settings.events_limit
-    if limit > ctx.settings.events_max_limit:
+        return await _stream_response(
+            fanout, settings, events, caller, aggregate, user_uuid, wanted, after, from_seq
+        )
+    limit = limit or settings.events_limit
+    if limit > settings.events_max_limit:
         raise BadRequest(
-            f"limit must be at most {ctx.settings.events_max_limit}", extra={"field": "limit"}
+            f"limit must be at most {settings.events_max_limit}", extra={"field": "limit"}
         )
     query = EventQuery(
         aggregate=None if aggregate == "all" else aggregate,
@@ -131,9 +137,9 @@ async def list_events(
         from_seq=from_seq,
         limit=limit,
         offset=offset,
-        count_limit=ctx.settings.events_total_exact_max,
+        count_limit=settings.events_total_exact_max,
     )
-    found = await ctx.events.page(query, caller)
+    found = await events.page(query, caller)
     if not found.total_exact:  # the body keeps the SPEC's shape; the header says "estimate"
         response.headers["X-Total-Estimated"] = "true"
     data = [e.wire() for e in found.events]
@@ -142,7 +148,9 @@ async def list_events(
 
 @router.get("/sync-events")
 async def sync_events(
-    ctx: Ctx,
+    fanout: Feed,
+    settings: Config,
+    events: Events,
     caller: CurrentUser,
     aggregate: AggregateQ = "all",
     user_uuid: UserQ = None,
@@ -154,4 +162,6 @@ async def sync_events(
 ) -> StreamingResponse:
     wanted = _types(type_, types)
     after = _last_event_id(last_event_id_header, last_event_id)
-    return await _stream_response(ctx, caller, aggregate, user_uuid, wanted, after, from_seq)
+    return await _stream_response(
+        fanout, settings, events, caller, aggregate, user_uuid, wanted, after, from_seq
+    )

@@ -16,8 +16,7 @@ import anyio
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from deployments.context import AppContext
-from deployments.deps import Ctx, CurrentUser, context_of, principal_of
+from deployments.deps import CurrentUser, ModelGateway, principal_of, services_of
 from deployments.errors import request_id_of
 from deployments.json_route import JsonRoute
 from orchestrator._json import dumps
@@ -35,6 +34,7 @@ from orchestrator.providers import (
 from orchestrator.providers import _anthropic_format as anthropic_format
 from orchestrator.providers import _openai_format as openai_format
 from orchestrator.providers import _params as provider_params
+from orchestrator.services import ApiServices
 
 router = APIRouter(tags=["inference"])
 
@@ -83,10 +83,10 @@ JsonBody = Annotated[dict[str, Any], Body()]
 
 async def chat_completions(body: JsonBody, request: Request) -> Response:
     """OpenAI chat completions; `stream: true` answers SSE `data: <chunk>` ... `data: [DONE]`."""
-    ctx, principal = context_of(request), principal_of(request)
-    chat = _with_default_model(openai_format.decode_request(body), ctx)
+    services, principal = services_of(request), principal_of(request)
+    chat = _with_default_model(openai_format.decode_request(body), services)
     include_usage = openai_format.wants_usage(body)
-    call = _Call(ctx, principal, _request_id(request), chat)
+    call = _Call(services, principal, _request_id(request), chat)
     if not chat.stream:
         response = await call.complete()
         return _JsonResponse(
@@ -112,9 +112,9 @@ async def chat_completions(body: JsonBody, request: Request) -> Response:
 async def messages(body: JsonBody, request: Request) -> Response:
     """Anthropic Messages; `stream: true` answers the real event sequence (message_start,
     content_block_start/delta/stop, message_delta, message_stop)."""
-    ctx, principal = context_of(request), principal_of(request)
-    chat = _with_default_model(anthropic_format.decode_request(body), ctx)
-    call = _Call(ctx, principal, _request_id(request), chat)
+    services, principal = services_of(request), principal_of(request)
+    chat = _with_default_model(anthropic_format.decode_request(body), services)
+    call = _Call(services, principal, _request_id(request), chat)
     if not chat.stream:
         response = await call.complete()
         return _JsonResponse(
@@ -174,11 +174,11 @@ def _for(caller: Principal, health: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.get("/providers/health")
-async def providers_health(ctx: Ctx, caller: CurrentUser) -> dict[str, Any]:
+async def providers_health(gateway: ModelGateway, caller: CurrentUser) -> dict[str, Any]:
     """Every provider kind: configured, reachable (a real probe, cached), breaker, last
     error. `healthy` counts configured providers that are reachable with a closed breaker.
     Base URLs and error texts are shown to admins only."""
-    providers = {k: _for(caller, v) for k, v in (await ctx.gateway.health()).items()}
+    providers = {k: _for(caller, v) for k, v in (await gateway.health()).items()}
     healthy = sum(
         1
         for p in providers.values()
@@ -189,16 +189,18 @@ async def providers_health(ctx: Ctx, caller: CurrentUser) -> dict[str, Any]:
 
 
 @router.get("/providers/health/{provider}")
-async def provider_health(provider: str, ctx: Ctx, caller: CurrentUser) -> dict[str, Any]:
-    result = await ctx.gateway.health(provider)
+async def provider_health(
+    provider: str, gateway: ModelGateway, caller: CurrentUser
+) -> dict[str, Any]:
+    result = await gateway.health(provider)
     return {"ok": True, "provider": provider, **_for(caller, result[provider])}
 
 
-def _with_default_model(chat: ChatRequest, ctx: AppContext) -> ChatRequest:
+def _with_default_model(chat: ChatRequest, services: ApiServices) -> ChatRequest:
     if chat.model:
         return chat
-    if ctx.settings.default_model:
-        return chat.with_model(ctx.settings.default_model)
+    if services.settings.default_model:
+        return chat.with_model(services.settings.default_model)
     raise BadRequest("model is required", extra={"fields": {"model": "required"}})
 
 
@@ -206,9 +208,9 @@ class _Call:
     """One gateway call and its `inference.*` record."""
 
     def __init__(
-        self, ctx: AppContext, principal: Principal, request_id: str, chat: ChatRequest
+        self, services: ApiServices, principal: Principal, request_id: str, chat: ChatRequest
     ) -> None:
-        self.ctx = ctx
+        self.services = services
         self.principal = principal
         self.chat = chat
         self.request_id = request_id
@@ -221,13 +223,13 @@ class _Call:
 
     async def complete(self) -> Any:
         try:
-            response, route = await self.ctx.gateway.complete(self.chat)
+            response, route = await self.services.gateway.complete(self.chat)
         except OrchestratorError as exc:
             self._error(exc)
             raise
         self.provider = route.provider
         self.route = route
-        self.ctx.inference_log.complete(
+        self.services.inference_log.complete(
             request_id=self.request_id,
             user_uuid=self.principal.user_uuid,
             model=self.chat.model,
@@ -255,8 +257,8 @@ class _Call:
         """Open the upstream stream. Answered within `stream_heartbeat_s`: errors become an
         HTTP status; else the SSE response starts with heartbeats while it opens, and a
         later failure is an error frame."""
-        opening = asyncio.ensure_future(self.ctx.gateway.open_stream(self.chat))
-        done, _ = await asyncio.wait({opening}, timeout=self.ctx.settings.stream_heartbeat_s)
+        opening = asyncio.ensure_future(self.services.gateway.open_stream(self.chat))
+        done, _ = await asyncio.wait({opening}, timeout=self.services.settings.stream_heartbeat_s)
         if not done:
             self.opening = opening
             return
@@ -278,7 +280,7 @@ class _Call:
         """The SSE body: frames for each event, a heartbeat while the upstream is silent,
         an error frame (never a silent end) when the upstream fails mid-stream."""
         self.body_started = True
-        interval = self.ctx.settings.stream_heartbeat_s
+        interval = self.services.settings.stream_heartbeat_s
         end: MessageEnd | None = None
         tokens_out = 0
         ttft_s: float | None = None
@@ -324,7 +326,7 @@ class _Call:
             yield error(mapped)
         finally:
             if end is not None and finished:
-                self.ctx.inference_log.complete(
+                self.services.inference_log.complete(
                     request_id=self.request_id,
                     user_uuid=self.principal.user_uuid,
                     model=self.chat.model,
@@ -364,7 +366,7 @@ class _Call:
     def _error(
         self, exc: OrchestratorError, *, interrupted: bool = False, tokens_out: int = 0
     ) -> None:
-        self.ctx.inference_log.error(
+        self.services.inference_log.error(
             request_id=self.request_id,
             user_uuid=self.principal.user_uuid,
             model=self.chat.model,

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.deps import AdminUser, Ctx, CurrentUser
+from deployments.deps import AdminUser, CurrentUser, Inference
 from orchestrator import wire
 from orchestrator.errors import ErrorCode, NotFound
-from orchestrator.inference import InferenceService, StartRequest
+from orchestrator.inference import StartRequest
 
 router = APIRouter(tags=["inference"])
 
@@ -35,13 +35,11 @@ class StopInference(BaseModel):
     id: str = Field(min_length=1, max_length=64)
 
 
-def _service(ctx: Ctx) -> InferenceService:
-    return ctx.inference
-
-
 @router.post("/inference", response_model=wire.InstanceState)
-async def start_instance(body: StartInference, ctx: Ctx, caller: CurrentUser) -> wire.InstanceState:
-    record = await _service(ctx).start(
+async def start_instance(
+    body: StartInference, inference: Inference, caller: CurrentUser
+) -> wire.InstanceState:
+    record = await inference.start(
         caller,
         StartRequest(
             model=body.model,
@@ -54,41 +52,43 @@ async def start_instance(body: StartInference, ctx: Ctx, caller: CurrentUser) ->
 
 
 @router.get("/inference")
-async def list_instances(ctx: Ctx, caller: CurrentUser) -> dict[str, Any]:
-    records = await _service(ctx).visible(caller)
+async def list_instances(inference: Inference, caller: CurrentUser) -> dict[str, Any]:
+    records = await inference.visible(caller)
     return {"ok": True, "data": [r.wire() for r in records], "total": len(records)}
 
 
 @router.get("/inference/{instance_id}")
 async def get_instance(
-    instance_id: Annotated[str, Path(max_length=64)], ctx: Ctx, caller: CurrentUser
+    instance_id: Annotated[str, Path(max_length=64)], inference: Inference, caller: CurrentUser
 ) -> dict[str, Any]:
-    record = await _service(ctx).get(caller, instance_id)
+    record = await inference.get(caller, instance_id)
     return {"ok": True, **record.wire()}
 
 
 @router.post("/stop", response_model=wire.InstanceState)
-async def stop_instance(body: StopInference, ctx: Ctx, caller: CurrentUser) -> wire.InstanceState:
-    record = await _service(ctx).stop(caller, body.id)
+async def stop_instance(
+    body: StopInference, inference: Inference, caller: CurrentUser
+) -> wire.InstanceState:
+    record = await inference.stop(caller, body.id)
     return wire.InstanceState(id=record.id, state=str(record.state))
 
 
 @router.post("/stop-all", response_model=wire.InstancesStopped)
-async def stop_all_instances(ctx: Ctx, caller: CurrentUser) -> wire.InstancesStopped:
-    return wire.InstancesStopped(stopped=await _service(ctx).stop_all(caller))
+async def stop_all_instances(inference: Inference, caller: CurrentUser) -> wire.InstancesStopped:
+    return wire.InstancesStopped(stopped=await inference.stop_all(caller))
 
 
 @router.get("/models", response_model=wire.ModelList)
-async def list_models(ctx: Ctx, caller: CurrentUser) -> wire.ModelList:
-    catalog = await _service(ctx).catalog()
+async def list_models(inference: Inference, caller: CurrentUser) -> wire.ModelList:
+    catalog = await inference.catalog()
     data = [wire.Model(**m.openai()) for m in catalog]
     return wire.ModelList(models=[m.wire() for m in catalog], data=data)
 
 
 @router.get("/models/{model_id:path}", response_model=wire.Model)
-async def retrieve_model(model_id: str, ctx: Ctx, caller: CurrentUser) -> wire.Model:
+async def retrieve_model(model_id: str, inference: Inference, caller: CurrentUser) -> wire.Model:
     """OpenAI's Model object; every caller sees the whole catalog, as with the list."""
-    for entry in await _service(ctx).catalog():
+    for entry in await inference.catalog():
         if entry.name == model_id:
             return wire.Model(**entry.openai())
     raise NotFound(
@@ -98,6 +98,6 @@ async def retrieve_model(model_id: str, ctx: Ctx, caller: CurrentUser) -> wire.M
 
 
 @router.post("/discover", response_model=wire.ModelsDiscovered)
-async def discover_models(ctx: Ctx, caller: AdminUser) -> wire.ModelsDiscovered:
-    result = await _service(ctx).discover()
+async def discover_models(inference: Inference, caller: AdminUser) -> wire.ModelsDiscovered:
+    result = await inference.discover()
     return wire.ModelsDiscovered(discovered=result.discovered, warnings=result.warnings)

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.deps import AdminUser, Ctx, CurrentUser, Offset
+from deployments.deps import AdminUser, CurrentUser, Market, Offset
 from orchestrator import wire
 from orchestrator.errors import ValidationFailed
 from orchestrator.marketplace import Skill, SkillDraft, SkillReport
@@ -91,7 +91,7 @@ def _report(r: SkillReport) -> wire.SkillReport:
 
 @router.get("/marketplace/browse", response_model=wire.SkillPage)
 async def browse(
-    ctx: Ctx,
+    marketplace: Market,
     _: CurrentUser,
     sort: Literal["newest", "popular"] = "newest",
     tags: Tags = None,
@@ -99,13 +99,13 @@ async def browse(
     offset: Offset = 0,
 ) -> wire.SkillPage:
     """`newest`: most recently first published first; `popular`: most downloaded first."""
-    page = await ctx.marketplace.browse(sort=sort, tags=_tags(tags), limit=limit, offset=offset)
+    page = await marketplace.browse(sort=sort, tags=_tags(tags), limit=limit, offset=offset)
     return _page(page.items, page.total, page.limit, page.offset, page.has_more)
 
 
 @router.get("/marketplace/search", response_model=wire.SkillPage)
 async def search(
-    ctx: Ctx,
+    marketplace: Market,
     _: CurrentUser,
     q: Annotated[str, Query(min_length=1, max_length=500, description="Web-search syntax")],
     tags: Tags = None,
@@ -114,26 +114,30 @@ async def search(
 ) -> wire.SkillPage:
     """Full-text over name and description (English stemming), best rank first; name
     matches rank above description matches."""
-    page = await ctx.marketplace.search(q, tags=_tags(tags), limit=limit, offset=offset)
+    page = await marketplace.search(q, tags=_tags(tags), limit=limit, offset=offset)
     return _page(page.items, page.total, page.limit, page.offset, page.has_more)
 
 
 @router.get("/marketplace/detail/{name}", response_model=wire.SkillDetail)
-async def detail(name: Name, ctx: Ctx, _: CurrentUser, author: Author = None) -> wire.SkillDetail:
+async def detail(
+    name: Name, marketplace: Market, _: CurrentUser, author: Author = None
+) -> wire.SkillDetail:
     """Counts a download. A name several authors publish needs `author` (else 409 with
     `authors`)."""
-    return wire.SkillDetail(**(await ctx.marketplace.detail(name, author)).detail())
+    return wire.SkillDetail(**(await marketplace.detail(name, author)).detail())
 
 
 @router.post("/marketplace/publish", response_model=wire.SkillPublished)
-async def publish(body: PublishBody, ctx: Ctx, caller: CurrentUser) -> wire.SkillPublished:
+async def publish(
+    body: PublishBody, marketplace: Market, caller: CurrentUser
+) -> wire.SkillPublished:
     """Publish as the caller (the author); publishing your skill again bumps its version.
     400 reserved or invalid name, body too long; 429 (Retry-After) over
     marketplace_publish_per_hour."""
     draft = SkillDraft(
         name=body.name, body=body.body, description=body.description, tags=tuple(body.tags)
     )
-    done = await ctx.marketplace.publish(draft, caller)
+    done = await marketplace.publish(draft, caller)
     return wire.SkillPublished(
         name=done.skill.name,
         author=done.skill.author,
@@ -144,16 +148,16 @@ async def publish(body: PublishBody, ctx: Ctx, caller: CurrentUser) -> wire.Skil
 
 @router.delete("/marketplace/delete/{name}", response_model=wire.SkillDeleted)
 async def delete(
-    name: Name, ctx: Ctx, caller: CurrentUser, author: Author = None
+    name: Name, marketplace: Market, caller: CurrentUser, author: Author = None
 ) -> wire.SkillDeleted:
     """Author or admin (403 otherwise). Without `author`: your own skill of that name."""
-    gone = await ctx.marketplace.delete(name, caller, author)
+    gone = await marketplace.delete(name, caller, author)
     return wire.SkillDeleted(name=gone.name, author=gone.author)
 
 
 @router.post("/marketplace/report/{name}", response_model=wire.ReportFiled)
 async def report(
-    name: Name, body: ReportBody, ctx: Ctx, caller: CurrentUser, author: Author = None
+    name: Name, body: ReportBody, marketplace: Market, caller: CurrentUser, author: Author = None
 ) -> wire.ReportFiled:
     """Report a skill for moderation (`author` in the body or the query picks among
     several authors); reporting it again while pending replaces the reason."""
@@ -162,19 +166,19 @@ async def report(
             "author: the body and the query name different authors",
             extra={"fields": [{"field": "author", "message": "conflicting values"}]},
         )
-    filed = await ctx.marketplace.report(name, body.reason, caller, body.author or author)
+    filed = await marketplace.report(name, body.reason, caller, body.author or author)
     return wire.ReportFiled(id=filed.id, name=filed.name, author=filed.author)
 
 
 @router.get("/marketplace/reports", response_model=wire.ReportPage)
 async def reports(
-    ctx: Ctx,
+    marketplace: Market,
     _: AdminUser,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
 ) -> wire.ReportPage:
     """Admin: pending reports, oldest first."""
-    page = await ctx.marketplace.reports(limit=limit, offset=offset)
+    page = await marketplace.reports(limit=limit, offset=offset)
     return wire.ReportPage(
         reports=[_report(r) for r in page.reports],
         total=page.total,
@@ -186,8 +190,8 @@ async def reports(
 
 @router.post("/marketplace/dismiss/{name}", response_model=wire.ReportsDismissed)
 async def dismiss(
-    name: Name, ctx: Ctx, caller: AdminUser, author: Author = None
+    name: Name, marketplace: Market, caller: AdminUser, author: Author = None
 ) -> wire.ReportsDismissed:
     """Admin: dismiss every pending report of the skill."""
-    owner, count = await ctx.marketplace.dismiss(name, caller, author)
+    owner, count = await marketplace.dismiss(name, caller, author)
     return wire.ReportsDismissed(name=name, author=owner, dismissed=count)

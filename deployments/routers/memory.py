@@ -6,13 +6,14 @@ whose key is one of those words is reachable through list and search, not by its
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from deployments.deps import AdminUser, Ctx, CurrentUser, Offset
+from deployments.deps import AdminUser, Config, CurrentUser, Db, Memory, Offset
 from orchestrator import wire
+from orchestrator.config import Settings
 from orchestrator.errors import ServiceUnavailable, ValidationFailed
 from orchestrator.memory import REFLECTION_PREFIX, MemoryStore
 
@@ -36,7 +37,7 @@ def _check_agent_id(value: str, field: str, longest: int) -> str:
 
 
 async def _agent_id(
-    ctx: Ctx,
+    settings: Config,
     agent_id: Annotated[
         str,
         Path(
@@ -48,7 +49,7 @@ async def _agent_id(
     ],
 ) -> str:
     # The bound is a setting, so it cannot be a static max_length on the path parameter.
-    return _check_agent_id(agent_id, "agent_id", ctx.settings.memory_agent_id_max)
+    return _check_agent_id(agent_id, "agent_id", settings.memory_agent_id_max)
 
 
 AgentId = Annotated[str, Depends(_agent_id)]
@@ -94,46 +95,49 @@ class ShareBody(BaseModel):
     )
 
 
-def _memory(ctx: Any) -> MemoryStore:
-    if not ctx.settings.memory_enabled:
+def _memory(memory: MemoryStore, settings: Settings) -> MemoryStore:
+    if not settings.memory_enabled:
         raise ServiceUnavailable("memory is disabled by configuration (memory_enabled)")
-    store: MemoryStore = ctx.memory
-    return store
+    return memory
 
 
 @router.get("/memory/stats", response_model=wire.MemoryStats)
-async def stats(ctx: Ctx, _: AdminUser) -> wire.MemoryStats:
+async def stats(memory: Memory, settings: Config, db: Db, _: AdminUser) -> wire.MemoryStats:
     """Admin."""
-    return wire.MemoryStats(**await _memory(ctx).stats(ctx.db.pgvector))
+    return wire.MemoryStats(**await _memory(memory, settings).stats(db.pgvector))
 
 
 @router.post("/memory/decay", response_model=wire.MemoryForgotten)
-async def decay(ctx: Ctx, _: AdminUser) -> wire.MemoryForgotten:
+async def decay(memory: Memory, settings: Config, _: AdminUser) -> wire.MemoryForgotten:
     """Admin: importance halves every `memory_decay_half_life_days` without access;
     unpinned entries under `memory_decay_threshold` (and expired ones) are forgotten."""
-    s = ctx.settings
-    n = await _memory(ctx).decay(s.memory_decay_half_life_days, s.memory_decay_threshold)
+    s = settings
+    n = await _memory(memory, settings).decay(
+        s.memory_decay_half_life_days, s.memory_decay_threshold
+    )
     return wire.MemoryForgotten(forgotten=n)
 
 
 @router.post("/memory/share", response_model=wire.MemoryCopied)
-async def share(body: ShareBody, ctx: Ctx, _: AdminUser) -> wire.MemoryCopied:
+async def share(
+    body: ShareBody, memory: Memory, settings: Config, _: AdminUser
+) -> wire.MemoryCopied:
     """Admin: copy `from`'s entries whose key matches the glob `pattern` into `to`."""
-    _check_agent_id(body.source, "from", ctx.settings.memory_agent_id_max)
-    _check_agent_id(body.target, "to", ctx.settings.memory_agent_id_max)
+    _check_agent_id(body.source, "from", settings.memory_agent_id_max)
+    _check_agent_id(body.target, "to", settings.memory_agent_id_max)
     return wire.MemoryCopied(
-        copied=await _memory(ctx).share(body.source, body.target, body.pattern)
+        copied=await _memory(memory, settings).share(body.source, body.target, body.pattern)
     )
 
 
 @router.post("/memory/{agent_id}/vector-search", response_model=wire.SimilarResults)
 async def vector_search(
-    agent_id: AgentId, body: VectorQuery, ctx: Ctx, caller: CurrentUser
+    agent_id: AgentId, body: VectorQuery, memory: Memory, settings: Config, caller: CurrentUser
 ) -> wire.SimilarResults:
     """`embedding` (or `text`, embedded by the configured embedder): most similar first, at
     least `threshold` cosine similarity. 503 without pgvector or when the embedder fails; 400
     for `text` with `embedder: none`."""
-    memory = _memory(ctx)
+    memory = _memory(memory, settings)
     if (body.text is None) == (body.embedding is None):
         raise ValidationFailed(
             "give exactly one of text or embedding", extra={"fields": [{"field": "text"}]}
@@ -148,7 +152,7 @@ async def vector_search(
                 extra={"fields": [{"field": "text"}]},
             )
         embedding = await memory.embed_query(body.text or "", caller.user_uuid)  # 503 if it cannot
-    s = ctx.settings
+    s = settings
     found = await memory.vector_search(
         agent_id,
         embedding,
@@ -165,9 +169,11 @@ async def vector_search(
 
 
 @router.post("/memory/{agent_id}/store", response_model=wire.MemoryOk)
-async def store(agent_id: AgentId, body: StoreBody, ctx: Ctx, caller: CurrentUser) -> wire.MemoryOk:
+async def store(
+    agent_id: AgentId, body: StoreBody, memory: Memory, settings: Config, caller: CurrentUser
+) -> wire.MemoryOk:
     """Write (or overwrite your own) entry; another user's key is 403."""
-    await _memory(ctx).store(
+    await _memory(memory, settings).store(
         agent_id,
         body.key,
         body.value,
@@ -181,14 +187,15 @@ async def store(agent_id: AgentId, body: StoreBody, ctx: Ctx, caller: CurrentUse
 @router.get("/memory/{agent_id}/search", response_model=wire.MemoryResults)
 async def search(
     agent_id: AgentId,
-    ctx: Ctx,
+    memory: Memory,
+    settings: Config,
     caller: CurrentUser,
     q: Annotated[str, Query(min_length=1, max_length=1000, pattern=NO_NUL)],
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
 ) -> wire.MemoryResults:
     """Full-text search (English stemming), best match first."""
-    found = await _memory(ctx).search(
-        agent_id, q, caller, limit or ctx.settings.memory_search_limit
+    found = await _memory(memory, settings).search(
+        agent_id, q, caller, limit or settings.memory_search_limit
     )
     return wire.MemoryResults(results=[wire.MemoryEntry(**e.wire()) for e in found])
 
@@ -196,28 +203,35 @@ async def search(
 @router.get("/memory/{agent_id}/list", response_model=wire.MemoryEntries)
 async def list_entries(
     agent_id: AgentId,
-    ctx: Ctx,
+    memory: Memory,
+    settings: Config,
     caller: CurrentUser,
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
     offset: Offset = 0,
 ) -> wire.MemoryEntries:
-    found = await _memory(ctx).entries(
-        agent_id, caller, limit or ctx.settings.memory_list_limit, offset
+    found = await _memory(memory, settings).entries(
+        agent_id, caller, limit or settings.memory_list_limit, offset
     )
     return wire.MemoryEntries(entries=[wire.MemoryEntry(**e.wire()) for e in found])
 
 
 @router.get("/memory/{agent_id}/reflections", response_model=wire.Reflections)
-async def reflections(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> wire.Reflections:
+async def reflections(
+    agent_id: AgentId, memory: Memory, settings: Config, caller: CurrentUser
+) -> wire.Reflections:
     """Entries whose key starts with `reflection:`."""
-    found = await _memory(ctx).entries(agent_id, caller, 1000, 0, prefix=REFLECTION_PREFIX)
+    found = await _memory(memory, settings).entries(
+        agent_id, caller, 1000, 0, prefix=REFLECTION_PREFIX
+    )
     return wire.Reflections(reflections=[wire.Reflection(key=e.key, value=e.value) for e in found])
 
 
 @router.delete("/memory/{agent_id}/clear", response_model=wire.MemoryCleared)
-async def clear(agent_id: AgentId, ctx: Ctx, caller: CurrentUser) -> wire.MemoryCleared:
+async def clear(
+    agent_id: AgentId, memory: Memory, settings: Config, caller: CurrentUser
+) -> wire.MemoryCleared:
     """Removes the caller's own entries in this namespace (an admin's: all of them)."""
-    return wire.MemoryCleared(cleared=await _memory(ctx).clear(agent_id, caller))
+    return wire.MemoryCleared(cleared=await _memory(memory, settings).clear(agent_id, caller))
 
 
 # Admins name which owner's entry they mean when several users hold the key (409 otherwise).
@@ -235,18 +249,30 @@ Owner = Annotated[
 
 @router.get("/memory/{agent_id}/{key}", response_model=wire.MemoryEntry)
 async def get_entry(
-    agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, owner: Owner = None
+    agent_id: AgentId,
+    key: Key,
+    memory: Memory,
+    settings: Config,
+    caller: CurrentUser,
+    owner: Owner = None,
 ) -> wire.MemoryEntry:
     """The caller's own entry, else the ownerless one. 404 missing (or not yours), 410
     expired, 409 for an admin when several users hold the key."""
-    return wire.MemoryEntry(**(await _memory(ctx).get(agent_id, key, caller, owner)).wire())
+    return wire.MemoryEntry(
+        **(await _memory(memory, settings).get(agent_id, key, caller, owner)).wire()
+    )
 
 
 @router.delete("/memory/{agent_id}/{key}", response_model=wire.MemoryOk)
 async def delete_entry(
-    agent_id: AgentId, key: Key, ctx: Ctx, caller: CurrentUser, owner: Owner = None
+    agent_id: AgentId,
+    key: Key,
+    memory: Memory,
+    settings: Config,
+    caller: CurrentUser,
+    owner: Owner = None,
 ) -> wire.MemoryOk:
-    await _memory(ctx).delete(agent_id, key, caller, owner)
+    await _memory(memory, settings).delete(agent_id, key, caller, owner)
     return wire.MemoryOk()
 
 
@@ -254,11 +280,12 @@ async def delete_entry(
 async def pin(
     agent_id: AgentId,
     key: Key,
-    ctx: Ctx,
+    memory: Memory,
+    settings: Config,
     caller: CurrentUser,
     body: PinBody | None = None,
     owner: Owner = None,
 ) -> wire.MemoryPinned:
     pinned = body.pinned if body is not None else True
-    await _memory(ctx).pin(agent_id, key, pinned, caller, owner)
+    await _memory(memory, settings).pin(agent_id, key, pinned, caller, owner)
     return wire.MemoryPinned(pinned=pinned)

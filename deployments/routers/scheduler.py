@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from deployments.deps import AdminUser, Ctx, CurrentUser
+from deployments.deps import AdminUser, Catalog, Config, CurrentUser, Jobs
 from orchestrator import wire
 from orchestrator.errors import BadRequest, ValidationFailed
 from orchestrator.scheduler import InvalidSchedule, JobSpec, Schedule, at, cron, every, natural
@@ -101,7 +101,9 @@ JobId = Annotated[str, Path(max_length=40, description="The job's integer id")]
 
 
 @router.post("/schedules", response_model=wire.JobCreated)
-async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> wire.JobCreated:
+async def create_job(
+    body: JobCreate, tool_catalog: Catalog, jobs: Jobs, settings: Config, caller: AdminUser
+) -> wire.JobCreated:
     """Admin. `prompt` and exactly one of cron, every, at, schedule (natural language)."""
     if body.prompt is None or not body.prompt.strip():
         raise _bad("prompt", "missing prompt")
@@ -110,7 +112,7 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> wire.JobCr
         raise _bad("delete_after_run", "only for at jobs")
     opts = body.opts.model_dump(exclude_none=True) if body.opts else {}
     # The job runs as its creator: the tools it names must be theirs (GET /tools).
-    unknown = await ctx.tool_catalog.unknown(opts.get("tools") or (), caller.user_uuid)
+    unknown = await tool_catalog.unknown(opts.get("tools") or (), caller.user_uuid)
     if unknown:
         raise _bad("opts.tools", f"no tool {unknown[0]!r} (GET /tools lists yours)")
     name = body.name or body.prompt.strip().splitlines()[0][:60]
@@ -120,10 +122,10 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AdminUser) -> wire.JobCr
         schedule=schedule,
         model=body.model,
         opts=opts,
-        overlap=opts.get("overlap") or ctx.settings.scheduler_overlap,
+        overlap=opts.get("overlap") or settings.scheduler_overlap,
         delete_after_run=body.delete_after_run,
     )
-    job = await ctx.jobs.create(spec, caller.user_uuid, ctx.settings.max_scheduled_jobs)
+    job = await jobs.create(spec, caller.user_uuid, settings.max_scheduled_jobs)
     return wire.JobCreated(id=job.id, next_run=job.next_run)
 
 
@@ -154,49 +156,50 @@ async def preview_schedule(body: PreviewBody, _: AdminUser) -> wire.SchedulePrev
 
 @router.get("/schedules", response_model=wire.JobPage)
 async def list_jobs(
-    ctx: Ctx,
+    settings: Config,
+    store: Jobs,
     caller: CurrentUser,
     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
     per_page: Annotated[int | None, Query(ge=1, le=1000)] = None,
 ) -> wire.JobPage:
     """Admin: every job; anyone else: an empty list."""
-    size = per_page or ctx.settings.schedules_per_page
-    jobs, total = await ctx.jobs.page(page, size, caller)
+    size = per_page or settings.schedules_per_page
+    jobs, total = await store.page(page, size, caller)
     return wire.JobPage(
         items=[wire.Job(**j.summary()) for j in jobs], total=total, page=page, per_page=size
     )
 
 
 @router.get("/schedules/{job_id}", response_model=wire.JobDetail)
-async def get_job(job_id: JobId, ctx: Ctx, caller: CurrentUser) -> Any:
+async def get_job(job_id: JobId, jobs: Jobs, caller: CurrentUser) -> Any:
     """Every field of the job; admins and the job's creator (others: 404)."""
-    return (await ctx.jobs.visible(_job_id(job_id), caller)).detail()
+    return (await jobs.visible(_job_id(job_id), caller)).detail()
 
 
 @router.delete("/schedules/{job_id}", response_model=wire.JobStatus)
-async def delete_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
+async def delete_job(job_id: JobId, jobs: Jobs, _: AdminUser) -> wire.JobStatus:
     jid = _job_id(job_id)
-    await ctx.jobs.delete(jid)
+    await jobs.delete(jid)
     return wire.JobStatus(status="deleted", id=jid)
 
 
 @router.post("/schedules/{job_id}/pause", response_model=wire.JobStatus)
-async def pause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
+async def pause_job(job_id: JobId, jobs: Jobs, _: AdminUser) -> wire.JobStatus:
     jid = _job_id(job_id)
-    await ctx.jobs.pause(jid)
+    await jobs.pause(jid)
     return wire.JobStatus(status="paused", id=jid)
 
 
 @router.post("/schedules/{job_id}/unpause", response_model=wire.JobStatus)
-async def unpause_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
+async def unpause_job(job_id: JobId, jobs: Jobs, _: AdminUser) -> wire.JobStatus:
     jid = _job_id(job_id)
-    job = await ctx.jobs.unpause(jid)
+    job = await jobs.unpause(jid)
     return wire.JobStatus(status="active", id=jid, next_run=job.next_run)
 
 
 @router.post("/schedules/{job_id}/run", response_model=wire.JobStatus)
-async def run_job(job_id: JobId, ctx: Ctx, _: AdminUser) -> wire.JobStatus:
+async def run_job(job_id: JobId, jobs: Jobs, _: AdminUser) -> wire.JobStatus:
     """Dispatch now, whatever the schedule (400 paused, 409 running)."""
     jid = _job_id(job_id)
-    await ctx.jobs.request_run(jid)
+    await jobs.request_run(jid)
     return wire.JobStatus(status="dispatched", id=jid)

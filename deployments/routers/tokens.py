@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deployments.deps import AdminUser, Ctx, CurrentUser
+from deployments.deps import AdminUser, Auth, CurrentUser, Events, Tokens
 from orchestrator import wire
 from orchestrator.errors import NotFound
 from orchestrator.events import NewEvent
@@ -40,12 +40,14 @@ class TokenCreate(BaseModel):
 
 
 @router.post("/tokens", response_model=wire.TokenCreated)
-async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> wire.TokenCreated:
+async def create_token(
+    body: TokenCreate, events: Events, tokens: Tokens, caller: AdminUser
+) -> wire.TokenCreated:
     expires_at = body.expires_at
     if body.expires_in is not None:
         expires_at = int(time.time() * 1000) + body.expires_in * 1000
-    async with ctx.events.transaction() as tx:
-        issued = await ctx.tokens.create(
+    async with events.transaction() as tx:
+        issued = await tokens.create(
             body.user_uuid, body.admin, body.description, tx.conn, expires_at=expires_at
         )
         # The grant is an event of the new token's user: it shows on their stream.
@@ -75,14 +77,17 @@ async def create_token(body: TokenCreate, ctx: Ctx, caller: AdminUser) -> wire.T
 
 @router.delete("/tokens/{prefix}", response_model=wire.TokenRevoked)
 async def revoke_token(
-    prefix: Annotated[str, Path(min_length=8, max_length=64)], ctx: Ctx, caller: CurrentUser
+    prefix: Annotated[str, Path(min_length=8, max_length=64)],
+    tokens: Tokens,
+    authenticator: Auth,
+    caller: CurrentUser,
 ) -> wire.TokenRevoked:
     # Admins revoke any token; a user only their own (someone else's is simply not found).
     owner = None if caller.is_admin else caller.user_uuid
-    hashes = await ctx.tokens.revoke(prefix, owner=owner)
+    hashes = await tokens.revoke(prefix, owner=owner)
     if not hashes:
         raise NotFound(f"no live token with prefix {prefix!r}")
-    ctx.authenticator.forget(hashes)
+    authenticator.forget(hashes)
     return wire.TokenRevoked(revoked=len(hashes))
 
 

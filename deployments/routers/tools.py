@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.context import AppContext
-from deployments.deps import Ctx, CurrentUser
+from deployments.deps import Catalog, CurrentUser, ToolClients, Tools
 from orchestrator import wire
-from orchestrator.tools import HttpTool, McpServer, StoredPolicy
+from orchestrator.tools import HttpTool, McpServer, StoredPolicy, ToolStore
+from orchestrator.toolset import AgentToolClients
 
 router = APIRouter(tags=["tools"])
 
@@ -108,29 +108,29 @@ def _policy(policy: StoredPolicy) -> wire.ToolPolicy:
     return wire.ToolPolicy(**policy.wire())
 
 
-async def _listed(ctx: AppContext, server: McpServer) -> McpServer:
+async def _listed(clients: AgentToolClients, store: ToolStore, server: McpServer) -> McpServer:
     """`server` with what listing its tools now gives (its tools, or why not). The listing's
     session is this request's alone and closed after it (`keep=False`): an API replica holds
     no stdio child or open stream for a registration or a refresh."""
     from orchestrator.tools import McpUnavailable  # with the MCP SDK: on first use
 
     try:
-        tools = await ctx.tool_clients.mcp.list_tools(server, keep=False)
+        tools = await clients.mcp.list_tools(server, keep=False)
     except McpUnavailable as exc:
-        return await ctx.tool_store.record_listing(server, error=str(exc))
-    return await ctx.tool_store.record_listing(server, tools)
+        return await store.record_listing(server, error=str(exc))
+    return await store.record_listing(server, tools)
 
 
 # --- every tool -----------------------------------------------------------------------------
 
 
 @router.get("/tools", response_model=wire.ToolList, response_model_exclude_none=True)
-async def list_tools(ctx: Ctx, caller: CurrentUser) -> wire.ToolList:
+async def list_tools(tool_catalog: Catalog, caller: CurrentUser) -> wire.ToolList:
     """Every tool the caller's agents can use, by the name a step's `tools` gives
     (`mcp__<server>` there stands for all of one server's). The policy is not applied here:
     GET /tools/policy says what it refuses."""
     return wire.ToolList(
-        tools=[wire.ToolInfo(**t) for t in await ctx.tool_catalog.listing(caller.user_uuid)]
+        tools=[wire.ToolInfo(**t) for t in await tool_catalog.listing(caller.user_uuid)]
     )
 
 
@@ -150,49 +150,61 @@ _EXCLUDE_NONE: dict[str, Any] = {"response_model_exclude_none": True}
     },
     **_EXCLUDE_NONE,
 )
-async def create_mcp_server(body: McpServerBody, ctx: Ctx, caller: CurrentUser) -> wire.McpServer:
+async def create_mcp_server(
+    body: McpServerBody, tool_store: Tools, tool_clients: ToolClients, caller: CurrentUser
+) -> wire.McpServer:
     """Register an MCP server: `url` (streamable HTTP, `headers`) or, for admins, `command`
     (stdio, `args`, `env`); admins may make it `shared`. Its tools are listed at once: a
     server that cannot be reached is registered with status `error` and the reason."""
-    server = await ctx.tool_store.create_mcp_server(caller, body.given())
-    return _server(await _listed(ctx, server))
+    server = await tool_store.create_mcp_server(caller, body.given())
+    return _server(await _listed(tool_clients, tool_store, server))
 
 
 @router.get("/mcp/servers", response_model=wire.McpServerList, **_EXCLUDE_NONE)
-async def list_mcp_servers(ctx: Ctx, caller: CurrentUser) -> wire.McpServerList:
-    servers = await ctx.tool_store.list_mcp_servers(caller)
+async def list_mcp_servers(tool_store: Tools, caller: CurrentUser) -> wire.McpServerList:
+    servers = await tool_store.list_mcp_servers(caller)
     return wire.McpServerList(servers=[_server(s) for s in servers])
 
 
 @router.get("/mcp/servers/{server_id}", response_model=wire.McpServer, **_EXCLUDE_NONE)
-async def get_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> wire.McpServer:
-    return _server(await ctx.tool_store.get_mcp_server(caller, server_id))
+async def get_mcp_server(
+    server_id: ServerId, tool_store: Tools, caller: CurrentUser
+) -> wire.McpServer:
+    return _server(await tool_store.get_mcp_server(caller, server_id))
 
 
 @router.put("/mcp/servers/{server_id}", response_model=wire.McpServer, **_EXCLUDE_NONE)
 async def update_mcp_server(
-    body: McpServerChange, server_id: ServerId, ctx: Ctx, caller: CurrentUser
+    body: McpServerChange,
+    server_id: ServerId,
+    tool_store: Tools,
+    tool_clients: ToolClients,
+    caller: CurrentUser,
 ) -> wire.McpServer:
     """Change a server (shared ones: admins). A new url, headers, command, args or env
     bumps its `version` and lists its tools again."""
-    server, reconnect = await ctx.tool_store.update_mcp_server(caller, server_id, body.given())
+    server, reconnect = await tool_store.update_mcp_server(caller, server_id, body.given())
     if reconnect:  # (a pooled session of the older version is retired on its next use)
-        server = await _listed(ctx, server)
+        server = await _listed(tool_clients, tool_store, server)
     return _server(server)
 
 
 @router.delete("/mcp/servers/{server_id}", response_model=wire.ToolDeleted)
-async def delete_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> wire.ToolDeleted:
-    server = await ctx.tool_store.delete_mcp_server(caller, server_id)
-    ctx.tool_clients.mcp.forget(server.id)  # (the workers' sessions close when idle: IDLE_CLOSE_S)
+async def delete_mcp_server(
+    server_id: ServerId, tool_store: Tools, tool_clients: ToolClients, caller: CurrentUser
+) -> wire.ToolDeleted:
+    server = await tool_store.delete_mcp_server(caller, server_id)
+    tool_clients.mcp.forget(server.id)  # (the workers' sessions close when idle: IDLE_CLOSE_S)
     return wire.ToolDeleted(deleted=server.id)
 
 
 @router.post("/mcp/servers/{server_id}/refresh", response_model=wire.McpServer, **_EXCLUDE_NONE)
-async def refresh_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser) -> wire.McpServer:
+async def refresh_mcp_server(
+    server_id: ServerId, tool_store: Tools, tool_clients: ToolClients, caller: CurrentUser
+) -> wire.McpServer:
     """List the server's tools again (shared ones: admins)."""
-    server = await ctx.tool_store.editable_mcp_server(caller, server_id)
-    return _server(await _listed(ctx, server))
+    server = await tool_store.editable_mcp_server(caller, server_id)
+    return _server(await _listed(tool_clients, tool_store, server))
 
 
 # --- HTTP tools -----------------------------------------------------------------------------
@@ -207,32 +219,36 @@ async def refresh_mcp_server(server_id: ServerId, ctx: Ctx, caller: CurrentUser)
         409: {"description": "you have an HTTP tool of that name"},
     },
 )
-async def create_http_tool(body: HttpToolBody, ctx: Ctx, caller: CurrentUser) -> wire.HttpTool:
+async def create_http_tool(
+    body: HttpToolBody, tool_store: Tools, caller: CurrentUser
+) -> wire.HttpTool:
     """Define `http__<name>`: a request agents make with the arguments they give (`{param}`
     placeholders of the URL, the rest in the query or a JSON body)."""
-    return _http(await ctx.tool_store.create_http_tool(caller, body.given()))
+    return _http(await tool_store.create_http_tool(caller, body.given()))
 
 
 @router.get("/tools/http", response_model=wire.HttpToolList)
-async def list_http_tools(ctx: Ctx, caller: CurrentUser) -> wire.HttpToolList:
-    return wire.HttpToolList(tools=[_http(t) for t in await ctx.tool_store.list_http_tools(caller)])
+async def list_http_tools(tool_store: Tools, caller: CurrentUser) -> wire.HttpToolList:
+    return wire.HttpToolList(tools=[_http(t) for t in await tool_store.list_http_tools(caller)])
 
 
 @router.get("/tools/http/{tool_id}", response_model=wire.HttpTool)
-async def get_http_tool(tool_id: ToolId, ctx: Ctx, caller: CurrentUser) -> wire.HttpTool:
-    return _http(await ctx.tool_store.get_http_tool(caller, tool_id))
+async def get_http_tool(tool_id: ToolId, tool_store: Tools, caller: CurrentUser) -> wire.HttpTool:
+    return _http(await tool_store.get_http_tool(caller, tool_id))
 
 
 @router.put("/tools/http/{tool_id}", response_model=wire.HttpTool)
 async def update_http_tool(
-    body: HttpToolChange, tool_id: ToolId, ctx: Ctx, caller: CurrentUser
+    body: HttpToolChange, tool_id: ToolId, tool_store: Tools, caller: CurrentUser
 ) -> wire.HttpTool:
-    return _http(await ctx.tool_store.update_http_tool(caller, tool_id, body.given()))
+    return _http(await tool_store.update_http_tool(caller, tool_id, body.given()))
 
 
 @router.delete("/tools/http/{tool_id}", response_model=wire.ToolDeleted)
-async def delete_http_tool(tool_id: ToolId, ctx: Ctx, caller: CurrentUser) -> wire.ToolDeleted:
-    await ctx.tool_store.delete_http_tool(caller, tool_id)
+async def delete_http_tool(
+    tool_id: ToolId, tool_store: Tools, caller: CurrentUser
+) -> wire.ToolDeleted:
+    await tool_store.delete_http_tool(caller, tool_id)
     return wire.ToolDeleted(deleted=tool_id)
 
 
@@ -241,18 +257,18 @@ async def delete_http_tool(tool_id: ToolId, ctx: Ctx, caller: CurrentUser) -> wi
 
 @router.get("/tools/policy", response_model=wire.ToolPolicy)
 async def get_tool_policy(
-    ctx: Ctx, caller: CurrentUser, user_uuid: UserUuid = None, scope: Scope = None
+    tool_store: Tools, caller: CurrentUser, user_uuid: UserUuid = None, scope: Scope = None
 ) -> wire.ToolPolicy:
     """Your rules and the global ones that bind you; admins: anyone's (`user_uuid`) or the
     global rules (`scope=global`)."""
-    stored = await ctx.tool_store.get_policy(caller, scope=scope, user_uuid=user_uuid)
+    stored = await tool_store.get_policy(caller, scope=scope, user_uuid=user_uuid)
     return _policy(stored)
 
 
 @router.put("/tools/policy", response_model=wire.ToolPolicy)
 async def set_tool_policy(
     body: PolicyBody,
-    ctx: Ctx,
+    tool_store: Tools,
     caller: CurrentUser,
     user_uuid: UserUuid = None,
     scope: Scope = None,
@@ -260,5 +276,5 @@ async def set_tool_policy(
     """Replace the rules of a scope (as GET names it). Each new `allow` rule of a user is an
     `audit.permission_grant` event of theirs."""
     rules = [r.model_dump() for r in body.rules]
-    stored = await ctx.tool_store.set_policy(caller, rules, scope=scope, user_uuid=user_uuid)
+    stored = await tool_store.set_policy(caller, rules, scope=scope, user_uuid=user_uuid)
     return _policy(stored)

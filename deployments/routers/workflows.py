@@ -1,6 +1,6 @@
 """SPEC part 4, workflows: create (inline or from a template), list, detail, cancel, delete,
 templates. Reads and writes go to Postgres from the replica; running and cancelling go to
-the workflow's shard (`ctx.workflow_runner`)."""
+the workflow's shard (the `WorkflowDriver`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,22 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.context import AppContext
-from deployments.deps import Ctx, CurrentUser, Offset
+from deployments.deps import (
+    Catalog,
+    Config,
+    CurrentUser,
+    Market,
+    ModelGateway,
+    Offset,
+    WorkflowDriver,
+    Workflows,
+)
 from orchestrator import wire
 from orchestrator.agents import tools_refused
+from orchestrator.config import Settings
 from orchestrator.errors import BadRequest, Forbidden, NotFound
+from orchestrator.providers import Gateway
+from orchestrator.tools import ToolCatalog
 from orchestrator.workflows import (
     SpecLimits,
     WorkflowSpec,
@@ -97,14 +108,20 @@ ParentQ = Annotated[
 ]
 
 
-async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext, user_uuid: str) -> None:
+async def _check_step_tools(
+    spec: WorkflowSpec,
+    settings: Settings,
+    catalog: ToolCatalog,
+    gateway: Gateway,
+    user_uuid: str,
+) -> None:
     """A step that names a tool the creator has none of (GET /tools), or names tools for a
     model whose server says it takes none, is a 400 now, not a failed step later (a model
     that nothing serves yet is judged when the step runs). Spawn steps' children too
     (resolved inline): the field names the child's step."""
-    steps = tool_steps(spec, ctx.settings.default_model)
+    steps = tool_steps(spec, settings.default_model)
     names = (name for _, _, named in steps for name in named)
-    unknown = set(await ctx.tool_catalog.unknown(names, user_uuid))
+    unknown = set(await catalog.unknown(names, user_uuid))
     for where, _, named in steps:
         for k, name in enumerate(named):
             if name in unknown:
@@ -116,7 +133,7 @@ async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext, user_uuid: str)
         if model is None:
             continue
         if model not in asked:
-            asked[model] = await ctx.gateway.takes_tools(model)
+            asked[model] = await gateway.takes_tools(model)
         if asked[model] is False:
             # The shape of every other field-level 400 (orchestrator/workflows/_spec.py _bad).
             bad = {"field": where, "error": f"{model} takes no tools"}
@@ -125,30 +142,38 @@ async def _check_step_tools(spec: WorkflowSpec, ctx: AppContext, user_uuid: str)
 
 @router.post("/workflows", response_model=wire.WorkflowCreated)
 async def create_workflow(
-    body: WorkflowCreate, ctx: Ctx, caller: CurrentUser
+    body: WorkflowCreate,
+    settings: Config,
+    workflows: Workflows,
+    marketplace: Market,
+    catalog: Catalog,
+    gateway: ModelGateway,
+    workflow_runner: WorkflowDriver,
+    caller: CurrentUser,
 ) -> wire.WorkflowCreated:
     """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once.
     Past a limit of docs/security.md: 400, or 429 for the user's live workflows, naming it."""
     given = body.model_dump(exclude_none=True)
     if "steps" in given:
         given["steps"] = [step.model_dump(exclude_none=True) for step in body.steps or []]
-    limits = SpecLimits.from_settings(ctx.settings)
-    spec = await resolve_request(ctx.workflows, given, caller.user_uuid, limits=limits)
-    spec = await pin_skills(spec, ctx.marketplace)
-    await _check_step_tools(spec, ctx, caller.user_uuid)
-    workflow_id = await ctx.workflows.create_within(
+    limits = SpecLimits.from_settings(settings)
+    spec = await resolve_request(workflows, given, caller.user_uuid, limits=limits)
+    spec = await pin_skills(spec, marketplace)
+    await _check_step_tools(spec, settings, catalog, gateway, caller.user_uuid)
+    workflow_id = await workflows.create_within(
         spec,
         caller.user_uuid,
         starts=tree_size(spec),
-        ceiling=ctx.settings.workflow_max_live_per_user,
+        ceiling=settings.workflow_max_live_per_user,
     )
-    await ctx.workflow_runner.start(workflow_id)
+    await workflow_runner.start(workflow_id)
     return wire.WorkflowCreated(id=workflow_id, status="pending")
 
 
 @router.get("/workflows", response_model=wire.WorkflowPage)
 async def list_workflows(
-    ctx: Ctx,
+    settings: Config,
+    workflows: Workflows,
     caller: CurrentUser,
     status: StatusQ = None,
     parent: ParentQ = None,
@@ -156,8 +181,8 @@ async def list_workflows(
     offset: Offset = 0,
 ) -> wire.WorkflowPage:
     """The caller's workflows, newest first (admins: everyone's)."""
-    limit = limit or ctx.settings.workflow_list_limit
-    rows, total = await ctx.workflows.page(
+    limit = limit or settings.workflow_list_limit
+    rows, total = await workflows.page(
         caller, status=str(status) if status else None, parent=parent, limit=limit, offset=offset
     )
     return wire.WorkflowPage(
@@ -166,49 +191,56 @@ async def list_workflows(
 
 
 @router.get("/workflows/templates", response_model=wire.WorkflowTemplates)
-async def list_templates(ctx: Ctx, caller: CurrentUser) -> wire.WorkflowTemplates:
+async def list_templates(workflows: Workflows, caller: CurrentUser) -> wire.WorkflowTemplates:
     """The caller's templates and the shared ones (admins: all)."""
     return wire.WorkflowTemplates(
-        data=[wire.WorkflowTemplate(**t) for t in await ctx.workflows.list_templates(caller)]
+        data=[wire.WorkflowTemplate(**t) for t in await workflows.list_templates(caller)]
     )
 
 
 @router.post("/workflows/templates", response_model=wire.TemplateSaved)
-async def save_template(body: TemplateIn, ctx: Ctx, caller: CurrentUser) -> wire.TemplateSaved:
+async def save_template(
+    body: TemplateIn, settings: Config, workflows: Workflows, caller: CurrentUser
+) -> wire.TemplateSaved:
     """Store (or replace) a template; `{{var}}` placeholders are filled at creation."""
     if body.shared and not caller.is_admin:
         raise Forbidden("only admins publish shared templates")
     steps = [step.model_dump(exclude_none=True) for step in body.steps]
     # A template must make a valid workflow once its variables have values, within the
     # limits a workflow is created under (its children are counted when it is used).
-    limits = SpecLimits.from_settings(ctx.settings)
+    limits = SpecLimits.from_settings(settings)
     probe = {v: "x" for v in template_variables(steps)}
     filled = fill_template(steps, probe, max_chars=limits.max_chars)
     WorkflowSpec.parse(body.name, filled, where="", limits=limits)
-    await ctx.workflows.save_template(body.name, steps, caller, shared=body.shared)
+    await workflows.save_template(body.name, steps, caller, shared=body.shared)
     return wire.TemplateSaved(name=body.name)
 
 
 @router.get("/workflows/{workflow_id}", response_model=wire.Workflow)
-async def get_workflow(workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser) -> wire.Workflow:
-    return wire.Workflow(**await ctx.workflows.detail(workflow_id, caller))
+async def get_workflow(
+    workflow_id: WorkflowId, workflows: Workflows, caller: CurrentUser
+) -> wire.Workflow:
+    return wire.Workflow(**await workflows.detail(workflow_id, caller))
 
 
 @router.post("/workflows/{workflow_id}/cancel", response_model=wire.WorkflowCancelled)
 async def cancel_workflow(
-    workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser
+    workflow_id: WorkflowId,
+    workflows: Workflows,
+    workflow_runner: WorkflowDriver,
+    caller: CurrentUser,
 ) -> wire.WorkflowCancelled:
     """Cancel a pending or running workflow and its descendants; compensation runs first
     (409 when it has finished)."""
-    await ctx.workflows.get(workflow_id, caller)  # 404 for another tenant's
-    status = await ctx.workflow_runner.cancel(workflow_id)
+    await workflows.get(workflow_id, caller)  # 404 for another tenant's
+    status = await workflow_runner.cancel(workflow_id)
     return wire.WorkflowCancelled(id=workflow_id, status=status)
 
 
 @router.delete("/workflows/{workflow_id}", response_model=wire.WorkflowDeleted)
 async def delete_workflow(
-    workflow_id: WorkflowId, ctx: Ctx, caller: CurrentUser
+    workflow_id: WorkflowId, workflows: Workflows, caller: CurrentUser
 ) -> wire.WorkflowDeleted:
     """Remove a completed or cancelled workflow (and its descendants); 409 otherwise."""
-    await ctx.workflows.delete(workflow_id, caller)
+    await workflows.delete(workflow_id, caller)
     return wire.WorkflowDeleted(id=workflow_id)

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.deps import Ctx, CurrentUser
+from deployments.deps import CurrentUser, Files
 from orchestrator import wire
 from orchestrator.workspace import MAX_SEARCH_RESULTS, FileInfo
 
@@ -84,48 +84,48 @@ def _entry(info: FileInfo) -> wire.DirectoryEntry:
 
 
 @router.post("/workspace/read", response_model=wire.FileContent, responses=ERRORS)
-async def read(body: ReadBody, ctx: Ctx, caller: CurrentUser) -> wire.FileContent:
+async def read(body: ReadBody, workspace: Files, caller: CurrentUser) -> wire.FileContent:
     """A file's content: text as is, anything that is not UTF-8 as base64."""
-    found = await ctx.workspace.read(caller.user_uuid, body.path)
+    found = await workspace.read(caller.user_uuid, body.path)
     return wire.FileContent(
         path=found.path, content=found.content, size=found.size, encoding=found.encoding
     )
 
 
 @router.post("/workspace/write", response_model=wire.FileWritten, responses=ERRORS)
-async def write(body: WriteBody, ctx: Ctx, caller: CurrentUser) -> wire.FileWritten:
+async def write(body: WriteBody, workspace: Files, caller: CurrentUser) -> wire.FileWritten:
     """Create or replace a file atomically (temp file, fsync, rename), making missing
     parent directories."""
-    done = await ctx.workspace.write(caller.user_uuid, body.path, body.content, body.encoding)
+    done = await workspace.write(caller.user_uuid, body.path, body.content, body.encoding)
     return wire.FileWritten(path=done.path, size=done.size, created=done.created)
 
 
 @router.post("/workspace/edit", response_model=wire.FileEdited, responses=ERRORS)
-async def edit(body: EditBody, ctx: Ctx, caller: CurrentUser) -> wire.FileEdited:
+async def edit(body: EditBody, workspace: Files, caller: CurrentUser) -> wire.FileEdited:
     """Replace the one exact occurrence of `old_text`. Several: 400
     `{error: 'multiple matches', matches}`; none: 400 `no_match`; the file is unchanged."""
-    done = await ctx.workspace.edit(caller.user_uuid, body.path, body.old_text, body.new_text)
+    done = await workspace.edit(caller.user_uuid, body.path, body.old_text, body.new_text)
     return wire.FileEdited(path=done.path, size=done.size)
 
 
 @router.post("/workspace/search", response_model=wire.FileSearch, responses=ERRORS)
-async def search(body: SearchBody, ctx: Ctx, caller: CurrentUser) -> wire.FileSearch:
+async def search(body: SearchBody, workspace: Files, caller: CurrentUser) -> wire.FileSearch:
     """Files matching the glob, sorted by path, at most `max_results`."""
-    found = await ctx.workspace.search(caller.user_uuid, body.query, body.max_results)
+    found = await workspace.search(caller.user_uuid, body.query, body.max_results)
     hits = [wire.FileHit(path=f.path, size=f.size, modified=f.modified) for f in found.results]
     return wire.FileSearch(results=hits, count=len(hits), truncated=found.truncated)
 
 
 @router.get("/workspace/list", response_model=wire.DirectoryListing, responses=ERRORS)
 async def list_entries(
-    ctx: Ctx,
+    workspace: Files,
     caller: CurrentUser,
     path: Annotated[str, Query(max_length=PATH_FIELD_MAX, description="Directory ('' root)")] = "",
     recursive: bool = False,
 ) -> wire.DirectoryListing:
     """A directory's files and directories (the whole tree with `recursive`), sorted by
     path; links whose target is outside the root are left out."""
-    listing = await ctx.workspace.list_dir(caller.user_uuid, path, recursive)
+    listing = await workspace.list_dir(caller.user_uuid, path, recursive)
     entries = [_entry(e) for e in listing.entries]
     return wire.DirectoryListing(
         path=listing.path, entries=entries, count=len(entries), truncated=listing.truncated

@@ -28,6 +28,7 @@ from orchestrator.channels._store import (
 )
 from orchestrator.channels._verify import (
     TeamsVerifier,
+    TeamsVerifiers,
     VerificationFailed,
     teams_channel_id,
     verify_slack,
@@ -57,6 +58,7 @@ __all__ = [
     "InboxItem",
     "LocalChannels",
     "TeamsVerifier",
+    "TeamsVerifiers",
     "VerificationFailed",
     "channel_egress",
     "channel_shard",

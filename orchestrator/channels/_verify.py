@@ -35,6 +35,7 @@ from orchestrator.errors import ServiceUnavailable, Unauthorized
 __all__ = [
     "SLACK_SIGNATURE_VERSION",
     "TeamsVerifier",
+    "TeamsVerifiers",
     "VerificationFailed",
     "parse_cidrs",
     "slack_signature",
@@ -369,3 +370,21 @@ def verify_telegram(
             raise VerificationFailed(
                 "telegram source: X-Telegram-Bot-Api-Secret-Token does not match"
             )
+
+
+class TeamsVerifiers:
+    """The process's Teams verifiers, one per bot (token audience), made on first use and
+    kept: each caches its key set, so a verifier made per request would fetch the JWKS on
+    every delivery."""
+
+    def __init__(self, jwks_url: str, issuer: str) -> None:
+        self._jwks_url = jwks_url
+        self._issuer = issuer
+        self._by_audience: dict[str, TeamsVerifier] = {}
+
+    def for_audience(self, audience: str) -> TeamsVerifier:
+        verifier = self._by_audience.get(audience)
+        if verifier is None:
+            verifier = TeamsVerifier(self._jwks_url, self._issuer, audience)
+            self._by_audience[audience] = verifier
+        return verifier

@@ -178,7 +178,7 @@ async def test_a_start_failing_halfway_unwinds_what_started(make_settings) -> No
         async with app.router.lifespan_context(app):
             pytest.fail("the start should have failed")
     assert await _lingering(before) == []  # the live feed, the engine: cancelled and awaited
-    assert app.state.ctx.gateway.http.is_closed
+    assert app.state.services.gateway.http.is_closed
     deadline = time.monotonic() + 10
     while (n := await _connections(settings.database_url, database)) > 0:
         assert time.monotonic() < deadline, f"{n} connections of the failed start left open"
