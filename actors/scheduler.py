@@ -4,7 +4,6 @@ actor is started (it waits for the lease). Runs go to the AgentWorker pool."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -15,6 +14,7 @@ from actors import Generation
 from actors.dispatch import RayDispatcher
 from actors.host import ActorHost
 from orchestrator.config import Settings
+from orchestrator.runtime.supervisor import cancel_and_wait
 from orchestrator.scheduler import SchedulerService
 from orchestrator.services import SchedulerServices, build_services
 
@@ -65,9 +65,7 @@ class Scheduler(ActorHost):
     async def drain(self) -> None:
         """Schedule nothing more (the generation is being replaced): stop the loop, end the
         runs in flight and give the lease up for the next generation's scheduler."""
-        if not self._booted.done():
-            self._booted.cancel()
-            await asyncio.gather(self._booted, return_exceptions=True)
+        await cancel_and_wait([self._booted])
         if self._service is not None:
             await self._service.shutdown()
 

@@ -191,7 +191,7 @@ def create_app(
     app.state.route_templates = templates  # also for the edge's 500s (deployments/app.py)
     layers = request_layers(
         settings,
-        ctx_getter=lambda: holder["services"],
+        services_getter=lambda: holder["services"],
         templates=templates,
         echo_request_id=echo_request_id,
         handlers=app.exception_handlers,

@@ -21,7 +21,7 @@ from deployments.in_cluster import serve_request
 from deployments.logs import log_like_serve, serve_logging_config
 from deployments.runtime import runtime_deployment
 from orchestrator.config import Settings
-from orchestrator.sdk._in_cluster import HandleRequest, HandleResponse
+from orchestrator.wire.handle import HandleRequest, HandleResponse
 
 APP_NAME = "orchestrator"
 
@@ -62,8 +62,8 @@ class Api:
 
     async def handle_request(self, request: HandleRequest) -> AsyncIterator[HandleResponse | bytes]:
         """A request from a program on the cluster, over this deployment's handle
-        (orchestrator/sdk/_in_cluster.py): served by this replica's app, request layers and all,
-        as HTTP is, so it acts as its token's principal and nothing more. Streamed
+        (orchestrator/sdk/_serve_transport.py): served by this replica's app, request layers
+        and all, as HTTP is, so it acts as its token's principal and nothing more. Streamed
         (`handle.options(stream=True)`): the answer's head, then its body chunks."""
         key = self._settings.ingress_key
         app = self.app  # type: ignore[attr-defined]  # the ingress wrapper built and started it

@@ -35,12 +35,12 @@ from orchestrator.observability import RouteTemplates
 def request_layers(
     settings: Settings,
     *,
-    ctx_getter: Callable[[], Any],
+    services_getter: Callable[[], Any],
     templates: RouteTemplates,
     echo_request_id: bool,
     handlers: dict[Any, Any],
 ) -> list[Middleware]:
-    """The layers, outermost first. `ctx_getter`: the replica's services (built in the
+    """The layers, outermost first. `services_getter`: the replica's services (built in the
     lifespan); `handlers`: the app's exception handlers."""
     key = settings.ingress_key
     return [
@@ -51,7 +51,7 @@ def request_layers(
         ),
         Middleware(
             RequestRecords,
-            ctx_getter=ctx_getter,
+            services_getter=services_getter,
             templates=templates,
             access_log=settings.access_log,
         ),
@@ -60,7 +60,7 @@ def request_layers(
         *([Middleware(IngressGuard)] if key is not None else []),
         Middleware(
             Authentication,
-            ctx_getter=ctx_getter,
+            services_getter=services_getter,
             exempt_paths=settings.exempt_paths,
             trusted_proxies=settings.trusted_proxies,
         ),

@@ -71,12 +71,12 @@ class Authentication:
     def __init__(
         self,
         app: ASGIApp,
-        ctx_getter: Callable[[], Any],
+        services_getter: Callable[[], Any],
         exempt_paths: Sequence[str],
         trusted_proxies: Sequence[str],
     ) -> None:
         self.app = app
-        self._ctx = ctx_getter
+        self._ctx = services_getter
         self._exempt = frozenset(exempt_paths)
         self._trusted_proxies = trusted_proxies
 

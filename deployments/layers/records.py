@@ -28,12 +28,12 @@ class RequestRecords:
     def __init__(
         self,
         app: ASGIApp,
-        ctx_getter: Callable[[], Any],
+        services_getter: Callable[[], Any],
         templates: RouteTemplates,
         access_log: bool,
     ) -> None:
         self.app = app
-        self._ctx = ctx_getter
+        self._ctx = services_getter
         self._templates = templates
         self._access_log = access_log
 

@@ -142,7 +142,7 @@ async def list_events(
     found = await events.page(query, caller)
     if not found.total_exact:  # the body keeps the SPEC's shape; the header says "estimate"
         response.headers["X-Total-Estimated"] = "true"
-    data = [e.wire() for e in found.events]
+    data = [wire.Event(**e.wire()) for e in found.events]
     return wire.EventPage(data=data, total=found.total, offset=offset, limit=limit)
 
 

@@ -34,6 +34,7 @@ from orchestrator.providers import (
 from orchestrator.providers import _anthropic_format as anthropic_format
 from orchestrator.providers import _openai_format as openai_format
 from orchestrator.providers import _params as provider_params
+from orchestrator.runtime.supervisor import cancel_and_wait
 from orchestrator.services import ApiServices
 
 router = APIRouter(tags=["inference"])
@@ -431,10 +432,7 @@ async def _batches(
                 return
             raise ended[0]
     finally:
-        if not reader.done():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        await cancel_and_wait([reader])
 
 
 __all__ = ["MODEL_ENDPOINTS", "add_model_routes", "router"]

@@ -82,7 +82,7 @@ async def stop_all_instances(inference: Inference, caller: CurrentUser) -> wire.
 async def list_models(inference: Inference, caller: CurrentUser) -> wire.ModelList:
     catalog = await inference.catalog()
     data = [wire.Model(**m.openai()) for m in catalog]
-    return wire.ModelList(models=[m.wire() for m in catalog], data=data)
+    return wire.ModelList(models=[wire.ModelInfo(**m.wire()) for m in catalog], data=data)
 
 
 @router.get("/models/{model_id:path}", response_model=wire.Model)
