@@ -263,7 +263,7 @@ def _middleware(echo: bool, ingress_key: str | None = None) -> tuple[ASGIApp, Me
     install_error_handlers(handlers)
     layers = request_layers(
         settings,
-        ctx_getter=lambda: ctx,
+        services_getter=lambda: ctx,
         templates=RouteTemplates(["/api/v1/health"]),
         echo_request_id=echo,
         handlers=handlers.exception_handlers,
