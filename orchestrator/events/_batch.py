@@ -41,11 +41,13 @@ class GroupCommit:
         insert: Insert,
         carry: Callable[[], float | None],
         finish: Finish,
+        unknown: Callable[[], None],
     ) -> None:
         self._pool = pool
         self._insert = insert
         self._carry = carry
         self._finish = finish
+        self._unknown = unknown  # a batch that may have committed: wake the feeds anyway
         self._queue: list[_Queued] = []
         self._writers: set[asyncio.Task[None]] = set()
         self._committing = 0  # writers inside a commit
@@ -140,13 +142,18 @@ class GroupCommit:
         self, conn: asyncpg.Connection, batch: list[_Queued]
     ) -> tuple[list[list[Event] | BaseException], float | None]:
         """One statement for the whole batch (carrying the NOTIFY when due: its start is
-        returned); if that fails, each caller's events alone (through the pool: `conn` may
-        be what broke), so one caller's bad write fails only that caller."""
+        returned). If Postgres refused it, each caller's events alone (through the pool), so
+        one caller's bad write fails only that caller. If its outcome is unknown (the
+        connection lost while it ran), it may have committed: sent again it could write
+        every event twice, so each caller gets the error and the feeds are woken."""
         everything = [p for prepared, _ in batch for p in prepared]
         carried = self._carry()
         try:
             committed = await self._insert(conn, everything, carried is not None)
         except Exception as exc:  # noqa: BLE001 - handed to the waiting callers
+            if outcome_unknown(exc):
+                self._unknown()
+                return [exc] * len(batch), None
             if len(batch) == 1:
                 return [exc], None
             results: list[list[Event] | BaseException] = []
@@ -162,6 +169,12 @@ class GroupCommit:
             out.append(committed[start : start + len(prepared)])
             start += len(prepared)
         return out, carried
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether a write that failed with `exc` may have committed all the same: the server
+    answered with an error (PostgresError) only when it did not."""
+    return not isinstance(exc, asyncpg.PostgresError)
 
 
 def _settle(batch: list[_Queued], results: Sequence[list[Event] | BaseException]) -> None:

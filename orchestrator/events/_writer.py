@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 
 from orchestrator._json import dumps
-from orchestrator.events._batch import GroupCommit, Prepared
+from orchestrator.events._batch import GroupCommit, Prepared, outcome_unknown
 from orchestrator.events._catalog import (
     InvalidEventData,
     UnknownEventType,
@@ -101,7 +101,10 @@ class EventWriter:
         self._pre: list[PreCommitHook] = []
         self._post: list[PostCommitHook] = []
         self.notifier = FeedNotifier(pool)
-        self._group = GroupCommit(pool, self._insert, self.notifier.carry, self._finish)
+        self._group = GroupCommit(
+            pool, self._insert, self.notifier.carry, self._finish, self._committed_unknown
+        )
+        self._detached: set[asyncio.Future[list[Event]]] = set()
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -120,33 +123,46 @@ class EventWriter:
         """Several statements, one commit. A failure in the block rolls everything back
         (no hook, no NOTIFY). The COMMIT carries the feeds' NOTIFY when one is due (same
         round trip) and runs to its end even if the caller is cancelled meanwhile; once it
-        has committed, the feeds are woken and the hooks run, then the cancel goes on."""
-        async with self._pool.acquire() as conn:
-            await conn.execute("BEGIN")
-            tx = EventTransaction(self, conn)
-            try:
-                yield tx
-            except BaseException:
-                await _rollback(conn)
-                raise
-            carried = self.notifier.carry() if tx.appended else None
-            # Run to its end: the connection goes back to the pool when this block ends (a
-            # pooled connection handed on mid-statement fails its next user's statement
-            # with "another operation is in progress"), and the hooks depend on it.
-            commit = asyncio.ensure_future(
-                conn.execute(CARRIED_COMMIT if carried is not None else "COMMIT")
-            )
-            cancelled = await _wait_out(commit)
-            failed = commit.exception()
-            if failed is not None:
-                if tx.appended and _outcome_unknown(failed):
-                    self.notifier.committed(None)
-                raise failed
-            if commit.result() != "COMMIT":  # a statement failed and the block went on
-                raise asyncpg.InFailedSQLTransactionError(
-                    "the transaction was aborted by an earlier error: nothing was committed"
+        has committed, the feeds are woken and the hooks run (also when a cancel lands while
+        the connection goes back to the pool), then the cancel goes on."""
+        done: list[Event] = []  # committed: the hooks are owed, whatever happens next
+        try:
+            async with self._pool.acquire() as conn:
+                await conn.execute("BEGIN")
+                tx = EventTransaction(self, conn)
+                try:
+                    yield tx
+                except BaseException:
+                    await _rollback(conn)
+                    raise
+                carried = self.notifier.carry() if tx.appended else None
+                # Run to its end: the connection goes back to the pool when this block ends
+                # (a pooled connection handed on mid-statement fails its next user's
+                # statement with "another operation is in progress"), and the hooks depend
+                # on it.
+                commit = asyncio.ensure_future(
+                    conn.execute(CARRIED_COMMIT if carried is not None else "COMMIT")
                 )
-        await self._finish(tx.appended, carried)
+                cancelled = await _wait_out(commit)
+                failed = commit.exception()
+                if failed is not None:
+                    if tx.appended and outcome_unknown(failed):
+                        self.notifier.committed(None)
+                    elif not outcome_unknown(failed):
+                        # The carried NOTIFY's SELECT failed in an aborted transaction, so
+                        # its COMMIT never ran: end the transaction here, not in the pool.
+                        await _rollback(conn)
+                    raise failed
+                if commit.result() != "COMMIT":  # a statement failed and the block went on
+                    raise asyncpg.InFailedSQLTransactionError(
+                        "the transaction was aborted by an earlier error: nothing was committed"
+                    )
+                done = tx.appended
+                if done:
+                    self.notifier.committed(carried)  # synchronous: no cancel can skip it
+        finally:
+            if done and self._post:
+                await asyncio.shield(self._run_post_hooks(done))
         if cancelled:
             raise asyncio.CancelledError
 
@@ -159,7 +175,12 @@ class EventWriter:
         different aggregates' may commit in either order. A caller that stops waiting does
         not undo or orphan the write. With `expected_seq`, a transaction of its own."""
         if expected_seq is not None:
-            return asyncio.ensure_future(self._append_expecting(events, expected_seq))
+            # Shielded: a caller that stops waiting leaves the transaction to commit (the
+            # set keeps it referenced until then).
+            task = asyncio.ensure_future(self._append_expecting(events, expected_seq))
+            self._detached.add(task)
+            task.add_done_callback(self._detached.discard)
+            return asyncio.shield(task)
         return self._group.submit(self._prepare(events))
 
     async def write(
@@ -192,7 +213,7 @@ class EventWriter:
                 carried=carried is not None,
             )
         except BaseException as exc:
-            if prepared and _outcome_unknown(exc):
+            if prepared and outcome_unknown(exc):
                 self.notifier.committed(None)
             raise
         await self._finish(committed, carried)
@@ -293,6 +314,10 @@ class EventWriter:
         if self._post:  # (a task per write only when there is a hook to run)
             await asyncio.shield(self._run_post_hooks(events))
 
+    def _committed_unknown(self) -> None:
+        """A group commit whose outcome is unknown: the feeds read in case it committed."""
+        self.notifier.committed(None)
+
     async def _run_post_hooks(self, events: list[Event]) -> None:
         for hook in self._post:
             try:
@@ -371,12 +396,6 @@ def _statement(call: str, ctes: tuple[str, ...], returning: str | None, carried:
         f"{head} SELECT {numbered}, s.* FROM appended a"
         f" LEFT JOIN (SELECT * FROM {returning} LIMIT 1) s ON true{carry}"
     )
-
-
-def _outcome_unknown(exc: BaseException) -> bool:
-    """Whether a write that failed with `exc` may have committed all the same: the server
-    answered with an error (PostgresError) only when it did not."""
-    return not isinstance(exc, asyncpg.PostgresError)
 
 
 async def _rollback(conn: asyncpg.Connection) -> None:
