@@ -15,13 +15,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from deployments.context import SERVICE_VERSION, LocalMetricsHub
 from deployments.errors import install_error_handlers
 from deployments.layers import install as install_layers
 from deployments.layers import request_layers
 from deployments.routers import ROUTERS
 from deployments.routers.gateway import MODEL_ENDPOINTS, add_model_routes
 from deployments.ui import mount as mount_ui
+from orchestrator import SERVICE_VERSION
 from orchestrator.channels import ChannelRunner
 from orchestrator.config import Settings
 from orchestrator.events._fanout import Upstream
@@ -38,6 +38,7 @@ from orchestrator.runtime.supervisor import Supervisor
 from orchestrator.services import (
     ApiPeers,
     ApiServices,
+    LocalMetricsHub,
     MetricsHub,
     WorkflowRunner,
     build_services,

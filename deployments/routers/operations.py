@@ -12,9 +12,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from deployments.context import SERVICE_VERSION
 from deployments.deps import Db, Metrics, ModelGateway, Pusher, Redis, Slo, StartedAt, WorkerPool
-from orchestrator import wire
+from orchestrator import SERVICE_VERSION, wire
 from orchestrator.db import Database
 from orchestrator.errors import ServiceUnavailable
 from orchestrator.events import EventTypeCounts

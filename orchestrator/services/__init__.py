@@ -27,7 +27,13 @@ from orchestrator.services._actors import (
     SchedulerServices,
     WorkflowShardServices,
 )
-from orchestrator.services._api import ApiPeers, ApiServices, MetricsHub, WorkflowRunner
+from orchestrator.services._api import (
+    ApiPeers,
+    ApiServices,
+    LocalMetricsHub,
+    MetricsHub,
+    WorkflowRunner,
+)
 from orchestrator.services._core import Core, build_services
 
 __all__ = [
@@ -38,6 +44,7 @@ __all__ = [
     "Core",
     "EventBusServices",
     "InstanceServices",
+    "LocalMetricsHub",
     "MetricsHub",
     "SchedulerServices",
     "WorkflowRunner",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.config import Settings
+from orchestrator.observability import MetricsState
 from orchestrator.services._core import Core, _fields
 
 if TYPE_CHECKING:
@@ -50,6 +51,28 @@ class MetricsHub(Protocol):
     async def render(self, event_totals: dict[str, int] | None = None) -> bytes: ...
     async def slo(self, query: SloQuery) -> dict[str, Any]: ...
     async def gauges(self) -> dict[str, int]: ...
+
+
+class LocalMetricsHub:
+    """In-process aggregation, for an app served without Ray (tests, plain uvicorn)."""
+
+    def __init__(self) -> None:
+        self.state = MetricsState()
+
+    async def push(self, snapshot: MetricsSnapshot) -> None:
+        self.state.apply(snapshot)
+
+    async def render(self, event_totals: dict[str, int] | None = None) -> bytes:
+        return self.state.render(event_totals)
+
+    async def slo(self, query: SloQuery) -> dict[str, Any]:
+        return self.state.slo(query.targets, query.uptime_ratio)
+
+    async def gauges(self) -> dict[str, int]:
+        return {
+            "stream_sockets": self.state.stream_sockets(),
+            "active_workers": self.state.active_workers(),
+        }
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from deployments.context import LocalMetricsHub
 from orchestrator.config import Settings
 from orchestrator.observability import MetricsRecorder
 from orchestrator.runtime.supervisor import Supervisor
@@ -24,6 +23,7 @@ from orchestrator.services import (
     Core,
     EventBusServices,
     InstanceServices,
+    LocalMetricsHub,
     SchedulerServices,
     WorkflowShardServices,
     build_services,
