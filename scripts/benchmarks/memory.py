@@ -255,7 +255,7 @@ async def _stores(
     await rounds(
         {"insert1": insert, "plain": storing(store, "w0"), "given": storing(store, "w1", True)}
     )
-    await store.settle()  # the cache write-backs still queued
+    await store.settle()  # writes still in flight, owed cache DELs
     if LocalEmbedder.available() is None:
         embedder = LocalEmbedder(1)
         await embedder.embed(["warm up"])
