@@ -3,9 +3,20 @@
 A generation's actors are named by the version (`orch-<app>-<version8>-<Kind>`), and the
 Runtime replica that owns them is deployed under it: a deploy with the same version keeps
 the running actors, one with another version drains them and starts a new generation. The
-version is a digest of the code the actors run and of the settings they read, no more: a
-change to a setting only the HTTP replicas read (the log level, a rate limit, the JWT
-issuer) restarts those replicas, not the nine actor processes.
+version is a digest of two things:
+
+- Code: every Python and SQL file of the packages in CODE_PACKAGES (`orchestrator`,
+  `actors`, `deployments`), whole. That is more than the generation runs: the routers,
+  request layers and UI under deployments/ and the SDK under orchestrator/sdk are hashed
+  too, although only the Api replicas (or clients) run them, so a change there also starts
+  a new generation. Hashing whole packages needs no import graph at deploy time and cannot
+  miss a module the actors or the Runtime replica (deployments/runtime.py, deployments/logs.py)
+  import, deferred imports included; narrowing it to what they import is possible
+  (tests/unit/test_actor_settings.py already follows those imports) but not done.
+- Settings: exactly ACTOR_SETTINGS, the settings the generation's processes read, no more:
+  a change to a setting only the HTTP replicas read (a rate limit, the JWT issuer) restarts
+  those replicas, not the nine actor processes. `log_level` is read by the actors but left
+  out on purpose (UNVERSIONED_SETTINGS).
 
 ACTOR_SETTINGS is kept honest by tests/unit/test_actor_settings.py, which scans the code a
 generation runs for settings it reads: a setting read there and not listed fails it, and so

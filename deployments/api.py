@@ -132,8 +132,9 @@ def create_app(
             await s.tokens.register_configured_admin(settings.admin_token.get_secret_value())
         with contextlib.suppress(Exception):
             await heartbeat(s.db.pool)
-        # Shutdown stops the loops first (they use everything the services hold), and awaits
-        # them.
+        # Shutdown stops the loops (they use everything the services hold) and awaits them
+        # before the services close. The stack runs last in, first out: what is pushed below
+        # (`last_uses`) runs before this, while the loops still run.
         stack.push_async_callback(supervisor.aclose)
         supervisor.spawn(
             "metrics-flush", lambda: _every(METRICS_FLUSH_S, "metrics flush", s.pusher.flush)
@@ -152,7 +153,10 @@ def create_app(
         # Tokens' last use, written once a minute in a batch (never on the request path).
         supervisor.spawn("token-last-used", s.authenticator.record_use)
 
-        async def last_uses() -> None:  # what the loop has not written yet, at shutdown
+        # At shutdown, before the loops stop (see above): what `token-last-used` has not
+        # written yet. The loop may write a batch at the same time: harmless, a token's
+        # last use never moves back (TokenStore.record_use).
+        async def last_uses() -> None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
                     await s.authenticator.flush_last_used()

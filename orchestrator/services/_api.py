@@ -224,7 +224,7 @@ async def _api(
         ef_search=s.memory_hnsw_ef_search,
     )
     await memory.prepare()
-    # Its queued cache write-backs go out before Redis closes.
+    # Its writes still in flight finish and its owed cache DELs go out before Redis closes.
     stack.push_async_callback(memory.settle)
     workspace = Workspace(s)
     marketplace = Marketplace.of(db.pool, s)

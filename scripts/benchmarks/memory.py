@@ -213,14 +213,15 @@ async def _stores(
     Two phases: without a filler (no embedder; an embedding given), then with the local
     embedder filling behind (its work lands on the baseline's blocks too, as on a server)."""
     from orchestrator.auth import Principal
-    from orchestrator.events import EventStore
     from orchestrator.memory import LocalEmbedder, MemoryStore
 
     n = args.stores
     writer = Principal("writer")
     out: dict[str, Any] = {
-        # Which implementation ran (old or new checkout, for an A/B in the same minute).
-        "store_impl": "write" if not hasattr(EventStore, "append_with") else "append_with",
+        # How a store writes, printed in the head (each checkout of an A/B runs its own copy
+        # of this script, so it names its own path): the row and its event in one
+        # autocommitted statement.
+        "store_impl": "EventWriter.write",
     }
     await db.pool.execute("CREATE TABLE IF NOT EXISTS bench_baseline (k text PRIMARY KEY, v text)")
     spent: dict[str, float] = {}
@@ -254,7 +255,7 @@ async def _stores(
     await rounds(
         {"insert1": insert, "plain": storing(store, "w0"), "given": storing(store, "w1", True)}
     )
-    await store.settle()  # the cache write-backs still queued
+    await store.settle()  # writes still in flight, owed cache DELs
     if LocalEmbedder.available() is None:
         embedder = LocalEmbedder(1)
         await embedder.embed(["warm up"])

@@ -1,11 +1,12 @@
 """`telemetry`: what request telemetry costs per request, in-process (no HTTP, no Ray).
 
-Measured over `--requests` (200,000) calls each: the request metrics as the middleware
-records them (a counter, the SLO's per-second buckets and the per-route duration histogram),
-and the access line (`access_log: true`) formatted as JSON and as text into a file behind
-a 1,000-record MemoryHandler, as Serve's throughput-optimized replicas write it. The
-baseline, measured beside them, is the counter and SLO buckets alone (what the middleware
-recorded before the histogram): ratios are against it.
+Measured over `--requests` (200,000) calls each: the request metrics as the RequestRecords
+layer (deployments/layers/records.py) records them (a counter, the SLO's per-second buckets
+and the per-route duration histogram), and the access line (`access_log: true`) formatted
+as JSON and as text into a file behind a 1,000-record MemoryHandler, as Serve's
+throughput-optimized replicas write it. The baseline, measured beside them, is the counter
+and SLO buckets alone (what the request middleware recorded before the histogram): ratios
+are against it.
 """
 
 from __future__ import annotations
