@@ -259,7 +259,16 @@ class _Call:
         HTTP status; else the SSE response starts with heartbeats while it opens, and a
         later failure is an error frame."""
         opening = asyncio.ensure_future(self.services.gateway.open_stream(self.chat))
-        done, _ = await asyncio.wait({opening}, timeout=self.services.settings.stream_heartbeat_s)
+        try:
+            done, _ = await asyncio.wait(
+                {opening}, timeout=self.services.settings.stream_heartbeat_s
+            )
+        except BaseException:  # the client left while it opened: stop it, or close what opened
+            await cancel_and_wait([opening])
+            if not opening.cancelled() and opening.exception() is None:
+                with contextlib.suppress(Exception):
+                    await opening.result().aclose()
+            raise
         if not done:
             self.opening = opening
             return
