@@ -13,7 +13,9 @@ read Postgres puts a copy there. The protocol is cache-aside with leases (as mem
   nothing.
 - A write whose statement raised may still commit (a connection lost after the server had
   the statement): its key is poisoned instead (no lease, hence no fill, for POISON_MS, past
-  the statement timeout).
+  the statement timeout). A write of several rows (clear, share, decay) learns its keys
+  only from its statement: it poisons them inside its transaction, before the COMMIT, and
+  drops them once committed.
 - Redis failing: a read goes to Postgres. A DEL that fails is owed: retried in the
   background until it lands, or until any copy it was meant to drop has expired; while this
   process owes one it reads Postgres only.
@@ -123,12 +125,17 @@ class MemoryCache:
                 self._owed[k] = now
             self._retry()
 
-    async def poison(self, key: str) -> None:
-        """After a write whose outcome is unknown: no fill of `key` for POISON_MS."""
+    async def poison(self, *keys: str) -> None:
+        """Before a commit whose outcome may be unknown: no fill of `keys` for POISON_MS
+        (a drop after the commit ends it sooner)."""
         try:
-            await self._redis.set(key, "X", px=POISON_MS)
+            for start in range(0, len(keys), DEL_CHUNK):
+                pipe = self._redis.pipeline(transaction=False)
+                for key in keys[start : start + DEL_CHUNK]:
+                    pipe.set(key, "X", px=POISON_MS)
+                await pipe.execute()
         except (RedisError, OSError):
-            await self.drop(key)  # owed, retried; reads here skip the cache meanwhile
+            await self.drop(*keys)  # owed, retried; reads here skip the cache meanwhile
 
     async def settle(self) -> None:
         """One more try at the owed DELs, and no retries after (shutdown; tests)."""

@@ -190,6 +190,37 @@ async def test_a_write_that_may_commit_late_keeps_readers_from_filling(
         assert (await replica.get("ns", "k", ANN)).value == "v2"
 
 
+@pytest.mark.parametrize("write", ["clear", "decay"])
+async def test_a_write_of_several_rows_that_may_have_committed_leaves_no_copy(
+    replicas: Replicas, write: str
+) -> None:
+    """The COMMIT of a clear (or decay) reaches the server, the answer is lost: the caller
+    gets an error, the rows are gone, and no replica reads the old copy (its keys were
+    poisoned before the COMMIT, since they are not known after it failed)."""
+    writer, reader = replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
+    transaction = replicas.events.transaction
+
+    @contextlib.asynccontextmanager
+    async def answer_lost() -> AsyncIterator[Any]:
+        async with transaction() as tx:
+            yield tx
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
+
+    replicas.events.transaction = answer_lost  # type: ignore[method-assign]
+    with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+        if write == "clear":
+            await writer.clear("ns", ANN)
+        else:
+            await writer.decay(half_life_days=1.0, threshold=2.0)  # forgets every entry
+    replicas.events.transaction = transaction  # type: ignore[method-assign]
+    assert await replicas.cached() == b"X"
+    for replica in (reader, writer, replicas.memory()):
+        with pytest.raises(NotFound):
+            await replica.get("ns", "k", ANN)
+
+
 class RedisProxy:
     """TCP in front of the test Redis (a unix socket). `cut()` breaks every connection and
     refuses new ones, as a Redis this replica cannot reach; `restore()` ends that."""
