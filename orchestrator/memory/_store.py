@@ -378,9 +378,11 @@ class MemoryStore:
             ts,
             entry.user_uuid or "",
         )
+        # Not awaited (the read does not wait for its audit event), but its failure is
+        # taken and logged here, not as "Future exception was never retrieved".
         self._events.append(
             [NewEvent("memory.accessed", {"agent_id": agent_id, "key": key}, principal.user_uuid)]
-        )
+        ).add_done_callback(_accessed_appended)
         return entry
 
     async def delete(
@@ -621,6 +623,11 @@ def _store_cte(pgvector: bool) -> str:
         " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
         " RETURNING created_at, user_uuid, pinned)"
     )
+
+
+def _accessed_appended(appended: asyncio.Future[Any]) -> None:
+    if not appended.cancelled() and (failed := appended.exception()) is not None:
+        log.warning("memory.accessed event not recorded (%r)", failed)
 
 
 def _entry(agent_id: str, r: asyncpg.Record) -> Entry:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,6 +220,35 @@ async def test_a_write_of_several_rows_that_may_have_committed_leaves_no_copy(
     for replica in (reader, writer, replicas.memory()):
         with pytest.raises(NotFound):
             await replica.get("ns", "k", ANN)
+
+
+async def test_a_read_whose_access_event_fails_takes_the_failure(
+    replicas: Replicas, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`get` does not wait for its `memory.accessed` event; a failed append is logged as a
+    warning, never left for the loop's "Future exception was never retrieved"."""
+    memory = replicas.memory()
+    await memory.store("ns", "k", "v1", ANN)
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    append = replicas.events.append
+
+    def failing(*_: Any, **__: Any) -> asyncio.Future[Any]:
+        failed: asyncio.Future[Any] = loop.create_future()
+        failed.set_exception(asyncpg.ConnectionDoesNotExistError("connection lost"))
+        return failed
+
+    replicas.events.append = failing  # type: ignore[method-assign]
+    try:
+        assert (await memory.get("ns", "k", ANN)).value == "v1"
+        await asyncio.sleep(0)  # the done-callback runs
+        gc.collect()
+    finally:
+        replicas.events.append = append  # type: ignore[method-assign]
+        loop.set_exception_handler(None)
+    assert unretrieved == []
+    assert "memory.accessed event not recorded" in caplog.text
 
 
 class RedisProxy:
