@@ -162,6 +162,8 @@ class AgentWorkerServices(Core):
             pgvector=core.db.pgvector,
             auto_embed=s.embedder != "none",
         )
+        # Before Redis closes (the stack runs last-in first): the DELs it still owes.
+        stack.push_async_callback(memory.settle)
         tool_clients = AgentToolClients(s)
         stack.push_async_callback(tool_clients.aclose)
         runner = AgentRunner(
