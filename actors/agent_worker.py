@@ -87,7 +87,11 @@ class AgentWorker(ActorHost):
         """Everything a try opens goes on `opened`: a failed try closes it (the gateway's
         HTTP pools once leaked here)."""
         services = await build_services(
-            self._settings, AgentWorkerServices, opened, recorder=self._recorder
+            self._settings,
+            AgentWorkerServices,
+            opened,
+            recorder=self._recorder,
+            supervisor=self._supervisor,
         )
         events = services.events
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]

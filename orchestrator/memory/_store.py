@@ -40,6 +40,7 @@ from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.memory._cache import CACHE_TTL_S, MemoryCache
 from orchestrator.memory._embed import Embedder
 from orchestrator.memory._filler import EmbeddingFiller
+from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,12 @@ class MemoryStore:
         embedder: Embedder | None = None,
         auto_embed: bool | None = None,
         ef_search: int = 100,
+        supervisor: Supervisor | None = None,
     ) -> None:
         """`embedder` makes embeddings here (query texts, and `run_filler`); `auto_embed`
         marks entries stored without an embedding for a filler to embed (default: when
-        this store has an embedder; agent workers set it without one)."""
+        this store has an embedder; agent workers set it without one). `supervisor`: the
+        process's, which runs the cache's retries of owed DELs."""
         self._pool = pool
         self._events = events
         self._dim = dim
@@ -129,7 +132,7 @@ class MemoryStore:
         self._ef_search = int(ef_search)
         self._iterative = False
         self._filler = EmbeddingFiller(pool, dim, pgvector, embedder)
-        self._cache = MemoryCache(redis) if redis is not None else None
+        self._cache = MemoryCache(redis, supervisor) if redis is not None else None
         # Writes whose callers went away, still running to their end (`_to_the_end`).
         self._writes: set[asyncio.Task[Any]] = set()
 

@@ -199,9 +199,10 @@ async def _api(
             s.embedder, gateway, s.embedder_threads, EmbeddingLimits.for_provider(s)
         ),
         ef_search=s.memory_hnsw_ef_search,
+        supervisor=supervisor,
     )
     await memory.prepare()
-    # Its queued cache write-backs go out before Redis closes.
+    # Its writes still running and its owed cache DELs go out before Redis closes.
     stack.push_async_callback(memory.settle)
     workspace = Workspace(s)
     marketplace = Marketplace.of(db.pool, s)

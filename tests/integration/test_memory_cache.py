@@ -24,6 +24,7 @@ from orchestrator.errors import NotFound
 from orchestrator.events import EventStore
 from orchestrator.memory import MemoryStore
 from orchestrator.memory._cache import MemoryCache
+from orchestrator.runtime.supervisor import Supervisor
 
 DIM = 384
 ANN = Principal("ann")
@@ -37,9 +38,16 @@ class Replicas:
     cache: aioredis.Redis
     made: list[MemoryStore] = field(default_factory=list)
 
-    def memory(self, cache: aioredis.Redis | None = None) -> MemoryStore:
+    def memory(
+        self, cache: aioredis.Redis | None = None, supervisor: Supervisor | None = None
+    ) -> MemoryStore:
         store = MemoryStore(
-            self.db.pool, self.events, cache or self.cache, DIM, pgvector=self.db.pgvector
+            self.db.pool,
+            self.events,
+            cache or self.cache,
+            DIM,
+            pgvector=self.db.pgvector,
+            supervisor=supervisor,
         )
         self.made.append(store)
         return store
@@ -335,20 +343,25 @@ async def test_redis_unreachable_costs_cache_hits_only(
         await cut_off.aclose()
 
 
+@pytest.mark.parametrize("supervised", [False, True])
 async def test_a_drop_redis_missed_is_delivered_when_it_answers_again(
-    replicas: Replicas, proxy: RedisProxy
+    replicas: Replicas, proxy: RedisProxy, supervised: bool
 ) -> None:
     """The writer's replica cannot reach Redis when it stores v2: the store answers (Redis
     is a cache), that replica reads Postgres while it owes the drop, and the drop reaches
-    Redis once it is reachable again, so the other replicas stop serving v1."""
+    Redis once it is reachable again, so the other replicas stop serving v1. With the
+    process's supervisor, the retries run as its task `memory-cache-dels`."""
     cut_off = aioredis.from_url(await proxy.start(), socket_timeout=1, socket_connect_timeout=1)
+    supervisor = Supervisor("test") if supervised else None
     try:
-        writer, reader = replicas.memory(cut_off), replicas.memory()
+        writer, reader = replicas.memory(cut_off, supervisor), replicas.memory()
         await writer.store("ns", "k", "v1", ANN)
         assert (await reader.get("ns", "k", ANN)).value == "v1"
         assert b'"v1"' in (await replicas.cached() or b"")
         proxy.cut()
         await writer.store("ns", "k", "v2", ANN)
+        if supervisor is not None:
+            assert "memory-cache-dels" in supervisor.tasks()
         assert (await writer.get("ns", "k", ANN)).value == "v2"
         proxy.restore()
         async with asyncio.timeout(20):
@@ -362,4 +375,6 @@ async def test_a_drop_redis_missed_is_delivered_when_it_answers_again(
         assert b'"v2"' in (await replicas.cached() or b"")
         await writer.settle()
     finally:
+        if supervisor is not None:
+            await supervisor.aclose()
         await cut_off.aclose()
