@@ -28,6 +28,7 @@ from orchestrator.services import AgentWorkerServices, build_services
 
 if TYPE_CHECKING:
     from orchestrator.agents import AgentRunner
+    from orchestrator.memory import MemoryStore
     from orchestrator.runtime.fair_queue import FairAdmission
 
 # The agent loop, the providers, memory, the workspace and the Redis client are imported in
@@ -72,6 +73,7 @@ class AgentWorker(ActorHost):
         # Ray restarted this worker: its previous process died (killed, out of memory,
         # crashed), busy or idle. Recorded once, at the first start that can write it.
         self._crash_to_record = ray.get_runtime_context().was_current_actor_reconstructed
+        self._memory: MemoryStore | None = None  # the booted services' (settled on drain)
         self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
@@ -85,7 +87,11 @@ class AgentWorker(ActorHost):
         """Everything a try opens goes on `opened`: a failed try closes it (the gateway's
         HTTP pools once leaked here)."""
         services = await build_services(
-            self._settings, AgentWorkerServices, opened, recorder=self._recorder
+            self._settings,
+            AgentWorkerServices,
+            opened,
+            recorder=self._recorder,
+            supervisor=self._supervisor,
         )
         events = services.events
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
@@ -102,6 +108,7 @@ class AgentWorker(ActorHost):
         await events.append(started)
         self._crash_to_record = False
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
+        self._memory = services.memory
         return services.runner
 
     def _before_flush(self) -> None:
@@ -139,6 +146,11 @@ class AgentWorker(ActorHost):
         # Admission's own signal: a slot given back by a waiter cancelled before it resumed
         # (no `run` of ours sees that) is the last one as surely as a finished task's.
         await self._admission.wait_idle()
+        # The generation's end kills this process (ray.kill, no stack closed): the memory
+        # writes still running and the cache DELs still owed go out now, or replicas could
+        # serve copies older than an acknowledged write for up to 300 s.
+        if self._memory is not None:
+            await self._memory.settle()
         return self._completed
 
     def _refusal(self) -> WorkerDraining:

@@ -13,7 +13,7 @@ and the Runtime replica that owns them subclass it. It gives the process
   registers what it opens on the exit stack it is given; a failed try's stack is closed
   (what it opened, in reverse) and the start tried again after the supervisor's backoff: an
   actor whose start failed once (Postgres restarting) does not stay broken for every later
-  call, and leaks nothing,
+  call, and leaks nothing; a try cancelled midway (a drain) closes its stack too,
 - `watch()`: a call that never answers while the actor lives, so its caller (the Runtime
   replica) learns of the actor's death by the call failing, without polling Ray.
 """
@@ -69,7 +69,7 @@ class ActorHost(Watched):
 
     def _boot(self, start: Callable[[contextlib.AsyncExitStack], Awaitable[T]]) -> asyncio.Task[T]:
         """Run `start(opened)` as the supervisor's task `boot` until it succeeds, closing a
-        failed try's `opened` before the next; the task's result is what it started (methods
+        failed (or cancelled) try's `opened`; the task's result is what it started (methods
         await it). What a successful start opened lives as long as the process."""
         tries: list[contextlib.AsyncExitStack] = []
 

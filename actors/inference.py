@@ -24,6 +24,7 @@ from orchestrator.inference import (
     InstanceState,
     LaunchFailed,
 )
+from orchestrator.runtime.supervisor import cancel_and_wait
 from orchestrator.services import InstanceServices, build_services
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class InferenceInstance(ActorHost):
         if self._instance is None:
             return None
         record = await self._instance.stop(reason)
-        self._main.cancel()
+        await cancel_and_wait([self._main])
         return str(record.state) if record is not None else None
 
 

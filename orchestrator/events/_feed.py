@@ -21,6 +21,7 @@ from orchestrator.errors import ServiceUnavailable
 from orchestrator.events._model import Event
 from orchestrator.events._notifier import NOTIFY_CHANNEL
 from orchestrator.events._store import EventStore
+from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class EventFeed:
         self._supervisor = supervisor
         self._dsn = dsn
         self._poll_s = poll_s
+        # A store that cannot be read: twice the poll after a first failure, up to 5 s.
+        self._backoff = Backoff(base=2 * poll_s, cap=5.0)
         self._batch = batch
         self._limit = subscriber_limit
         self._on_batch = on_batch
@@ -150,8 +153,9 @@ class EventFeed:
         """Wake on NOTIFY or the poll timer and hand new events on. A store that cannot be
         read is waited out here with backoff; any other failure ends the run and the
         supervisor restarts it (logged, counted), resuming from the head already reached."""
-        backoff = self._poll_s
+        failures = 0
         while True:
+            backoff = self._backoff.delay(failures) if failures else self._poll_s
             # An append in flight may hold committed events back; if it rolls back, no NOTIFY
             # says so: look again soon.
             wait = min(backoff, IN_FLIGHT_POLL_S) if self._store.in_flight else backoff
@@ -160,12 +164,12 @@ class EventFeed:
             self._wake.clear()
             try:
                 await self._advance()
-                backoff = self._poll_s
+                failures = 0
                 if self._listener is None or self._listener.is_closed():
                     await self._listen()
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
                 log.warning("event feed cannot read the store: %r", exc)
-                backoff = min(5.0, backoff * 2)
+                failures += 1
 
     async def _advance(self) -> None:
         while True:

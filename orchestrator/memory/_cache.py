@@ -13,9 +13,12 @@ read Postgres puts a copy there. The protocol is cache-aside with leases (as mem
   nothing.
 - A write whose statement raised may still commit (a connection lost after the server had
   the statement): its key is poisoned instead (no lease, hence no fill, for POISON_MS, past
-  the statement timeout).
+  the statement timeout). A write of several rows (clear, share, decay) learns its keys
+  only from its statement: it poisons them inside its transaction, before the COMMIT, and
+  drops them once committed.
 - Redis failing: a read goes to Postgres. A DEL that fails is owed: retried in the
-  background until it lands, or until any copy it was meant to drop has expired; while this
+  background (the owner's supervisor's task `memory-cache-dels`, with the process's
+  `Backoff`) until it lands, or until any copy it was meant to drop has expired; while this
   process owes one it reads Postgres only.
 
 Why it is coherent: a fill lands only if no DEL of its key ran between the reader's lease
@@ -37,7 +40,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from orchestrator._json import dumps, loads
-from orchestrator.runtime.supervisor import cancel_and_wait
+from orchestrator.runtime.backoff import Backoff
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +51,8 @@ CACHE_TTL_S = 300  # a copy's lifetime (shorter for an entry that expires sooner
 LEASE_MS = 2_000  # a reader's Postgres read longer than this fills nothing
 POISON_MS = 60_000  # longer than a statement may run (command_timeout, 30 s)
 OWED_FOR_S = CACHE_TTL_S + LEASE_MS / 1000
-RETRY_S = 0.5  # an owed DEL is tried again this often (doubling to RETRY_MAX_S)
-RETRY_MAX_S = 10.0
+# An owed DEL is tried again after 0.5 s, doubling to 10 s while Redis stays away.
+RETRY = Backoff(base=0.5, cap=10.0)
 DEL_CHUNK = 500
 
 # The copy, or a lease of this read's own when the key holds nothing.
@@ -68,16 +72,19 @@ _COPY = ord("{")  # a copy is a JSON object; a lease starts with "L", a poison i
 
 
 class MemoryCache:
-    """One process's side of the protocol above, on `redis` (shared by the replicas)."""
+    """One process's side of the protocol above, on `redis` (shared by the replicas). The
+    owed DELs' retries run under `supervisor` (without one, or once it has closed: a task of
+    this cache's own); `settle` ends them either way."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, supervisor: Supervisor | None = None) -> None:
         self._redis = redis
+        self._supervisor = supervisor
         self._read = redis.register_script(_READ)
         self._fill = redis.register_script(_FILL)
         # key -> when its DEL last failed (monotonic): a copy it was to drop has expired
         # OWED_FOR_S later (filled before that write's commit + LEASE_MS, living CACHE_TTL_S).
         self._owed: dict[str, float] = {}
-        self._retrying: asyncio.Task[None] | None = None
+        self._retrying: asyncio.Future[None] | None = None
 
     @staticmethod
     def key(agent_id: str, owner: str | None, key: str) -> str:
@@ -123,12 +130,17 @@ class MemoryCache:
                 self._owed[k] = now
             self._retry()
 
-    async def poison(self, key: str) -> None:
-        """After a write whose outcome is unknown: no fill of `key` for POISON_MS."""
+    async def poison(self, *keys: str) -> None:
+        """Before a commit whose outcome may be unknown: no fill of `keys` for POISON_MS
+        (a drop after the commit ends it sooner)."""
         try:
-            await self._redis.set(key, "X", px=POISON_MS)
+            for start in range(0, len(keys), DEL_CHUNK):
+                pipe = self._redis.pipeline(transaction=False)
+                for key in keys[start : start + DEL_CHUNK]:
+                    pipe.set(key, "X", px=POISON_MS)
+                await pipe.execute()
         except (RedisError, OSError):
-            await self.drop(key)  # owed, retried; reads here skip the cache meanwhile
+            await self.drop(*keys)  # owed, retried; reads here skip the cache meanwhile
 
     async def settle(self) -> None:
         """One more try at the owed DELs, and no retries after (shutdown; tests)."""
@@ -139,14 +151,23 @@ class MemoryCache:
             await self._deliver()
 
     def _retry(self) -> None:
-        if self._retrying is None or self._retrying.done():
-            self._retrying = asyncio.get_running_loop().create_task(self._retry_owed())
+        if self._retrying is not None and not self._retrying.done():
+            return
+        if self._supervisor is not None:
+            try:
+                self._retrying = self._supervisor.spawn(
+                    "memory-cache-dels", self._retry_owed, restart=False
+                )
+                return
+            except (RuntimeError, ValueError):  # closed (stopping: settle tries once more)
+                pass
+        self._retrying = asyncio.get_running_loop().create_task(self._retry_owed())
 
     async def _retry_owed(self) -> None:
-        delay = RETRY_S
+        failures = 0
         while self._owed:
-            await asyncio.sleep(delay)
-            delay = RETRY_S if await self._deliver() else min(RETRY_MAX_S, delay * 2)
+            await asyncio.sleep(RETRY.delay(failures + 1))
+            failures = 0 if await self._deliver() else failures + 1
 
     async def _deliver(self) -> bool:
         """DEL what is owed; True if it went through."""

@@ -18,6 +18,7 @@ import asyncpg
 
 from orchestrator.errors import ServiceUnavailable
 from orchestrator.memory._embed import Embedder, EmbedderUnavailable
+from orchestrator.runtime.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ FILL_LINGER_S = 0.2
 FILL_QUIET_S = 0.02
 FILL_MAX_WAIT_S = 2.0
 FILL_MAX_ATTEMPTS = 5
-FILL_BACKOFF_MAX_S = 30.0
+# The embedder or the database failing: 2 s after a first failure, doubling to 30 s.
+FILL_BACKOFF = Backoff(base=2 * FILL_POLL_S, cap=30.0)
 PROBE_TEXT = "hello"
 EMBED_MAX_CHARS = 8000  # longer values are embedded by their start (models cap their input)
 FLOAT32_MAX = 3.4028234663852886e38
@@ -172,7 +174,7 @@ class EmbeddingFiller:
         """Embed pending entries until cancelled: within FILL_LINGER_S for this store's
         writes (in batches), within FILL_POLL_S for other processes', backing off while the
         embedder fails."""
-        backoff = FILL_POLL_S
+        failures = 0
         while True:
             await self._until_quiet()
             # Cleared before the batch is read: a store from here on wakes the next round.
@@ -184,15 +186,16 @@ class EmbeddingFiller:
                     # Caught up with what was stored before this batch was read; a store
                     # since is the oldest unfilled one now (counted from `started`).
                     self._unfilled_since = None if self._last_store <= started else started
-                backoff = FILL_POLL_S
+                failures = 0
             except EmbedderUnavailable as exc:
                 log.warning("memory embeddings: %s", exc.message)
                 filled = 0
-                backoff = min(FILL_BACKOFF_MAX_S, backoff * 2)
+                failures += 1
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("memory embeddings: database trouble (%r)", exc)
                 filled = 0
-                backoff = min(FILL_BACKOFF_MAX_S, backoff * 2)
+                failures += 1
+            backoff = FILL_BACKOFF.delay(failures) if failures else FILL_POLL_S
             if filled >= FILL_BATCH:
                 continue  # a full batch: likely more waiting
             if not self._fill_wake.is_set():

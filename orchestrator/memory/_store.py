@@ -20,7 +20,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -36,10 +36,11 @@ from orchestrator.errors import (
     ServiceUnavailable,
     ValidationFailed,
 )
-from orchestrator.events import EventStore, NewEvent
+from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.memory._cache import CACHE_TTL_S, MemoryCache
 from orchestrator.memory._embed import Embedder
 from orchestrator.memory._filler import EmbeddingFiller
+from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,12 @@ class MemoryStore:
         embedder: Embedder | None = None,
         auto_embed: bool | None = None,
         ef_search: int = 100,
+        supervisor: Supervisor | None = None,
     ) -> None:
         """`embedder` makes embeddings here (query texts, and `run_filler`); `auto_embed`
         marks entries stored without an embedding for a filler to embed (default: when
-        this store has an embedder; agent workers set it without one)."""
+        this store has an embedder; agent workers set it without one). `supervisor`: the
+        process's, which runs the cache's retries of owed DELs."""
         self._pool = pool
         self._events = events
         self._dim = dim
@@ -129,7 +132,7 @@ class MemoryStore:
         self._ef_search = int(ef_search)
         self._iterative = False
         self._filler = EmbeddingFiller(pool, dim, pgvector, embedder)
-        self._cache = MemoryCache(redis) if redis is not None else None
+        self._cache = MemoryCache(redis, supervisor) if redis is not None else None
         # Writes whose callers went away, still running to their end (`_to_the_end`).
         self._writes: set[asyncio.Task[Any]] = set()
 
@@ -207,20 +210,31 @@ class MemoryStore:
         return await self._to_the_end(then_drop())
 
     async def _write_rows(
-        self, statement: Coroutine[Any, Any, list[asyncpg.Record]]
+        self, write: Callable[[EventTransaction], Awaitable[list[asyncpg.Record]]]
     ) -> list[asyncpg.Record]:
-        """`statement` returning the (`agent_id`, `user_uuid`, `key`) of the entries it
-        changed, then their copies dropped."""
+        """`write(tx)`: statements in one transaction, returning the (`agent_id`,
+        `user_uuid`, `key`) of the entries they changed. Those keys are poisoned before the
+        COMMIT (whose outcome may be unknown: a connection lost after the server had it)
+        and dropped once it has committed; the keys are not known after a failure, so they
+        are marked while they are."""
         cache = self._cache
-        if cache is None:
-            return await statement
 
-        async def then_drop() -> list[asyncpg.Record]:
-            rows = await statement
-            await cache.drop(*(cache.key(r["agent_id"], r["user_uuid"], r["key"]) for r in rows))
+        async def run() -> list[asyncpg.Record]:
+            async with self._events.transaction() as tx:
+                rows = await write(tx)
+                if cache is not None and rows:
+                    await cache.poison(*self._keys(cache, rows))
+            if cache is not None and rows:
+                await cache.drop(*self._keys(cache, rows))
             return rows
 
-        return await self._to_the_end(then_drop())
+        if cache is None:
+            return await run()
+        return await self._to_the_end(run())
+
+    @staticmethod
+    def _keys(cache: MemoryCache, rows: list[asyncpg.Record]) -> list[str]:
+        return [cache.key(r["agent_id"], r["user_uuid"], r["key"]) for r in rows]
 
     async def settle(self) -> None:
         """Wait for the writes whose callers went away, and try the owed cache drops once
@@ -367,9 +381,11 @@ class MemoryStore:
             ts,
             entry.user_uuid or "",
         )
+        # Not awaited (the read does not wait for its audit event), but its failure is
+        # taken and logged here, not as "Future exception was never retrieved".
         self._events.append(
             [NewEvent("memory.accessed", {"agent_id": agent_id, "key": key}, principal.user_uuid)]
-        )
+        ).add_done_callback(_accessed_appended)
         return entry
 
     async def delete(
@@ -417,7 +433,7 @@ class MemoryStore:
         """The caller's own entries in this namespace (an admin: every entry in it)."""
         where = "TRUE" if principal.is_admin else "user_uuid = $2"
         rows = await self._write_rows(
-            self._pool.fetch(
+            lambda tx: tx.conn.fetch(
                 f"DELETE FROM memory_entries WHERE agent_id = $1 AND {where}"
                 " RETURNING agent_id, user_uuid, key",
                 agent_id,
@@ -506,49 +522,49 @@ class MemoryStore:
         """Importance = 0.5^(days since last access / half_life_days) x (1 + 0.1 x accesses),
         at most 1; unpinned entries under `threshold` (and expired ones) are forgotten.
         Returns how many were forgotten."""
-        return len(await self._write_rows(self._decay(half_life_days, threshold)))
+        return len(await self._write_rows(lambda tx: self._decay(tx, half_life_days, threshold)))
 
-    async def _decay(self, half_life_days: float, threshold: float) -> list[asyncpg.Record]:
-        """`decay`'s transaction; the entries it forgot."""
+    async def _decay(
+        self, tx: EventTransaction, half_life_days: float, threshold: float
+    ) -> list[asyncpg.Record]:
+        """`decay`'s statements; the entries it forgot."""
         ts = now_ms()
         day_ms = 86_400_000.0
-        async with self._events.transaction() as tx:
-            decayed = await tx.conn.fetch(
-                # Recomputed from scratch (not compounded): age since the last access
-                # halves it every half-life; each access adds 10 % (use keeps memories).
-                "UPDATE memory_entries SET importance = least(1.0, power(0.5,"
-                " greatest($1::bigint - accessed_at, 0)::float8 / ($2::float8 * $3::float8))"
-                " * (1 + 0.1 * access_count)) WHERE NOT pinned"
-                " RETURNING agent_id",
-                ts,
-                half_life_days,
-                day_ms,
+        decayed = await tx.conn.fetch(
+            # Recomputed from scratch (not compounded): age since the last access
+            # halves it every half-life; each access adds 10 % (use keeps memories).
+            "UPDATE memory_entries SET importance = least(1.0, power(0.5,"
+            " greatest($1::bigint - accessed_at, 0)::float8 / ($2::float8 * $3::float8))"
+            " * (1 + 0.1 * access_count)) WHERE NOT pinned"
+            " RETURNING agent_id",
+            ts,
+            half_life_days,
+            day_ms,
+        )
+        gone: list[asyncpg.Record] = await tx.conn.fetch(
+            "DELETE FROM memory_entries WHERE NOT pinned AND (importance < $1"
+            " OR (expires_at IS NOT NULL AND expires_at <= $2)) RETURNING agent_id, key,"
+            " user_uuid",
+            threshold,
+            ts,
+        )
+        per_agent: dict[str, int] = {}
+        for r in decayed:
+            per_agent[r["agent_id"]] = per_agent.get(r["agent_id"], 0) + 1
+        forgotten: dict[str, list[tuple[str | None, str]]] = {}
+        for r in gone:
+            forgotten.setdefault(r["agent_id"], []).append((r["user_uuid"], r["key"]))
+        events = [
+            NewEvent("memory.decayed", {"agent_id": a, "count": n}) for a, n in per_agent.items()
+        ] + [
+            NewEvent(
+                "memory.forgotten",
+                {"agent_id": a, "keys": [k for _, k in keys[:100]], "count": len(keys)},
             )
-            gone: list[asyncpg.Record] = await tx.conn.fetch(
-                "DELETE FROM memory_entries WHERE NOT pinned AND (importance < $1"
-                " OR (expires_at IS NOT NULL AND expires_at <= $2)) RETURNING agent_id, key,"
-                " user_uuid",
-                threshold,
-                ts,
-            )
-            per_agent: dict[str, int] = {}
-            for r in decayed:
-                per_agent[r["agent_id"]] = per_agent.get(r["agent_id"], 0) + 1
-            forgotten: dict[str, list[tuple[str | None, str]]] = {}
-            for r in gone:
-                forgotten.setdefault(r["agent_id"], []).append((r["user_uuid"], r["key"]))
-            events = [
-                NewEvent("memory.decayed", {"agent_id": a, "count": n})
-                for a, n in per_agent.items()
-            ] + [
-                NewEvent(
-                    "memory.forgotten",
-                    {"agent_id": a, "keys": [k for _, k in keys[:100]], "count": len(keys)},
-                )
-                for a, keys in forgotten.items()
-            ]
-            if events:
-                await tx.append(events)
+            for a, keys in forgotten.items()
+        ]
+        if events:
+            await tx.append(events)
         return gone
 
     async def share(self, source: str, target: str, pattern: str) -> int:
@@ -557,7 +573,7 @@ class MemoryStore:
         many were copied."""
         ts = now_ms()
         vector_col = ", embedding" if self.pgvector else ""
-        statement = self._pool.fetch(
+        sql = (
             "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at, updated_at,"
             f" expires_at, pinned, importance, accessed_at, embedding_raw, embed_pending,"
             f" embed_attempts{vector_col})"
@@ -571,13 +587,10 @@ class MemoryStore:
             " importance = EXCLUDED.importance, embedding_raw = EXCLUDED.embedding_raw,"
             " embed_pending = EXCLUDED.embed_pending, embed_attempts = EXCLUDED.embed_attempts"
             + (", embedding = EXCLUDED.embedding" if self.pgvector else "")
-            + " RETURNING agent_id, user_uuid, key",
-            source,
-            target,
-            _like(pattern),
-            ts,
+            + " RETURNING agent_id, user_uuid, key"
         )
-        return len(await self._write_rows(statement))
+        like = _like(pattern)
+        return len(await self._write_rows(lambda tx: tx.conn.fetch(sql, source, target, like, ts)))
 
     async def stats(self, pgvector: bool) -> dict[str, Any]:
         row = await self._pool.fetchrow(
@@ -613,6 +626,11 @@ def _store_cte(pgvector: bool) -> str:
         " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
         " RETURNING created_at, user_uuid, pinned)"
     )
+
+
+def _accessed_appended(appended: asyncio.Future[Any]) -> None:
+    if not appended.cancelled() and (failed := appended.exception()) is not None:
+        log.warning("memory.accessed event not recorded (%r)", failed)
 
 
 def _entry(agent_id: str, r: asyncpg.Record) -> Entry:

@@ -14,6 +14,7 @@ succeeds. It imports nothing of Ray: actors and replicas pass their recorder in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -105,7 +106,8 @@ class Supervisor:
         """Run `fn()` as the task `name` until it returns; the task's result is its result.
         Each failure is logged, counted as a restart, undone (`undo()`: what a half-done try
         opened) and tried again after the backoff: a start that failed once (Postgres
-        restarting) must not leave its process broken for every call made to it after."""
+        restarting) must not leave its process broken for every call made to it after. A
+        try cancelled midway is undone as well before the task ends cancelled."""
         return self._start(name, self._until_done(name, fn, undo))
 
     def tasks(self) -> dict[str, asyncio.Task[Any]]:
@@ -182,15 +184,25 @@ class Supervisor:
             try:
                 return await fn()
             except asyncio.CancelledError:
+                # A try cancelled midway (a drain, aclose) is undone too, to its end: what
+                # it opened is closed before the task ends, whatever cancels come meanwhile.
+                if undo is not None:
+                    undoing = asyncio.ensure_future(self._undo(name, undo))
+                    while not undoing.done():
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await asyncio.shield(undoing)
                 raise
             except Exception:
                 log.exception("%s: %s failed; trying again", self.owner, name)
             if undo is not None:
-                try:
-                    await undo()
-                except Exception:
-                    log.exception("%s: undoing the failed %s failed", self.owner, name)
+                await self._undo(name, undo)
             failures = await self._after_failure(name, failures, started)
+
+    async def _undo(self, name: str, undo: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await undo()
+        except Exception:
+            log.exception("%s: undoing the failed %s failed", self.owner, name)
 
     async def _after_failure(self, name: str, failures: int, started: float) -> int:
         """Count the restart and wait out the backoff; the failures in a row so far."""

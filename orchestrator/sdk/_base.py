@@ -11,7 +11,6 @@ from __future__ import annotations
 import email.utils
 import json
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
+
+from orchestrator.runtime.backoff import Backoff
 
 __all__ = [
     "API_PREFIX",
@@ -241,8 +242,8 @@ class RetryPolicy:
         return isinstance(exc, NOT_SENT) or method.upper() in IDEMPOTENT
 
     def backoff(self, attempt: int) -> float:
-        delay = min(self.max_delay, self.initial * 2.0**attempt)
-        return delay * (1 - 0.25 * random.random())  # jitter: clients do not retry in step
+        # The service's one policy (pure stdlib); jitter: clients do not retry in step.
+        return Backoff(base=self.initial, cap=self.max_delay, jitter=0.25).delay(attempt + 1)
 
     def delay(self, attempt: int, response: httpx.Response | None) -> float:
         given = retry_after(response) if response is not None else None

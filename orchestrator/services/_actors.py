@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from orchestrator.inference import InstanceStore
     from orchestrator.memory import MemoryStore
     from orchestrator.providers import Gateway
+    from orchestrator.runtime.supervisor import Supervisor
     from orchestrator.scheduler import JobStore
     from orchestrator.toolset import AgentToolClients
     from orchestrator.workflows import WorkflowStore
@@ -135,7 +136,11 @@ class AgentWorkerServices(Core):
 
     @classmethod
     async def _build(
-        cls, core: Core, stack: contextlib.AsyncExitStack, **_: Any
+        cls,
+        core: Core,
+        stack: contextlib.AsyncExitStack,
+        supervisor: Supervisor | None = None,
+        **_: Any,
     ) -> AgentWorkerServices:
         import redis.asyncio as aioredis
 
@@ -161,7 +166,10 @@ class AgentWorkerServices(Core):
             s.memory_embedding_dim,
             pgvector=core.db.pgvector,
             auto_embed=s.embedder != "none",
+            supervisor=supervisor,
         )
+        # Before Redis closes (the stack runs last-in first): the DELs it still owes.
+        stack.push_async_callback(memory.settle)
         tool_clients = AgentToolClients(s)
         stack.push_async_callback(tool_clients.aclose)
         runner = AgentRunner(

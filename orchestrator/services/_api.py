@@ -222,6 +222,7 @@ async def _api(
             s.embedder, gateway, s.embedder_threads, EmbeddingLimits.for_provider(s)
         ),
         ef_search=s.memory_hnsw_ef_search,
+        supervisor=supervisor,
     )
     await memory.prepare()
     # Its writes still in flight finish and its owed cache DELs go out before Redis closes.

@@ -55,7 +55,9 @@ async def build_services(
     """The services of a process of kind `role` (a `Core` subclass, one per kind of process),
     built completely; what they open is closed by `stack`, also when this fails halfway.
     `recorder`: the process's metrics recorder (an actor's is its host's);
-    `supervisor` and `peers`: the API replica's (its loops and what Ray serves it)."""
+    `supervisor` and `peers`: the API replica's (its loops and what Ray serves it); an
+    actor's supervisor where its services run loops of their own (an agent worker's memory
+    cache)."""
     if not settings.database_url:
         raise RuntimeError("database_url must be set before the service starts")
     low, high = role._pool(settings)

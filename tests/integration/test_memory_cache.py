@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from orchestrator.errors import NotFound
 from orchestrator.events import EventStore
 from orchestrator.memory import MemoryStore
 from orchestrator.memory._cache import MemoryCache
+from orchestrator.runtime.supervisor import Supervisor
 
 DIM = 384
 ANN = Principal("ann")
@@ -36,9 +38,16 @@ class Replicas:
     cache: aioredis.Redis
     made: list[MemoryStore] = field(default_factory=list)
 
-    def memory(self, cache: aioredis.Redis | None = None) -> MemoryStore:
+    def memory(
+        self, cache: aioredis.Redis | None = None, supervisor: Supervisor | None = None
+    ) -> MemoryStore:
         store = MemoryStore(
-            self.db.pool, self.events, cache or self.cache, DIM, pgvector=self.db.pgvector
+            self.db.pool,
+            self.events,
+            cache or self.cache,
+            DIM,
+            pgvector=self.db.pgvector,
+            supervisor=supervisor,
         )
         self.made.append(store)
         return store
@@ -190,6 +199,66 @@ async def test_a_write_that_may_commit_late_keeps_readers_from_filling(
         assert (await replica.get("ns", "k", ANN)).value == "v2"
 
 
+@pytest.mark.parametrize("write", ["clear", "decay"])
+async def test_a_write_of_several_rows_that_may_have_committed_leaves_no_copy(
+    replicas: Replicas, write: str
+) -> None:
+    """The COMMIT of a clear (or decay) reaches the server, the answer is lost: the caller
+    gets an error, the rows are gone, and no replica reads the old copy (its keys were
+    poisoned before the COMMIT, since they are not known after it failed)."""
+    writer, reader = replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
+    transaction = replicas.events.transaction
+
+    @contextlib.asynccontextmanager
+    async def answer_lost() -> AsyncIterator[Any]:
+        async with transaction() as tx:
+            yield tx
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
+
+    replicas.events.transaction = answer_lost  # type: ignore[method-assign]
+    with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+        if write == "clear":
+            await writer.clear("ns", ANN)
+        else:
+            await writer.decay(half_life_days=1.0, threshold=2.0)  # forgets every entry
+    replicas.events.transaction = transaction  # type: ignore[method-assign]
+    assert await replicas.cached() == b"X"
+    for replica in (reader, writer, replicas.memory()):
+        with pytest.raises(NotFound):
+            await replica.get("ns", "k", ANN)
+
+
+async def test_a_read_whose_access_event_fails_takes_the_failure(
+    replicas: Replicas, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`get` does not wait for its `memory.accessed` event; a failed append is logged as a
+    warning, never left for the loop's "Future exception was never retrieved"."""
+    memory = replicas.memory()
+    await memory.store("ns", "k", "v1", ANN)
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    append = replicas.events.append
+
+    def failing(*_: Any, **__: Any) -> asyncio.Future[Any]:
+        failed: asyncio.Future[Any] = loop.create_future()
+        failed.set_exception(asyncpg.ConnectionDoesNotExistError("connection lost"))
+        return failed
+
+    replicas.events.append = failing  # type: ignore[method-assign]
+    try:
+        assert (await memory.get("ns", "k", ANN)).value == "v1"
+        await asyncio.sleep(0)  # the done-callback runs
+        gc.collect()
+    finally:
+        replicas.events.append = append  # type: ignore[method-assign]
+        loop.set_exception_handler(None)
+    assert unretrieved == []
+    assert "memory.accessed event not recorded" in caplog.text
+
+
 class RedisProxy:
     """TCP in front of the test Redis (a unix socket). `cut()` breaks every connection and
     refuses new ones, as a Redis this replica cannot reach; `restore()` ends that."""
@@ -274,20 +343,25 @@ async def test_redis_unreachable_costs_cache_hits_only(
         await cut_off.aclose()
 
 
+@pytest.mark.parametrize("supervised", [False, True])
 async def test_a_drop_redis_missed_is_delivered_when_it_answers_again(
-    replicas: Replicas, proxy: RedisProxy
+    replicas: Replicas, proxy: RedisProxy, supervised: bool
 ) -> None:
     """The writer's replica cannot reach Redis when it stores v2: the store answers (Redis
     is a cache), that replica reads Postgres while it owes the drop, and the drop reaches
-    Redis once it is reachable again, so the other replicas stop serving v1."""
+    Redis once it is reachable again, so the other replicas stop serving v1. With the
+    process's supervisor, the retries run as its task `memory-cache-dels`."""
     cut_off = aioredis.from_url(await proxy.start(), socket_timeout=1, socket_connect_timeout=1)
+    supervisor = Supervisor("test") if supervised else None
     try:
-        writer, reader = replicas.memory(cut_off), replicas.memory()
+        writer, reader = replicas.memory(cut_off, supervisor), replicas.memory()
         await writer.store("ns", "k", "v1", ANN)
         assert (await reader.get("ns", "k", ANN)).value == "v1"
         assert b'"v1"' in (await replicas.cached() or b"")
         proxy.cut()
         await writer.store("ns", "k", "v2", ANN)
+        if supervisor is not None:
+            assert "memory-cache-dels" in supervisor.tasks()
         assert (await writer.get("ns", "k", ANN)).value == "v2"
         proxy.restore()
         async with asyncio.timeout(20):
@@ -301,4 +375,6 @@ async def test_a_drop_redis_missed_is_delivered_when_it_answers_again(
         assert b'"v2"' in (await replicas.cached() or b"")
         await writer.settle()
     finally:
+        if supervisor is not None:
+            await supervisor.aclose()
         await cut_off.aclose()

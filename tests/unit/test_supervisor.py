@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from orchestrator.runtime.backoff import Backoff
-from orchestrator.runtime.supervisor import Supervisor
+from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 FAST = Backoff(base=0.001, cap=0.01)
 
@@ -249,6 +249,28 @@ async def test_retry_is_cancelled_by_aclose() -> None:
     await asyncio.sleep(0.01)
     await asyncio.wait_for(sup.aclose(), 5)
     assert boot.cancelled()
+
+
+async def test_a_retry_cancelled_midway_undoes_that_try_before_it_ends() -> None:
+    """A drain cancels the boot while a try is halfway: what the try opened is closed (to
+    its end, through the repeated cancels of cancel_and_wait) before the task ends."""
+    opened = asyncio.Event()
+    undone: list[str] = []
+
+    async def start() -> str:
+        opened.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    async def undo() -> None:
+        await asyncio.sleep(0.6)  # longer than cancel_and_wait's re-cancel (0.25 s)
+        undone.append("closed")
+
+    sup = Supervisor("test", backoff=FAST)
+    boot = sup.retry("boot", start, undo=undo)
+    await asyncio.wait_for(opened.wait(), 5)
+    await asyncio.wait_for(cancel_and_wait([boot]), 5)
+    assert boot.cancelled() and undone == ["closed"]
 
 
 async def test_an_expected_failure_is_one_warning_line_and_still_restarted(
