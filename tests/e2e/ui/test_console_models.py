@@ -36,6 +36,9 @@ def test_start_and_stop_a_local_instance(
     expect(page.get_by_test_id(f"model-status-{SMOL}")).to_have_text("available")
 
     page.get_by_test_id(f"model-start-{SMOL}").click()
+    # The click's POST /inference is the page's, answered after the click returns: its row
+    # says it was created.
+    expect(page.locator("[data-testid^='instance-state-']")).to_have_count(1, timeout=30_000)
     with console.client() as c:
         instances = c.get("/inference").json()["data"]
     assert [i["model"] for i in instances] == [SMOL]
