@@ -8,12 +8,15 @@ read Postgres puts a copy there. The protocol is cache-aside with leases (as mem
   token of this read's own, for LEASE_MS) and returns it. The reader then reads Postgres,
   and fills the key only if it still holds its token (a second script). Anything else in
   the key (someone's lease, a poison) means: read Postgres, fill nothing.
-- Write: the statement, then DEL of the key, before the write answers. The DEL also drops a
-  lease, so a reader that read Postgres before the commit finds its token gone and fills
-  nothing.
+- Write of one entry (store, delete, pin): beside its statement (the two round trips at
+  once), a guard: one script sets the key's guard (`<key>#w`) for GUARD_MS and DELs the key
+  (its copy, or a reader's lease). While the guard lives a read returns no copy and takes
+  no lease: it reads Postgres and fills nothing. A statement that took GUARD_MS or longer
+  (its commit may have come after the guard expired) is followed by a DEL of the key
+  before the write answers.
 - A write whose statement raised may still commit (a connection lost after the server had
-  the statement): its key is poisoned instead (no lease, hence no fill, for POISON_MS, past
-  the statement timeout). A write of several rows (clear, share, decay) learns its keys
+  the statement): its key is poisoned (no lease, hence no fill, for POISON_MS, past the
+  statement timeout). A write of several rows (clear, share, decay) learns its keys
   only from its statement: it poisons them inside its transaction, before the COMMIT, and
   drops them once committed.
 - Redis failing: a read goes to Postgres. A DEL that fails is owed: retried in the
@@ -21,11 +24,15 @@ read Postgres puts a copy there. The protocol is cache-aside with leases (as mem
   `Backoff`) until it lands, or until any copy it was meant to drop has expired; while this
   process owes one it reads Postgres only.
 
-Why it is coherent: a fill lands only if no DEL of its key ran between the reader's lease
-and the fill, and the lease is taken before the Postgres read. So a copy is either what
-Postgres held after the last write of the key had committed, or it was read before a commit
-whose DEL is still to come, and that DEL comes before the write answers. From a write's
-answer on, every read on every replica returns that write or a newer one.
+Why it is coherent: a fill lands only if the key still holds the reader's lease, so no guard
+or DEL of the key ran between the lease and the fill, and the lease is taken before the
+Postgres read. A write's guard empties the key before the write answers and lives until
+after the write committed (or, past GUARD_MS, the DEL after the commit empties it again),
+and no lease is taken while it lives. So a copy that is there once a write has answered
+was read from Postgres after that write had committed, or it is gone. From a write's answer
+on, every read on every replica returns that write or a newer one. (The guard runs beside
+the statement rather than a DEL after it, so a write costs one round trip, not two in a
+row; the price is that a key written in the last GUARD_MS is read from Postgres.)
 """
 
 from __future__ import annotations
@@ -50,13 +57,16 @@ __all__ = ["CACHE_TTL_S", "MemoryCache"]
 CACHE_TTL_S = 300  # a copy's lifetime (shorter for an entry that expires sooner)
 LEASE_MS = 2_000  # a reader's Postgres read longer than this fills nothing
 POISON_MS = 60_000  # longer than a statement may run (command_timeout, 30 s)
+GUARD_MS = 1_000  # longer than a write's statement usually runs (else a DEL follows it)
+GUARD_SUFFIX = "#w"  # the key of a key's guard
 OWED_FOR_S = CACHE_TTL_S + LEASE_MS / 1000
 # An owed DEL is tried again after 0.5 s, doubling to 10 s while Redis stays away.
 RETRY = Backoff(base=0.5, cap=10.0)
 DEL_CHUNK = 500
 
-# The copy, or a lease of this read's own when the key holds nothing.
+# The copy, or a lease of this read's own when the key holds nothing and is not guarded.
 _READ = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'W' end
 local cur = redis.call('GET', KEYS[1])
 if cur then return cur end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -66,6 +76,12 @@ return ARGV[1]
 _FILL = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+# A write of one entry in flight: the guard set, the copy or lease gone.
+_GUARD = """
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+redis.call('DEL', KEYS[1])
 return 1
 """
 _COPY = ord("{")  # a copy is a JSON object; a lease starts with "L", a poison is "X"
@@ -81,6 +97,7 @@ class MemoryCache:
         self._supervisor = supervisor
         self._read = redis.register_script(_READ)
         self._fill = redis.register_script(_FILL)
+        self._guard = redis.register_script(_GUARD)
         # key -> when its DEL last failed (monotonic): a copy it was to drop has expired
         # OWED_FOR_S later (filled before that write's commit + LEASE_MS, living CACHE_TTL_S).
         self._owed: dict[str, float] = {}
@@ -99,7 +116,7 @@ class MemoryCache:
             return None, None
         token = "L" + os.urandom(8).hex()
         try:
-            raw = await self._read(keys=[key], args=[token, LEASE_MS])
+            raw = await self._read(keys=[key, key + GUARD_SUFFIX], args=[token, LEASE_MS])
         except (RedisError, OSError):
             return None, None
         if isinstance(raw, str):
@@ -114,6 +131,16 @@ class MemoryCache:
             await self._fill(keys=[key], args=[lease, dumps(copy), ttl_s])
         except (RedisError, OSError):
             pass  # nothing cached: the next read reads Postgres
+
+    async def guard(self, key: str) -> bool:
+        """Beside a write's statement: the key guarded for GUARD_MS and emptied (see the
+        module docstring). False if Redis could not be reached (the caller then drops the
+        key after its statement)."""
+        try:
+            await self._guard(keys=[key, key + GUARD_SUFFIX], args=[GUARD_MS])
+        except (RedisError, OSError):
+            return False
+        return True
 
     async def drop(self, *keys: str) -> None:
         """After a write has committed: the keys' copies and leases gone. On a Redis error

@@ -37,7 +37,7 @@ from orchestrator.errors import (
     ValidationFailed,
 )
 from orchestrator.events import EventStore, EventTransaction, NewEvent
-from orchestrator.memory._cache import CACHE_TTL_S, MemoryCache
+from orchestrator.memory._cache import CACHE_TTL_S, GUARD_MS, MemoryCache
 from orchestrator.memory._embed import Embedder
 from orchestrator.memory._filler import EmbeddingFiller
 from orchestrator.runtime.supervisor import Supervisor
@@ -191,23 +191,30 @@ class MemoryStore:
     async def _write_one(
         self, agent_id: str, owner: str | None, key: str, statement: Coroutine[Any, Any, _T]
     ) -> _T:
-        """`statement` on one entry, then its copy dropped; if the statement raised (it may
-        still commit: a connection lost), the key poisoned instead."""
+        """`statement` on one entry, its key guarded beside it (orchestrator/memory/_cache.py);
+        dropped after it too when the guard may have expired before its commit, or could not
+        be set. If the statement raised (it may still commit: a connection lost), the key
+        is poisoned instead."""
         cache = self._cache
         if cache is None:
             return await statement
         cache_key = cache.key(agent_id, owner, key)
 
-        async def then_drop() -> _T:
+        async def guarded() -> _T:
+            sent = time.monotonic()
+            guard = asyncio.ensure_future(cache.guard(cache_key))
             try:
                 done = await statement
             except BaseException:
+                await guard
                 await cache.poison(cache_key)
                 raise
-            await cache.drop(cache_key)
+            late = (time.monotonic() - sent) * 1000 >= GUARD_MS
+            if not await guard or late:
+                await cache.drop(cache_key)
             return done
 
-        return await self._to_the_end(then_drop())
+        return await self._to_the_end(guarded())
 
     async def _write_rows(
         self, write: Callable[[EventTransaction], Awaitable[list[asyncpg.Record]]]

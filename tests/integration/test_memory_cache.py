@@ -23,7 +23,9 @@ from orchestrator.db import Database, connect
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore
 from orchestrator.memory import MemoryStore
-from orchestrator.memory._cache import MemoryCache
+from orchestrator.memory import _cache as memory_cache
+from orchestrator.memory import _store as memory_store
+from orchestrator.memory._cache import GUARD_SUFFIX, MemoryCache
 from orchestrator.runtime.supervisor import Supervisor
 
 DIM = 384
@@ -51,6 +53,10 @@ class Replicas:
         )
         self.made.append(store)
         return store
+
+    async def guard_passed(self) -> None:
+        """As if the last write's guard had expired (GUARD_MS): reads fill the cache again."""
+        await self.cache.delete(KEY + GUARD_SUFFIX)
 
     async def cached(self) -> bytes | None:
         raw = await self.cache.get(KEY)
@@ -90,6 +96,7 @@ def held(
 async def test_from_a_stores_answer_every_replica_reads_it(replicas: Replicas) -> None:
     writer, r1, r2 = replicas.memory(), replicas.memory(), replicas.memory()
     await writer.store("ns", "k", "v1", ANN)
+    await replicas.guard_passed()
     assert (await r1.get("ns", "k", ANN)).value == "v1"
     assert b'"v1"' in (await replicas.cached() or b"")  # a copy, read from Postgres
     assert (await r2.get("ns", "k", ANN)).value == "v1"  # ... served from it
@@ -107,6 +114,7 @@ async def test_a_reader_that_read_before_a_write_cannot_fill_after_it(
     writes and answers, then the first tries to fill: refused, every later read is new."""
     writer, reader = replicas.memory(), replicas.memory()
     await writer.store("ns", "k", "v1", ANN)
+    await replicas.guard_passed()
     assert reader._cache is not None
     reader._cache.fill, at_fill, gate = held(reader._cache.fill)  # type: ignore[method-assign]
     read = asyncio.ensure_future(reader.get("ns", "k", ANN))
@@ -136,10 +144,11 @@ async def test_a_reader_that_read_before_a_write_cannot_fill_after_it(
 async def test_a_write_whose_caller_goes_away_still_drops_the_copy(
     replicas: Replicas, cut: str
 ) -> None:
-    """The caller is cancelled while the statement runs, or once it has committed and the
-    drop has not reached Redis: the write runs to its end, no replica is served v1."""
+    """The caller is cancelled while the statement runs, or once it has committed and its
+    guard has not reached Redis: the write runs to its end, no replica is served v1."""
     writer, reader = replicas.memory(), replicas.memory()
     await writer.store("ns", "k", "v1", ANN)
+    await replicas.guard_passed()
     assert (await reader.get("ns", "k", ANN)).value == "v1"
     assert b'"v1"' in (await replicas.cached() or b"")
     assert writer._cache is not None
@@ -147,8 +156,8 @@ async def test_a_write_whose_caller_goes_away_still_drops_the_copy(
         hold, reached, gate = held(replicas.events.write)
         replicas.events.write = hold  # type: ignore[method-assign]
     else:
-        hold, reached, gate = held(writer._cache.drop)
-        writer._cache.drop = hold  # type: ignore[method-assign]
+        hold, reached, gate = held(writer._cache.guard)  # the guard not in Redis yet
+        writer._cache.guard = hold  # type: ignore[method-assign]
     store = asyncio.ensure_future(writer.store("ns", "k", "v2", ANN))
     await asyncio.wait_for(reached.wait(), 10)
     store.cancel()
@@ -161,9 +170,36 @@ async def test_a_write_whose_caller_goes_away_still_drops_the_copy(
     assert (await replicas.memory().get("ns", "k", ANN)).value == "v2"
 
 
+async def test_a_write_slower_than_its_guard_drops_the_copy_after_it(
+    replicas: Replicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement that outlives its guard (GUARD_MS): a reader fills the old value
+    meanwhile, and the write drops it after its commit, before it answers."""
+    monkeypatch.setattr(memory_cache, "GUARD_MS", 50)
+    monkeypatch.setattr(memory_store, "GUARD_MS", 50)
+    writer, reader = replicas.memory(), replicas.memory()
+    await writer.store("ns", "k", "v1", ANN)
+    await replicas.guard_passed()
+    hold, reached, gate = held(replicas.events.write)
+    replicas.events.write = hold  # type: ignore[method-assign]
+    store = asyncio.ensure_future(writer.store("ns", "k", "v2", ANN))
+    await asyncio.wait_for(reached.wait(), 10)
+    async with asyncio.timeout(10):
+        while await replicas.cache.exists(KEY + GUARD_SUFFIX):  # noqa: ASYNC110 - polling Redis
+            await asyncio.sleep(0.01)
+    assert (await reader.get("ns", "k", ANN)).value == "v1"  # not committed yet
+    assert b'"v1"' in (await replicas.cached() or b"")  # ... and filled
+    gate.set()
+    await store
+    assert await replicas.cached() is None
+    for replica in (reader, replicas.memory()):
+        assert (await replica.get("ns", "k", ANN)).value == "v2"
+
+
 async def test_a_write_postgres_refuses_leaves_no_copy_of_it(replicas: Replicas) -> None:
     writer, reader = replicas.memory(), replicas.memory()
     await writer.store("ns", "k", "v1", ANN)
+    await replicas.guard_passed()
     assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
     with pytest.raises(asyncpg.PostgresError):
         await writer.store("ns", "k", "nul \x00 byte", ANN)  # text Postgres cannot hold
@@ -180,6 +216,7 @@ async def test_a_write_that_may_commit_late_keeps_readers_from_filling(
     and cannot leave v1 cached once v2 has committed."""
     writer, reader = replicas.memory(), replicas.memory()
     await writer.store("ns", "k", "v1", ANN)
+    await replicas.guard_passed()
     assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
     sent: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     commit = replicas.events.write
@@ -208,6 +245,7 @@ async def test_a_write_of_several_rows_that_may_have_committed_leaves_no_copy(
     poisoned before the COMMIT, since they are not known after it failed)."""
     writer, reader = replicas.memory(), replicas.memory()
     await writer.store("ns", "k", "v1", ANN)
+    await replicas.guard_passed()
     assert (await reader.get("ns", "k", ANN)).value == "v1"  # cached
     transaction = replicas.events.transaction
 
@@ -356,6 +394,7 @@ async def test_a_drop_redis_missed_is_delivered_when_it_answers_again(
     try:
         writer, reader = replicas.memory(cut_off, supervisor), replicas.memory()
         await writer.store("ns", "k", "v1", ANN)
+        await replicas.guard_passed()
         assert (await reader.get("ns", "k", ANN)).value == "v1"
         assert b'"v1"' in (await replicas.cached() or b"")
         proxy.cut()
