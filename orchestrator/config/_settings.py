@@ -75,6 +75,12 @@ class Settings(BaseSettings):
         description="HAProxy: a log line per request (feeds Serve's HTTP request metrics in "
         "the Ray dashboard; the replicas' access log and svc_http_* count every request anyway)",
     )
+    proxy_stick_to_connection: bool = Field(
+        False,
+        description="HAProxy: keep each client connection on the replica its first request "
+        "went to (a sequential client's calls ~0.1-1 ms faster; replicas' load skewed up to "
+        "3x by clients of unequal load: docs/design-notes.md)",
+    )
     api_replicas: int = Field(
         2, ge=1, description="Replicas of the HTTP ingress deployment (2: throughput, failover)"
     )

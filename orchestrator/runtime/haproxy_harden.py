@@ -22,7 +22,7 @@ import os
 import re
 import signal
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class ProxyPolicy:
     ingress_key: str = ""
     # HAProxy's log line per request (see `quiet`).
     request_log: bool = False
-    # A client connection stays on one replica (`_STICK_TO_CONNECTION`): off, see there.
+    # A client connection stays on one replica (`_STICK_TO_CONNECTION`; the setting
+    # `proxy_stick_to_connection`): off by default, see there.
     stick_to_connection: bool = False
 
 
@@ -146,8 +147,8 @@ def harden(config: str, policy: ProxyPolicy) -> str:
 # sequential client ~0.1-0.2 ms a gateway call (its replica's caches stay warm), but with
 # clients of unequal load a replica took 1.2-2.9x the other's requests (two heavy
 # connections on one), against 1.01-1.06x balanced per request (scripts/bench.py
-# haproxy-balance, docs/design-notes.md "HAProxy sticky connections"): off; kept for that
-# measurement (`STICK_ENV`). Entries outlive HAProxy's 90 s keep-alive.
+# haproxy-balance, docs/design-notes.md "HAProxy sticky connections"): off by default
+# (`proxy_stick_to_connection`). Entries outlive HAProxy's 90 s keep-alive.
 _APP_BACKEND = re.compile(r"(?m)^(backend http-\S+\n)")
 _STICK_TO_CONNECTION = (
     "    # Added by the orchestrator: a client connection stays on one replica.\n"
@@ -155,11 +156,6 @@ _STICK_TO_CONNECTION = (
     "    http-request set-var(txn.orch_client_port) src_port\n"
     "    stick on src,concat(:,txn.orch_client_port)\n"
 )
-
-
-# Inherited from `orchestrator serve` through Ray's processes to Serve's HAProxy manager
-# (not ORCH_: `orchestrator serve` refuses environment variables that are not settings).
-STICK_ENV = "BENCH_HAPROXY_STICK"
 
 PR_SET_PDEATHSIG = 1
 
@@ -186,9 +182,6 @@ def _exec(policy_path: str, args: list[str]) -> None:
     die_with_parent()
     with open(policy_path) as f:
         policy = ProxyPolicy(**json.load(f))
-    # For the measurement only (scripts/benchmarks/haproxy_balance.py): with the rule.
-    if os.environ.get(STICK_ENV) == "1":
-        policy = ProxyPolicy(**{**asdict(policy), "stick_to_connection": True})
     out = list(args)
     if "-f" not in out:  # `-v` and the like
         os.execv(policy.binary, [policy.binary, *out])

@@ -4,7 +4,7 @@ orchestrator/runtime/haproxy_harden.py) and when every request is balanced on it
 
 Issue 31 asked that the sticky connections be kept only if they do not skew the replicas'
 load with many clients of unequal load. The service runs twice (one Ray cluster at a time):
-with the rule (BENCH_HAPROXY_STICK=1, read by the hardening wrapper) and without it.
+with the rule (`ORCH_PROXY_STICK_TO_CONNECTION=true`) and without it.
 Each run opens `--concurrency` keep-alive connections in a random order, a few heavy (requests
 back to back) and the rest light (one request every `--light-interval-ms`), on
 GET /api/v1/whoami with the admin token, for `--duration` seconds, `--trials` times with new
@@ -43,7 +43,7 @@ from benchmarks._common import (
 )
 
 ROUTE = "/api/v1/whoami"
-STICK_ENV = "BENCH_HAPROXY_STICK"  # orchestrator/runtime/haproxy_harden.py
+STICK_ENV = "ORCH_PROXY_STICK_TO_CONNECTION"  # the setting proxy_stick_to_connection
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def _run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     env = {**os.environ, **BENCH_ENV}
     env.pop(STICK_ENV, None)
     if mode == "sticky":
-        env[STICK_ENV] = "1"
+        env[STICK_ENV] = "true"
     elif mode != "per-request":
         raise SystemExit(f"bench: unknown mode {mode!r}")
     trials: list[dict[str, Any]] = []

@@ -143,7 +143,7 @@ class _Named(http.server.BaseHTTPRequestHandler):
 def test_each_request_is_balanced_unless_connections_stick(tmp_path: Path, stick: bool) -> None:
     """Through HAProxy with the hardened config and two replicas (loopback servers that say
     their name): one keep-alive connection's requests are spread over both (each request is
-    balanced); with the stick rule the measurement can switch on (`BENCH_HAPROXY_STICK`),
+    balanced); with the stick rule an operator can switch on (`proxy_stick_to_connection`),
     they stay on the replica of the first. New connections are spread over both either way."""
     ok, binary = haproxy_usable()
     assert ok, binary
@@ -343,3 +343,16 @@ def test_a_port_in_use_is_refused_even_when_shared_with_reuseport() -> None:
         with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
             _ensure_port_free("127.0.0.1", port)
     _ensure_port_free("127.0.0.1", port)  # free again
+
+
+@pytest.mark.parametrize("stick", [False, True])
+def test_the_stick_setting_reaches_haproxys_policy(tmp_path: Path, stick: bool) -> None:
+    """`proxy_stick_to_connection` is what the hardening wrapper's policy says (off by
+    default: each request balanced)."""
+    from deployments.launcher import _hardening_wrapper
+    from orchestrator.config import Settings
+
+    settings = Settings(proxy_stick_to_connection=stick) if stick else Settings()
+    _hardening_wrapper(settings, "/usr/sbin/haproxy", tmp_path)
+    policy = json.loads((tmp_path / "policy.json").read_text())
+    assert policy["stick_to_connection"] is stick
