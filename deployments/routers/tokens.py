@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deployments.deps import AdminUser, Auth, CurrentUser, Events, Tokens
+from deployments.deps import BIGINT_MAX, AdminUser, Auth, CurrentUser, Events, Tokens
 from orchestrator import wire
 from orchestrator.errors import NotFound
 from orchestrator.events import NewEvent
@@ -29,7 +29,10 @@ class TokenCreate(BaseModel):
         None, ge=1, le=MAX_LIFETIME_S, description="Seconds from now until the token expires"
     )
     expires_at: int | None = Field(
-        None, ge=1, description="When the token expires, Unix milliseconds (in the future)"
+        None,
+        ge=1,
+        le=BIGINT_MAX,
+        description="When the token expires, Unix milliseconds (in the future)",
     )
 
     @model_validator(mode="after")
