@@ -182,7 +182,7 @@ def _hardening_wrapper(settings: Settings, binary: str, run_dir: Path) -> str:
                         settings.ingress_key.get_secret_value() if settings.ingress_key else ""
                     ),
                     request_log=settings.proxy_request_log,
-                    stick_to_connection=settings.proxy_stick_to_connection,
+                    connection_affinity=settings.proxy_connection_affinity,
                 )
             )
         )

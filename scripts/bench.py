@@ -64,9 +64,9 @@ as a Serve DeploymentHandle call (latency p50/p99 sequentially, calls/s at `--co
 why the AgentWorker pool is actors (docs/design-notes.md).
 
 `haproxy-balance` starts `orchestrator serve` with 2 API replicas twice, with HAProxy's
-sticky connections and without them, loads it with 16 keep-alive clients of unequal load (a
+connection affinity and without it, loads it with 16 keep-alive clients of unequal load (a
 few back to back, the rest paced) and reads each replica's request count from HAProxy's stats:
-whether pinning a connection to a replica skews the replicas' load (docs/design-notes.md).
+whether keeping a connection on its replica skews the replicas' load (docs/design-notes.md).
 
 `mixed` runs workflows, chat completions, memory writes/reads and a live event stream at once
 on one service (with `--alone`, each alone first, for the ratio); `all` runs every benchmark

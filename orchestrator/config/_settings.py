@@ -75,11 +75,12 @@ class Settings(BaseSettings):
         description="HAProxy: a log line per request (feeds Serve's HTTP request metrics in "
         "the Ray dashboard; the replicas' access log and svc_http_* count every request anyway)",
     )
-    proxy_stick_to_connection: bool = Field(
-        False,
-        description="HAProxy: keep each client connection on the replica its first request "
-        "went to (a sequential client's calls ~0.1-1 ms faster; replicas' load skewed up to "
-        "3x by clients of unequal load: docs/design-notes.md)",
+    proxy_connection_affinity: bool = Field(
+        True,
+        description="HAProxy: while no other request is in flight, a client connection's "
+        "request goes to the replica its last one went to (a sequential client stays on a "
+        "warm replica: ~1 ms a call on 2 cores); with any in flight, leastconn balances each "
+        "request (docs/design-notes.md)",
     )
     api_replicas: int = Field(
         2, ge=1, description="Replicas of the HTTP ingress deployment (2: throughput, failover)"

@@ -38,9 +38,9 @@ class ProxyPolicy:
     ingress_key: str = ""
     # HAProxy's log line per request (see `quiet`).
     request_log: bool = False
-    # A client connection stays on one replica (`_STICK_TO_CONNECTION`; the setting
-    # `proxy_stick_to_connection`): off by default, see there.
-    stick_to_connection: bool = False
+    # A client connection keeps its replica while the backend is otherwise idle
+    # (`_CONNECTION_AFFINITY`; the setting `proxy_connection_affinity`).
+    connection_affinity: bool = True
 
 
 # The one form of a request id (deployments/edge.py REQUEST_ID, the same text).
@@ -136,25 +136,28 @@ def harden(config: str, policy: ProxyPolicy) -> str:
     if count != 1:
         raise ValueError("HAProxy config: no http_frontend section")
     # None yet in the configuration HAProxy starts with, before an application is deployed.
-    if policy.stick_to_connection:
-        config = _APP_BACKEND.sub(lambda m: m.group(1) + _STICK_TO_CONNECTION, config)
+    if policy.connection_affinity:
+        config = _APP_BACKEND.sub(lambda m: m.group(1) + _CONNECTION_AFFINITY, config)
     return config if policy.request_log else quiet(config)
 
 
 # Serve's backend of each application (`backend http-<app>`; its `default_backend` has no
-# servers). With this rule a client connection's requests stay on the replica its first one
-# went to, while that replica is up; new connections are spread by leastconn. It saved a
-# sequential client ~0.1-0.2 ms a gateway call (its replica's caches stay warm), but with
-# clients of unequal load a replica took 1.2-2.9x the other's requests (two heavy
-# connections on one), against 1.01-1.06x balanced per request (scripts/bench.py
-# haproxy-balance, docs/design-notes.md "HAProxy sticky connections"): off by default
-# (`proxy_stick_to_connection`). Entries outlive HAProxy's 90 s keep-alive.
+# servers). With this rule a request goes to the replica its connection's last request went
+# to when no other request is in flight in the backend (`be_conn` counts this one); otherwise
+# leastconn picks, and the table remembers that replica. Balanced per request, a sequential
+# client alternated between two idle replicas and each call woke a cold process: +0.6-1 ms a
+# call on the 2-core machine. Pinned for good (the rule before), clients of unequal load
+# skewed the replicas up to 2.9x. This rule: 1.01-1.03x, as balanced per request (1.00-1.02x),
+# and the sequential client's +0.1-0.2 ms (scripts/bench.py haproxy-balance and gateway,
+# docs/design-notes.md "HAProxy connection affinity"). Entries outlive the 90 s keep-alive.
 _APP_BACKEND = re.compile(r"(?m)^(backend http-\S+\n)")
-_STICK_TO_CONNECTION = (
-    "    # Added by the orchestrator: a client connection stays on one replica.\n"
+_CONNECTION_AFFINITY = (
+    "    # Added by the orchestrator: a client connection keeps its replica while the backend\n"
+    "    # is otherwise idle (be_conn counts this request); under load, leastconn decides.\n"
     "    stick-table type string len 64 size 200k expire 2m\n"
     "    http-request set-var(txn.orch_client_port) src_port\n"
-    "    stick on src,concat(:,txn.orch_client_port)\n"
+    "    stick match src,concat(:,txn.orch_client_port) if { be_conn le 1 }\n"
+    "    stick store-request src,concat(:,txn.orch_client_port)\n"
 )
 
 PR_SET_PDEATHSIG = 1

@@ -1,10 +1,10 @@
-"""`haproxy-balance`: how evenly HAProxy spreads requests over the API replicas when each
-client connection is pinned to one replica (the stick rule of
-orchestrator/runtime/haproxy_harden.py) and when every request is balanced on its own.
+"""`haproxy-balance`: how evenly HAProxy spreads requests over the API replicas with the
+connection affinity rule of orchestrator/runtime/haproxy_harden.py (a connection keeps its
+replica while the backend is otherwise idle) and with every request balanced on its own.
 
-Issue 31 asked that the sticky connections be kept only if they do not skew the replicas'
-load with many clients of unequal load. The service runs twice (one Ray cluster at a time):
-with the rule (`ORCH_PROXY_STICK_TO_CONNECTION=true`) and without it.
+Issue 31 asked that sticky connections be kept only if they do not skew the replicas' load
+with many clients of unequal load. The service runs twice (one Ray cluster at a time): with
+the rule (`ORCH_PROXY_CONNECTION_AFFINITY=true`, the default) and without it (`false`).
 Each run opens `--concurrency` keep-alive connections in a random order, a few heavy (requests
 back to back) and the rest light (one request every `--light-interval-ms`), on
 GET /api/v1/whoami with the admin token, for `--duration` seconds, `--trials` times with new
@@ -43,7 +43,7 @@ from benchmarks._common import (
 )
 
 ROUTE = "/api/v1/whoami"
-STICK_ENV = "ORCH_PROXY_STICK_TO_CONNECTION"  # the setting proxy_stick_to_connection
+STICK_ENV = "ORCH_PROXY_CONNECTION_AFFINITY"  # the setting proxy_connection_affinity
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,13 +54,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trials", type=int, default=3, help="trials per mode (new clients)")
     parser.add_argument(
-        "--modes", default="sticky,per-request", help="sticky,per-request or either alone"
+        "--modes", default="affinity,per-request", help="affinity,per-request or either alone"
     )
 
 
 @benchmark(
     "haproxy-balance",
-    "replicas' share of requests with and without HAProxy's sticky connections",
+    "replicas' share of requests with and without HAProxy's connection affinity",
     _arguments,
     duration_s=10.0,
     concurrency=16,
@@ -75,10 +75,11 @@ def haproxy_balance(args: argparse.Namespace) -> Result:
 
 def _run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     env = {**os.environ, **BENCH_ENV}
-    env.pop(STICK_ENV, None)
-    if mode == "sticky":
+    if mode == "affinity":
         env[STICK_ENV] = "true"
-    elif mode != "per-request":
+    elif mode == "per-request":
+        env[STICK_ENV] = "false"
+    else:
         raise SystemExit(f"bench: unknown mode {mode!r}")
     trials: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
@@ -87,9 +88,9 @@ def _run_mode(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         if service.proxy != "haproxy":
             raise RuntimeError(f"the service runs the {service.proxy} proxy, not HAProxy")
         config = _hardened_config(service.data_dir)
-        if ("stick on src" in config) != (mode == "sticky"):
-            state = "absent" if mode == "sticky" else "present"
-            raise RuntimeError(f"{mode}: the stick rule is {state} in HAProxy's configuration")
+        if ("stick match src" in config) != (mode == "affinity"):
+            state = "absent" if mode == "affinity" else "present"
+            raise RuntimeError(f"{mode}: the affinity rule is {state} in HAProxy's configuration")
         stats_url = _stats_url(config)
         backend = _app_backend(config)
         run_async(lambda: _warm_up(service))

@@ -126,9 +126,14 @@ def test_the_hardened_config_is_valid_for_haproxy(policy: ProxyPolicy, tmp_path:
 
 
 class _Named(http.server.BaseHTTPRequestHandler):
+    """Answers its server's name; `GET /hold` first waits until the test sets `release`."""
+
     protocol_version = "HTTP/1.1"  # keep-alive
 
     def do_GET(self) -> None:
+        if self.path == "/hold":
+            self.server.holding.set()  # type: ignore[attr-defined]
+            self.server.release.wait(10)  # type: ignore[attr-defined]
         body = self.server.name.encode()  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -140,17 +145,23 @@ class _Named(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("stick", [False, True])
-def test_each_request_is_balanced_unless_connections_stick(tmp_path: Path, stick: bool) -> None:
+def test_each_request_balanced_unless_the_connection_keeps_its_replica(
+    tmp_path: Path, stick: bool
+) -> None:
     """Through HAProxy with the hardened config and two replicas (loopback servers that say
     their name): one keep-alive connection's requests are spread over both (each request is
-    balanced); with the stick rule an operator can switch on (`proxy_stick_to_connection`),
-    they stay on the replica of the first. New connections are spread over both either way."""
+    balanced); with the affinity rule (`proxy_connection_affinity`) they stay on one replica
+    while the backend is otherwise idle, and go to the other while a request of another
+    connection is in flight on theirs (leastconn decides under load). New connections are
+    spread over both either way."""
     ok, binary = haproxy_usable()
     assert ok, binary
     servers = []
     for name in ("r1", "r2"):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Named)
         server.name = name  # type: ignore[attr-defined]
+        server.holding = threading.Event()  # type: ignore[attr-defined]
+        server.release = threading.Event()  # type: ignore[attr-defined]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
     front, exporter, stats = _free_port(), _free_port(), _free_port()
@@ -166,24 +177,43 @@ def test_each_request_is_balanced_unless_connections_stick(tmp_path: Path, stick
         )
     )
     config = tmp_path / "haproxy.cfg"
-    config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1", stick_to_connection=stick)))
+    config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1", connection_affinity=stick)))
     proxy = subprocess.Popen([binary, "-db", "-f", str(config)], stderr=subprocess.PIPE)
+    held: threading.Thread | None = None
     try:
         deadline = time.monotonic() + 20
         while not _listening(front):
             assert proxy.poll() is None and time.monotonic() < deadline, "HAProxy did not start"
             time.sleep(0.05)
 
-        def ask(conn: http.client.HTTPConnection) -> str:
-            conn.request("GET", "/")
+        def ask(conn: http.client.HTTPConnection, path: str = "/") -> str:
+            conn.request("GET", path)
             return conn.getresponse().read().decode()
 
         conn = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
         try:
             answered = [ask(conn) for _ in range(20)]
+            assert len(set(answered)) == (1 if stick else 2), answered
+            if stick:
+                # Another connection holds a request on this connection's replica: the
+                # backend is busy, so this connection's next requests go to the idle one.
+                (mine,) = set(answered)
+                server = servers[0] if mine == "r1" else servers[1]
+                while True:
+                    other = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
+                    if ask(other) == mine:
+                        break
+                    other.close()
+                held = threading.Thread(target=ask, args=(other, "/hold"), daemon=True)
+                held.start()
+                assert server.holding.wait(10)  # type: ignore[attr-defined]
+                busy = [ask(conn) for _ in range(5)]
+                assert set(busy) == {"r1", "r2"} - {mine}, busy
+                server.release.set()  # type: ignore[attr-defined]
+                held.join(10)
+                other.close()
         finally:
             conn.close()
-        assert len(set(answered)) == (1 if stick else 2), answered
         spread = set()
         for _ in range(10):
             fresh = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
@@ -198,6 +228,7 @@ def test_each_request_is_balanced_unless_connections_stick(tmp_path: Path, stick
         if proxy.stderr is not None:
             proxy.stderr.close()
         for server in servers:
+            server.release.set()  # type: ignore[attr-defined]
             server.shutdown()
             server.server_close()
 
@@ -210,14 +241,14 @@ def test_the_config_before_any_application_is_valid_for_haproxy(tmp_path: Path) 
     before = RENDERED.replace("    default_backend http-x\n", "").split("backend http-x\n")[0]
     before += "listen stats\n  bind *:8404\n  stats enable\n"
     out = harden(before, ProxyPolicy(binary, "127.0.0.1"))
-    assert "stick on" not in out
+    assert "stick match" not in out
     config = tmp_path / "haproxy.cfg"
     config.write_text(out)
     checked = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "stick on" not in harden(RENDERED, ProxyPolicy("/x", "h"))
-    sticky = harden(RENDERED, ProxyPolicy("/x", "h", stick_to_connection=True))
-    assert "stick on src,concat(:,txn.orch_client_port)" in sticky
+    assert "stick match" not in harden(RENDERED, ProxyPolicy("/x", "h", connection_affinity=False))
+    sticky = harden(RENDERED, ProxyPolicy("/x", "h"))  # on by default
+    assert "stick match src,concat(:,txn.orch_client_port) if { be_conn le 1 }" in sticky
 
 
 def test_no_line_is_logged_per_request_unless_asked() -> None:
@@ -346,13 +377,14 @@ def test_a_port_in_use_is_refused_even_when_shared_with_reuseport() -> None:
 
 
 @pytest.mark.parametrize("stick", [False, True])
-def test_the_stick_setting_reaches_haproxys_policy(tmp_path: Path, stick: bool) -> None:
-    """`proxy_stick_to_connection` is what the hardening wrapper's policy says (off by
-    default: each request balanced)."""
+def test_the_affinity_setting_reaches_haproxys_policy(tmp_path: Path, stick: bool) -> None:
+    """`proxy_connection_affinity` is what the hardening wrapper's policy says (on by
+    default; off: each request balanced)."""
     from deployments.launcher import _hardening_wrapper
     from orchestrator.config import Settings
 
-    settings = Settings(proxy_stick_to_connection=stick) if stick else Settings()
+    settings = Settings(proxy_connection_affinity=stick)
     _hardening_wrapper(settings, "/usr/sbin/haproxy", tmp_path)
     policy = json.loads((tmp_path / "policy.json").read_text())
-    assert policy["stick_to_connection"] is stick
+    assert policy["connection_affinity"] is stick
+    assert Settings().proxy_connection_affinity is True
