@@ -137,28 +137,44 @@ def harden(config: str, policy: ProxyPolicy) -> str:
         raise ValueError("HAProxy config: no http_frontend section")
     # None yet in the configuration HAProxy starts with, before an application is deployed.
     if policy.connection_affinity:
-        config = _APP_BACKEND.sub(lambda m: m.group(1) + _CONNECTION_AFFINITY, config)
+        config, apps = _APP_BACKEND.subn(lambda m: m.group(1) + _CONNECTION_AFFINITY, config)
+        # Serve's fallback proxy is a `backup` server of the app's backend: never a
+        # connection's replica (HAProxy would keep an idle connection on it once it served).
+        config = _BACKUP_SERVER.sub(r"\g<1> non-stick", config)
+        if apps:
+            config = config.rstrip("\n") + "\n" + _IN_FLIGHT_TABLE
     return config if policy.request_log else quiet(config)
 
 
 # Serve's backend of each application (`backend http-<app>`; its `default_backend` has no
 # servers). With this rule a request goes to the replica its connection's last request went
-# to when no other request is in flight in the backend (`be_conn` counts this one); otherwise
-# leastconn picks, and the table remembers that replica. Balanced per request, a sequential
-# client alternated between two idle replicas and each call woke a cold process: +0.6-1 ms a
-# call on the 2-core machine. Pinned for good (the rule before), clients of unequal load
-# skewed the replicas up to 2.9x. This rule: 1.01-1.03x, as balanced per request (1.00-1.02x),
-# and the sequential client's +0.1-0.2 ms (scripts/bench.py haproxy-balance and gateway,
-# docs/design-notes.md "HAProxy connection affinity"). Entries outlive the 90 s keep-alive.
+# to when no other request is in flight (the in-flight table's trackers count this one);
+# otherwise leastconn picks, and the affinity table remembers that replica. Event streams
+# (`/sync-events`, `Accept: text/event-stream`) are neither counted nor kept: an open one
+# would otherwise turn the affinity off for every client; leastconn spreads them. Balanced
+# per request, a sequential client alternated between two idle replicas, and each call found
+# its replica idle since the call before: +0.7-1.4 ms a call at c=1 on the 2-core machine.
+# Pinned for good (the rule before), clients of unequal load skewed the replicas up to 2.9x.
+# This rule: 1.01-1.03x, as balanced per request (1.00-1.02x) (scripts/bench.py
+# haproxy-balance and gateway, docs/design-notes.md "HAProxy connection affinity").
+# Entries outlive the 90 s keep-alive.
 _APP_BACKEND = re.compile(r"(?m)^(backend http-\S+\n)")
 _CONNECTION_AFFINITY = (
-    "    # Added by the orchestrator: a client connection keeps its replica while the backend\n"
-    "    # is otherwise idle (be_conn counts this request); under load, leastconn decides.\n"
+    "    # Added by the orchestrator: a client connection keeps its replica while nothing\n"
+    "    # else is in flight; under load, leastconn decides (haproxy_harden.py).\n"
     "    stick-table type string len 64 size 200k expire 2m\n"
+    "    acl orch_event_stream path_end /sync-events\n"
+    "    acl orch_event_stream req.hdr(accept) -m sub text/event-stream\n"
+    "    http-request track-sc1 int(0) table orch_in_flight if !orch_event_stream\n"
     "    http-request set-var(txn.orch_client_port) src_port\n"
-    "    stick match src,concat(:,txn.orch_client_port) if { be_conn le 1 }\n"
-    "    stick store-request src,concat(:,txn.orch_client_port)\n"
+    "    stick match src,concat(:,txn.orch_client_port)"
+    " if !orch_event_stream { sc1_trackers(orch_in_flight) le 1 }\n"
+    "    stick store-request src,concat(:,txn.orch_client_port) if !orch_event_stream\n"
 )
+# The requests in flight in the app backends, event streams aside: one entry, whose trackers
+# are the requests tracking it (each until its response ends).
+_IN_FLIGHT_TABLE = "backend orch_in_flight\n    stick-table type integer size 1 expire 10m\n"
+_BACKUP_SERVER = re.compile(r"(?m)^(    server \S+ \S+(?: [^\n]*)? backup)$")
 
 PR_SET_PDEATHSIG = 1
 

@@ -126,12 +126,13 @@ def test_the_hardened_config_is_valid_for_haproxy(policy: ProxyPolicy, tmp_path:
 
 
 class _Named(http.server.BaseHTTPRequestHandler):
-    """Answers its server's name; `GET /hold` first waits until the test sets `release`."""
+    """Answers its server's name; `GET /hold` and `GET .../sync-events` (an event stream, as
+    HAProxy sees it) first wait until the test sets `release`."""
 
     protocol_version = "HTTP/1.1"  # keep-alive
 
     def do_GET(self) -> None:
-        if self.path == "/hold":
+        if self.path == "/hold" or self.path.endswith("/sync-events"):
             self.server.holding.set()  # type: ignore[attr-defined]
             self.server.release.wait(10)  # type: ignore[attr-defined]
         body = self.server.name.encode()  # type: ignore[attr-defined]
@@ -179,7 +180,7 @@ def test_each_request_balanced_unless_the_connection_keeps_its_replica(
     config = tmp_path / "haproxy.cfg"
     config.write_text(harden(rendered, ProxyPolicy(binary, "127.0.0.1", connection_affinity=stick)))
     proxy = subprocess.Popen([binary, "-db", "-f", str(config)], stderr=subprocess.PIPE)
-    held: threading.Thread | None = None
+    others: list[http.client.HTTPConnection] = []
     try:
         deadline = time.monotonic() + 20
         while not _listening(front):
@@ -191,29 +192,67 @@ def test_each_request_balanced_unless_the_connection_keeps_its_replica(
             return conn.getresponse().read().decode()
 
         conn = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
-        try:
-            answered = [ask(conn) for _ in range(20)]
-            assert len(set(answered)) == (1 if stick else 2), answered
-            if stick:
-                # Another connection holds a request on this connection's replica: the
-                # backend is busy, so this connection's next requests go to the idle one.
-                (mine,) = set(answered)
-                server = servers[0] if mine == "r1" else servers[1]
-                while True:
+        others.append(conn)
+        answered = [ask(conn) for _ in range(20)]
+        assert len(set(answered)) == (1 if stick else 2), answered
+        if stick:
+            # Another connection holds a request on this connection's replica: the backend
+            # is busy, so this connection's next requests go to the idle one; an event stream
+            # held there does not count.
+            (mine,) = set(answered)
+            server = servers[0] if mine == "r1" else servers[1]
+
+            def on_mine() -> http.client.HTTPConnection:
+                for _ in range(20):  # new connections alternate between the idle replicas
                     other = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
+                    others.append(other)
                     if ask(other) == mine:
-                        break
-                    other.close()
-                held = threading.Thread(target=ask, args=(other, "/hold"), daemon=True)
-                held.start()
-                assert server.holding.wait(10)  # type: ignore[attr-defined]
-                busy = [ask(conn) for _ in range(5)]
-                assert set(busy) == {"r1", "r2"} - {mine}, busy
-                server.release.set()  # type: ignore[attr-defined]
-                held.join(10)
-                other.close()
-        finally:
-            conn.close()
+                        return other
+                pytest.fail(f"no new connection reached {mine}")
+
+            def hold(path: str) -> tuple[threading.Thread, http.server.ThreadingHTTPServer]:
+                """A request of a new connection held by whichever replica it reached."""
+                conn = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
+                others.append(conn)
+                thread = threading.Thread(target=ask, args=(conn, path), daemon=True)
+                thread.start()
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    for held_by in servers:
+                        if held_by.holding.is_set():  # type: ignore[attr-defined]
+                            return thread, held_by
+                    time.sleep(0.01)
+                pytest.fail(f"{path} reached no replica")
+
+            def let_go(thread: threading.Thread, held_by: http.server.ThreadingHTTPServer) -> None:
+                held_by.release.set()  # type: ignore[attr-defined]
+                thread.join(10)
+                assert not thread.is_alive()
+                held_by.release.clear()  # type: ignore[attr-defined]
+                held_by.holding.clear()  # type: ignore[attr-defined]
+
+            # An event stream is balanced by leastconn: open them until one is on `mine`.
+            for _ in range(20):
+                stream, held_by = hold("/api/v1/sync-events")
+                if held_by is server:
+                    break
+                let_go(stream, held_by)
+            else:
+                pytest.fail(f"no event stream reached {mine}")
+            assert [ask(conn) for _ in range(5)] == [mine] * 5
+            let_go(stream, server)
+            other = on_mine()
+            held = threading.Thread(target=ask, args=(other, "/hold"), daemon=True)
+            held.start()
+            assert server.holding.wait(10)  # type: ignore[attr-defined]
+            busy = [ask(conn) for _ in range(5)]
+            (moved,) = {"r1", "r2"} - {mine}
+            assert busy == [moved] * 5, busy
+            server.release.set()  # type: ignore[attr-defined]
+            held.join(10)
+            assert not held.is_alive()
+            # Idle again: the connection stays where its last request went.
+            assert [ask(conn) for _ in range(5)] == [moved] * 5
         spread = set()
         for _ in range(10):
             fresh = http.client.HTTPConnection("127.0.0.1", front, timeout=10)
@@ -223,6 +262,8 @@ def test_each_request_balanced_unless_the_connection_keeps_its_replica(
                 fresh.close()
         assert spread == {"r1", "r2"}
     finally:
+        for client in others:
+            client.close()
         proxy.terminate()
         proxy.wait(10)
         if proxy.stderr is not None:
@@ -248,7 +289,26 @@ def test_the_config_before_any_application_is_valid_for_haproxy(tmp_path: Path) 
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "stick match" not in harden(RENDERED, ProxyPolicy("/x", "h", connection_affinity=False))
     sticky = harden(RENDERED, ProxyPolicy("/x", "h"))  # on by default
-    assert "stick match src,concat(:,txn.orch_client_port) if { be_conn le 1 }" in sticky
+    assert "    stick match src,concat(:,txn.orch_client_port) if !orch_event_stream" in sticky
+    assert sticky.endswith(
+        "backend orch_in_flight\n    stick-table type integer size 1 expire 10m\n"
+    )
+    assert "orch_in_flight" not in out  # no application backend: nothing tracks it
+
+
+def test_the_fallback_proxy_never_becomes_a_connections_replica() -> None:
+    """Serve's fallback proxy is a `backup` server of the application's backend: HAProxy
+    would store it in the affinity table like any server that took a request (while both
+    replicas were down) and keep an idle connection on it afterwards; `non-stick` stops
+    that. Only the backup line changes."""
+    fallback = "    server SERVE_PROXY_ACTOR-fallback-1 127.0.0.1:30009 check backup\n"
+    rendered = RENDERED.replace(
+        "    server s1 127.0.0.1:30000 check\n",
+        "    server s1 127.0.0.1:30000 check\n" + fallback,
+    )
+    out = harden(rendered, ProxyPolicy("/x", "h"))
+    assert fallback.rstrip("\n") + " non-stick\n" in out
+    assert "    server s1 127.0.0.1:30000 check\n" in out
 
 
 def test_no_line_is_logged_per_request_unless_asked() -> None:
