@@ -150,7 +150,8 @@ def harden(config: str, policy: ProxyPolicy) -> str:
 # servers). With this rule a request goes to the replica its connection's last request went
 # to when no other request is in flight (the in-flight table's trackers count this one);
 # otherwise leastconn picks, and the affinity table remembers that replica. Event streams
-# (`/sync-events`, `Accept: text/event-stream`) are neither counted nor kept: an open one
+# (`/sync-events`; `/events` asked for as text/event-stream) are neither counted nor kept
+# (a streamed completion is: it asks for text/event-stream too, and ends): an open one
 # would otherwise turn the affinity off for every client; leastconn spreads them. Balanced
 # per request, a sequential client alternated between two idle replicas, and each call found
 # its replica idle since the call before: +0.7-1.4 ms a call at c=1 on the 2-core machine.
@@ -163,8 +164,10 @@ _CONNECTION_AFFINITY = (
     "    # Added by the orchestrator: a client connection keeps its replica while nothing\n"
     "    # else is in flight; under load, leastconn decides (haproxy_harden.py).\n"
     "    stick-table type string len 64 size 200k expire 2m\n"
-    "    acl orch_event_stream path_end /sync-events\n"
-    "    acl orch_event_stream req.hdr(accept) -m sub text/event-stream\n"
+    "    http-request set-var(txn.orch_event_stream) bool(1) if { path_end /sync-events }\n"
+    "    http-request set-var(txn.orch_event_stream) bool(1)"
+    " if { path_end /events } { req.hdr(accept) -m sub text/event-stream }\n"
+    "    acl orch_event_stream var(txn.orch_event_stream) -m bool\n"
     "    http-request track-sc1 int(0) table orch_in_flight if !orch_event_stream\n"
     "    http-request set-var(txn.orch_client_port) src_port\n"
     "    stick match src,concat(:,txn.orch_client_port)"

@@ -290,6 +290,12 @@ def test_the_config_before_any_application_is_valid_for_haproxy(tmp_path: Path) 
     assert "stick match" not in harden(RENDERED, ProxyPolicy("/x", "h", connection_affinity=False))
     sticky = harden(RENDERED, ProxyPolicy("/x", "h"))  # on by default
     assert "    stick match src,concat(:,txn.orch_client_port) if !orch_event_stream" in sticky
+    # Event streams: /sync-events, and /events as text/event-stream; not every stream (a
+    # streamed completion asks for text/event-stream too, and is a call like any other).
+    assert "bool(1) if { path_end /sync-events }\n" in sticky
+    assert (
+        "bool(1) if { path_end /events } { req.hdr(accept) -m sub text/event-stream }\n" in sticky
+    )
     assert sticky.endswith(
         "backend orch_in_flight\n    stick-table type integer size 1 expire 10m\n"
     )
