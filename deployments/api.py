@@ -127,6 +127,9 @@ def create_app(
         async def beat() -> None:
             await heartbeat(s.db.pool)
             await prune_heartbeats(s.db.pool)
+            # The housekeeping that rides on the heartbeat: expired idempotency keys (issue
+            # 32; reads check expiry too, so this only bounds the table).
+            await s.idempotency.purge_expired()
 
         if settings.admin_token is not None:
             await s.tokens.register_configured_admin(settings.admin_token.get_secret_value())

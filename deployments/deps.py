@@ -8,11 +8,14 @@ before the app serves and kept on `app.state.services`."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Header, Query, Request
+from pydantic import BaseModel
 from starlette.requests import HTTPConnection
+from starlette.responses import Response
 
 from orchestrator.auth import Authenticator, Principal, TokenStore
 from orchestrator.channels import ChannelRunner, ChannelStore, InboundLimits, TeamsVerifiers
@@ -20,6 +23,15 @@ from orchestrator.config import Settings
 from orchestrator.db import Database
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.events import EventStore, Fanout
+from orchestrator.idempotency import (
+    HEADER,
+    NO_KEY,
+    REPLAYED_HEADER,
+    Answer,
+    Replay,
+    check_key,
+    fingerprint,
+)
 from orchestrator.inference import InferenceService
 from orchestrator.marketplace import Marketplace
 from orchestrator.memory import MemoryStore
@@ -109,3 +121,56 @@ ToolClients = Annotated[AgentToolClients, _service("tool_clients")]
 BIGINT_MAX = 2**63 - 1  # Postgres bigint: larger values are a 400, not an overflow
 Offset = Annotated[int, Query(ge=0, le=BIGINT_MAX, description="Items to skip")]
 Position = Annotated[int, Query(ge=0, le=BIGINT_MAX)]
+
+
+A = TypeVar("A", bound=BaseModel)
+
+
+class IdempotentCall:
+    """A creating POST and its caller's `Idempotency-Key`, if sent (orchestrator/
+    idempotency.py). The route hands its work to `run`: without a key it just runs; with
+    one it runs once per key, and a retry gets the first answer again (`Idempotent-Replayed:
+    true`). Claimed in `run`, not here: FastAPI resolves dependencies before it refuses a
+    bad body, and a request it refuses must leave no claim behind."""
+
+    def __init__(self, request: Request, principal: Principal, key: str | None) -> None:
+        self._request = request
+        self._principal = principal
+        self.key = key
+
+    async def run(self, operation: Callable[[Answer], Awaitable[A]]) -> A | Response:
+        if self.key is None:
+            return await operation(NO_KEY)
+        request = self._request
+        digest = fingerprint(request.method, request.url.path, await request.body())
+        store = services_of(request).idempotency
+        done = await store.run(self._principal.user_uuid, self.key, digest, operation)
+        if isinstance(done, Replay):
+            return Response(
+                done.body,
+                status_code=done.status_code,
+                media_type="application/json",
+                headers={REPLAYED_HEADER: "true"},
+            )
+        return done
+
+
+async def idempotent_call(
+    request: Request,
+    principal: Annotated[Principal, Depends(current_principal)],
+    key: Annotated[
+        str | None,
+        Header(
+            alias=HEADER,
+            description="Makes a retry safe: the same key and body (yours, within "
+            "idempotency_ttl_s, 24 h) answer the first response again, 200 with "
+            "`Idempotent-Replayed: true`; another body: 409",
+            # Documented here, checked by check_key (a 400 that names the header).
+            json_schema_extra={"minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+        ),
+    ] = None,
+) -> IdempotentCall:
+    return IdempotentCall(request, principal, None if key is None else check_key(key))
+
+
+Idempotent = Annotated[IdempotentCall, Depends(idempotent_call)]

@@ -8,11 +8,13 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
 
-from deployments.deps import AdminUser, CurrentUser, Market, Offset
+from deployments.deps import AdminUser, CurrentUser, Idempotent, Market, Offset
 from orchestrator import wire
 from orchestrator.errors import ValidationFailed
-from orchestrator.marketplace import Skill, SkillDraft, SkillReport
+from orchestrator.idempotency import Answer
+from orchestrator.marketplace import Published, Skill, SkillDraft, SkillReport
 
 router = APIRouter(tags=["marketplace"])
 
@@ -127,23 +129,34 @@ async def detail(
     return wire.SkillDetail(**(await marketplace.detail(name, author)).detail())
 
 
-@router.post("/marketplace/publish", response_model=wire.SkillPublished)
-async def publish(
-    body: PublishBody, marketplace: Market, caller: CurrentUser
-) -> wire.SkillPublished:
-    """Publish as the caller (the author); publishing your skill again bumps its version.
-    400 reserved or invalid name, body too long; 429 (Retry-After) over
-    marketplace_publish_per_hour."""
-    draft = SkillDraft(
-        name=body.name, body=body.body, description=body.description, tags=tuple(body.tags)
-    )
-    done = await marketplace.publish(draft, caller)
+def _published(done: Published) -> wire.SkillPublished:
     return wire.SkillPublished(
         name=done.skill.name,
         author=done.skill.author,
         version=str(done.skill.version),
         created=done.created,
     )
+
+
+@router.post("/marketplace/publish", response_model=wire.SkillPublished)
+async def publish(
+    body: PublishBody, marketplace: Market, caller: CurrentUser, once: Idempotent
+) -> wire.SkillPublished | Response:
+    """Publish as the caller (the author); publishing your skill again bumps its version.
+    400 reserved or invalid name, body too long; 429 (Retry-After) over
+    marketplace_publish_per_hour. With an `Idempotency-Key`, a retry answers the first
+    publish again (no new version, not counted toward the limit)."""
+    draft = SkillDraft(
+        name=body.name, body=body.body, description=body.description, tags=tuple(body.tags)
+    )
+
+    async def publish_once(answer: Answer) -> wire.SkillPublished:
+        done = await marketplace.publish(
+            draft, caller, before_commit=answer.in_transaction(_published)
+        )
+        return _published(done)
+
+    return await once.run(publish_once)
 
 
 @router.delete("/marketplace/delete/{name}", response_model=wire.SkillDeleted)

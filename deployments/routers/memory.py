@@ -10,11 +10,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.responses import Response
 
-from deployments.deps import AdminUser, Config, CurrentUser, Db, Memory, Offset
+from deployments.deps import AdminUser, Config, CurrentUser, Db, Idempotent, Memory, Offset
 from orchestrator import wire
 from orchestrator.config import Settings
 from orchestrator.errors import ServiceUnavailable, ValidationFailed
+from orchestrator.idempotency import Answer
 from orchestrator.memory import REFLECTION_PREFIX, MemoryStore
 
 router = APIRouter(tags=["memory"])
@@ -170,18 +172,31 @@ async def vector_search(
 
 @router.post("/memory/{agent_id}/store", response_model=wire.MemoryOk)
 async def store(
-    agent_id: AgentId, body: StoreBody, memory: Memory, settings: Config, caller: CurrentUser
-) -> wire.MemoryOk:
-    """Write (or overwrite your own) entry; another user's key is 403."""
-    await _memory(memory, settings).store(
-        agent_id,
-        body.key,
-        body.value,
-        caller,
-        ttl_ms=body.ttl or None,
-        embedding=body.embedding,
-    )
-    return wire.MemoryOk()
+    agent_id: AgentId,
+    body: StoreBody,
+    memory: Memory,
+    settings: Config,
+    caller: CurrentUser,
+    once: Idempotent,
+) -> wire.MemoryOk | Response:
+    """Write (or overwrite your own) entry; another user's key is 403. With an
+    `Idempotency-Key`, a retry answers the first write again and does not write."""
+    memory = _memory(memory, settings)
+
+    async def write(_: Answer) -> wire.MemoryOk:
+        # One autocommitted statement, no transaction to record the key in: the answer is
+        # recorded just after it (orchestrator/idempotency.py).
+        await memory.store(
+            agent_id,
+            body.key,
+            body.value,
+            caller,
+            ttl_ms=body.ttl or None,
+            embedding=body.embedding,
+        )
+        return wire.MemoryOk()
+
+    return await once.run(write)
 
 
 @router.get("/memory/{agent_id}/search", response_model=wire.MemoryResults)

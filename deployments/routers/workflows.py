@@ -9,11 +9,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
 
 from deployments.deps import (
     Catalog,
     Config,
     CurrentUser,
+    Idempotent,
     Market,
     ModelGateway,
     Offset,
@@ -24,6 +26,7 @@ from orchestrator import wire
 from orchestrator.agents import tools_refused
 from orchestrator.config import Settings
 from orchestrator.errors import BadRequest, Forbidden, NotFound
+from orchestrator.idempotency import Answer
 from orchestrator.providers import Gateway
 from orchestrator.tools import ToolCatalog
 from orchestrator.workflows import (
@@ -140,6 +143,10 @@ async def _check_step_tools(
             raise BadRequest(f"{where}: {tools_refused(model)}", extra={"fields": [bad]})
 
 
+def _created(workflow_id: str) -> wire.WorkflowCreated:
+    return wire.WorkflowCreated(id=workflow_id, status="pending")
+
+
 @router.post("/workflows", response_model=wire.WorkflowCreated)
 async def create_workflow(
     body: WorkflowCreate,
@@ -150,24 +157,33 @@ async def create_workflow(
     gateway: ModelGateway,
     workflow_runner: WorkflowDriver,
     caller: CurrentUser,
-) -> wire.WorkflowCreated:
+    once: Idempotent,
+) -> wire.WorkflowCreated | Response:
     """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once.
-    Past a limit of docs/security.md: 400, or 429 for the user's live workflows, naming it."""
-    given = body.model_dump(exclude_none=True)
-    if "steps" in given:
-        given["steps"] = [step.model_dump(exclude_none=True) for step in body.steps or []]
-    limits = SpecLimits.from_settings(settings)
-    spec = await resolve_request(workflows, given, caller.user_uuid, limits=limits)
-    spec = await pin_skills(spec, marketplace)
-    await _check_step_tools(spec, settings, catalog, gateway, caller.user_uuid)
-    workflow_id = await workflows.create_within(
-        spec,
-        caller.user_uuid,
-        starts=tree_size(spec),
-        ceiling=settings.workflow_max_live_per_user,
-    )
-    await workflow_runner.start(workflow_id)
-    return wire.WorkflowCreated(id=workflow_id, status="pending")
+    Past a limit of docs/security.md: 400, or 429 for the user's live workflows, naming it.
+    With an `Idempotency-Key`, a retry answers the first creation again (200, same id)."""
+
+    async def create(answer: Answer) -> wire.WorkflowCreated:
+        given = body.model_dump(exclude_none=True)
+        if "steps" in given:
+            given["steps"] = [step.model_dump(exclude_none=True) for step in body.steps or []]
+        limits = SpecLimits.from_settings(settings)
+        spec = await resolve_request(workflows, given, caller.user_uuid, limits=limits)
+        spec = await pin_skills(spec, marketplace)
+        await _check_step_tools(spec, settings, catalog, gateway, caller.user_uuid)
+        workflow_id = await workflows.create_within(
+            spec,
+            caller.user_uuid,
+            starts=tree_size(spec),
+            ceiling=settings.workflow_max_live_per_user,
+            before_commit=answer.in_transaction(_created),
+        )
+        # Committed (and its answer with it): a start that fails here leaves it to the
+        # shards' sweep, and a retry with the key gets this id.
+        await workflow_runner.start(workflow_id)
+        return _created(workflow_id)
+
+    return await once.run(create)
 
 
 @router.get("/workflows", response_model=wire.WorkflowPage)

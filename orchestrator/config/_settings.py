@@ -164,6 +164,13 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest request body; 413 above (a workspace file in base64 fits)",
     )
+    idempotency_ttl_s: int = Field(
+        86_400,
+        ge=1,
+        le=30 * 86_400,
+        description="How long an Idempotency-Key of POST /workflows, /memory/<agent_id>/store "
+        "and /marketplace/publish replays its first answer; then the key is free again",
+    )
 
     # --- models and inference ------------------------------------------------------------
     default_model: str | None = Field(None, description="Model for tasks that name none")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -452,9 +452,17 @@ class Marketplace:
             raise _invalid("body", f"{len(body)} characters, at most {self.body_max}")
         return name, description, normalize_tags(draft.tags), body
 
-    async def publish(self, draft: SkillDraft, caller: Principal) -> Published:
+    async def publish(
+        self,
+        draft: SkillDraft,
+        caller: Principal,
+        *,
+        before_commit: Callable[[asyncpg.Connection, Published], Awaitable[None]] | None = None,
+    ) -> Published:
         """Publish (or republish: version + 1) the caller's skill. Counts toward the caller's
-        hourly limit either way; over it: 429 with the seconds until a publish ages out."""
+        hourly limit either way; over it: 429 with the seconds until a publish ages out.
+        `before_commit(conn, published)` runs in the publish's transaction (an idempotency
+        key's answer, orchestrator/idempotency.py): if it raises, nothing is published."""
         name, description, tags, body = self._check_draft(draft)
         author = caller.user_uuid
         async with self._pool.acquire() as conn, conn.transaction():
@@ -494,8 +502,11 @@ class Marketplace:
                 row["version"],
                 now,
             )
-        # Version 1 only on a first insert: a conflict always bumps it.
-        return Published(_skill(row), row["version"] == 1)
+            # Version 1 only on a first insert: a conflict always bumps it.
+            done = Published(_skill(row), row["version"] == 1)
+            if before_commit is not None:
+                await before_commit(conn, done)
+        return done
 
     async def _within_limit(self, conn: asyncpg.Connection, author: str, now: int) -> None:
         """Raise RateLimited when `author` has used the hour's budget (0: no limit). Runs

@@ -24,6 +24,7 @@ from orchestrator.runtime.backoff import Backoff
 __all__ = [
     "API_PREFIX",
     "DEFAULT_BASE_URL",
+    "IDEMPOTENCY_HEADER",
     "ApiError",
     "AsyncPages",
     "Call",
@@ -217,6 +218,16 @@ RETRY_STATUSES = frozenset({429, 503})
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 # Failures where the request cannot have reached the service: safe to resend any method.
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# A POST sent with this header is safe to resend too: the service answers a repeat with the
+# first answer (docs/api/basics.md), and answers 409 with this code (and Retry-After) while
+# the first is still running.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+KEY_IN_USE = "idempotency_key_in_use"
+
+
+def carries_key(call: Call[Any]) -> bool:
+    """Whether `call` carries an Idempotency-Key."""
+    return any(name.lower() == IDEMPOTENCY_HEADER.lower() for name in call.headers or ())
 
 
 @dataclass(frozen=True)
@@ -227,7 +238,9 @@ class RetryPolicy:
     seconds, else `initial` * 2^attempt with jitter, capped at `max_delay`.
 
     A failure after the request may have been sent (a read error or timeout) is retried for
-    idempotent methods only, so a POST that may have created something is never sent twice.
+    idempotent methods only, so a POST that may have created something is never sent twice,
+    unless it carries an Idempotency-Key: then a resend is answered with the first answer,
+    and the 409 `idempotency_key_in_use` (the first is still running) is retried too.
     """
 
     max_retries: int = 2
@@ -236,10 +249,16 @@ class RetryPolicy:
     max_retry_after: float = 60.0
 
     def should_retry_status(self, call: Call[Any], response: httpx.Response) -> bool:
+        if response.status_code == 409 and carries_key(call):
+            body = json_object(response)  # a keyed call is never streamed: its body is read
+            return body is not None and body.get("code") == KEY_IN_USE
         return response.status_code in RETRY_STATUSES and response.status_code not in call.answers
 
-    def should_retry_error(self, method: str, exc: httpx.TransportError) -> bool:
-        return isinstance(exc, NOT_SENT) or method.upper() in IDEMPOTENT
+    def should_retry_error(
+        self, method: str, exc: httpx.TransportError, *, keyed: bool = False
+    ) -> bool:
+        """`keyed`: the request carries an Idempotency-Key."""
+        return isinstance(exc, NOT_SENT) or method.upper() in IDEMPOTENT or keyed
 
     def backoff(self, attempt: int) -> float:
         # The service's one policy (pure stdlib); jitter: clients do not retry in step.

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 from urllib.parse import quote
 
-from orchestrator.sdk._base import Call, model_of, no_body
+from orchestrator.sdk._base import IDEMPOTENCY_HEADER, Call, model_of, no_body
 from orchestrator.wire import ChatCompletion, Message
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "comma_list",
     "given",
     "http_tool_body",
+    "idempotency",
     "mcp_server_body",
     "memory_path",
     "message_call",
@@ -72,6 +73,12 @@ def memory_path(agent_id: str, *rest: str) -> str:
 def given(**fields: Any) -> dict[str, Any]:
     """A body or query without the fields left out (None)."""
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def idempotency(key: str | None) -> dict[str, str] | None:
+    """The headers of a creating POST sent under `key` (the service answers a retry with
+    the first answer; the clients then also retry it after a read timeout)."""
+    return None if key is None else {IDEMPOTENCY_HEADER: key}
 
 
 def comma_list(items: Sequence[str] | None) -> str | None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from orchestrator.auth import Authenticator, FailedAuthThrottle, RateLimiter, TokenStore
     from orchestrator.channels import ChannelRunner, ChannelStore, InboundLimits, TeamsVerifiers
     from orchestrator.events import Event, Fanout
+    from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, LocalInference
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore
@@ -116,6 +117,7 @@ class ApiServices(Core):
     memory: MemoryStore
     workspace: Workspace
     marketplace: Marketplace
+    idempotency: IdempotencyStore  # Idempotency-Key of the creating POSTs (issue 32)
     tool_store: ToolStore
     tool_clients: AgentToolClients  # .mcp: the MCP pool, made on first use
     tool_catalog: ToolCatalog
@@ -176,6 +178,7 @@ async def _api(
         channel_egress,
     )
     from orchestrator.events import EventServices, Fanout
+    from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, ready_endpoints
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore, make_embedder
@@ -328,6 +331,7 @@ async def _api(
         "memory": memory,
         "workspace": workspace,
         "marketplace": marketplace,
+        "idempotency": IdempotencyStore(db.pool, s.idempotency_ttl_s),
         "tool_store": tool_store,
         "tool_clients": tool_clients,
         "tool_catalog": tool_catalog,

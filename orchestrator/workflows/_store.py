@@ -7,7 +7,7 @@ events) in _transitions.py, templates in _templates.py; `WorkflowStore` is all t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -139,13 +139,24 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
             )
 
     async def create_within(
-        self, spec: WorkflowSpec, user_uuid: str, *, starts: int, ceiling: int
+        self,
+        spec: WorkflowSpec,
+        user_uuid: str,
+        *,
+        starts: int,
+        ceiling: int,
+        before_commit: Callable[[asyncpg.Connection, str], Awaitable[None]] | None = None,
     ) -> str:
         """Create a root workflow that will start `starts` workflows in all (its tree), if
-        its user has room for them under `ceiling` (check_live_room)."""
+        its user has room for them under `ceiling` (check_live_room). `before_commit(conn,
+        workflow_id)` runs in the creation's transaction (an idempotency key's answer,
+        orchestrator/idempotency.py): if it raises, nothing is created."""
         async with self._pool.acquire() as conn, conn.transaction():
             await self.check_live_room(conn, user_uuid, starts, ceiling)
-            return await self.create(spec, user_uuid, conn=conn)
+            workflow_id = await self.create(spec, user_uuid, conn=conn)
+            if before_commit is not None:
+                await before_commit(conn, workflow_id)
+            return workflow_id
 
     async def create(
         self,

@@ -444,3 +444,34 @@ def test_a_jwts_admin_claim_is_not_trusted_unless_the_operator_names_it(
         assert me["user_uuid"] == "jwt:mallory" and me["admin"] is False
         assert c.get("/memory/stats", headers=bearer).status_code == 403
         assert c.get(f"/workflows/{theirs.json()['id']}", headers=bearer).status_code == 404
+
+
+def test_concurrent_creates_with_one_idempotency_key_make_one_workflow(
+    service: Orchestrator,
+) -> None:
+    """Issue 32, item 5, through Serve and HAProxy: 8 concurrent POST /workflows with one key
+    create one workflow; the others answer it again (200, Idempotent-Replayed) or 409 while
+    it is being created; a later retry replays it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with service.client() as c:
+        who = {**_as(c, "idem"), "Idempotency-Key": "e2e-once"}
+    body = {"name": "once", "steps": [{"name": "s", "prompt": "[answer ONCE]"}]}
+
+    def post(_: int) -> httpx.Response:
+        with httpx.Client(base_url=service.url, timeout=60) as client:
+            return client.post("/workflows", headers=who, json=body)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, range(8)))
+    ids = {r.json()["id"] for r in answers if r.status_code == 200}
+    assert len(ids) == 1, [r.text for r in answers]
+    assert all(
+        r.status_code == 200 or r.json()["code"] == "idempotency_key_in_use" for r in answers
+    ), [r.text for r in answers]
+    with service.client() as c:
+        again = c.post("/workflows", headers=who, json=body)
+        assert again.headers["Idempotent-Replayed"] == "true" and again.json()["id"] in ids
+        page = c.get("/workflows", headers={"Authorization": who["Authorization"]}).json()
+        assert page["total"] == 1
+        assert _wait_all(c, list(ids), 60)[ids.pop()]["status"] == "completed"

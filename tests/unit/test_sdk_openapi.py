@@ -133,7 +133,13 @@ UNDECLARED = {
 }
 
 # SDK parameter names that differ from the wire's.
-RENAMES = {"from": "source", "to": "target", "query": "pattern", "id": "instance_id"}
+RENAMES = {
+    "from": "source",
+    "to": "target",
+    "query": "pattern",
+    "id": "instance_id",
+    "Idempotency-Key": "idempotency_key",
+}
 # Query parameters the SDK sets itself or leaves to another method.
 NOT_ARGUMENTS = {
     ("GET", "/events"): {"type", "last_event_id", "Last-Event-ID"},  # `types`; SSE in sync_events

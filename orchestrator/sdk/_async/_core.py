@@ -17,6 +17,7 @@ from orchestrator.sdk._base import (
     RetryPolicy,
     SseFrame,
     SseParser,
+    carries_key,
     error_of,
     headers_for,
     read,
@@ -90,7 +91,7 @@ class AsyncCore:
                 response = await self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
                 if attempt >= self.max_retries or not self.retry.should_retry_error(
-                    call.method, exc
+                    call.method, exc, keyed=carries_key(call)
                 ):
                     raise
                 delay = self.retry.delay(attempt, None)

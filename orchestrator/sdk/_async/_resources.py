@@ -7,7 +7,15 @@ from typing import Any, Literal
 
 from orchestrator.sdk._async._core import AsyncCore, offset_pages
 from orchestrator.sdk._base import Call, model_of
-from orchestrator.sdk._requests import as_dict, as_list, comma_list, given, memory_path, seg
+from orchestrator.sdk._requests import (
+    as_dict,
+    as_list,
+    comma_list,
+    given,
+    idempotency,
+    memory_path,
+    seg,
+)
 from orchestrator.wire import (
     Channel,
     ChannelCreated,
@@ -156,10 +164,24 @@ class AsyncResources(AsyncCore):
         return await self._send(call)
 
     async def publish_skill(
-        self, name: str, body: str, *, description: str = "", tags: Sequence[str] = ()
+        self,
+        name: str,
+        body: str,
+        *,
+        description: str = "",
+        tags: Sequence[str] = (),
+        idempotency_key: str | None = None,
     ) -> SkillPublished:
+        """With `idempotency_key`, sending it again answers the first publish (no new
+        version)."""
         payload = {"name": name, "description": description, "tags": list(tags), "body": body}
-        call = Call("POST", "/marketplace/publish", model_of(SkillPublished), body=payload)
+        call = Call(
+            "POST",
+            "/marketplace/publish",
+            model_of(SkillPublished),
+            body=payload,
+            headers=idempotency(idempotency_key),
+        )
         return await self._send(call)
 
     async def delete_skill(self, name: str, *, author: str | None = None) -> SkillDeleted:
@@ -217,10 +239,14 @@ class AsyncResources(AsyncCore):
         *,
         ttl: int | None = None,
         embedding: Sequence[float] | None = None,
+        idempotency_key: str | None = None,
     ) -> MemoryOk:
+        """With `idempotency_key`, sending it again answers the first write (not written
+        again)."""
         body = given(key=key, value=value, ttl=ttl, embedding=as_list(embedding))
         path = memory_path(agent_id, "store")
-        return await self._send(Call("POST", path, model_of(MemoryOk), body=body))
+        headers = idempotency(idempotency_key)
+        return await self._send(Call("POST", path, model_of(MemoryOk), body=body, headers=headers))
 
     async def memory_vector_search(
         self,

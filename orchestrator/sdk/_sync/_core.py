@@ -18,6 +18,7 @@ from orchestrator.sdk._base import (
     SseFrame,
     SseParser,
     SyncPages,
+    carries_key,
     error_of,
     headers_for,
     read,
@@ -91,7 +92,7 @@ class SyncCore:
                 response = self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
                 if attempt >= self.max_retries or not self.retry.should_retry_error(
-                    call.method, exc
+                    call.method, exc, keyed=carries_key(call)
                 ):
                     raise
                 delay = self.retry.delay(attempt, None)

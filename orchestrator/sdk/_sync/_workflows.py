@@ -7,7 +7,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from orchestrator.sdk._base import Call, model_of
-from orchestrator.sdk._requests import ScheduleOptions, StepSpec, as_dict, as_list, given, seg
+from orchestrator.sdk._requests import (
+    ScheduleOptions,
+    StepSpec,
+    as_dict,
+    as_list,
+    given,
+    idempotency,
+    seg,
+)
 from orchestrator.sdk._sync._core import SyncCore, offset_pages
 from orchestrator.wire import (
     Job,
@@ -37,8 +45,11 @@ class SyncWorkflows(SyncCore):
         template: str | None = None,
         variables: Mapping[str, Any] | None = None,
         model: str | None = None,
+        idempotency_key: str | None = None,
     ) -> WorkflowCreated:
-        """Inline (`name`, `steps`) or from a template; it starts at once."""
+        """Inline (`name`, `steps`) or from a template; it starts at once. With
+        `idempotency_key`, sending it again (also the client's own retries) answers the
+        first workflow instead of creating another."""
         body = given(
             name=name,
             steps=as_list(steps),
@@ -46,7 +57,9 @@ class SyncWorkflows(SyncCore):
             variables=as_dict(variables),
             model=model,
         )
-        return self._send(Call("POST", "/workflows", model_of(WorkflowCreated), body=body))
+        headers = idempotency(idempotency_key)
+        call = Call("POST", "/workflows", model_of(WorkflowCreated), body=body, headers=headers)
+        return self._send(call)
 
     def workflow(self, workflow_id: str) -> Workflow:
         return self._send(Call("GET", f"/workflows/{seg(workflow_id)}", model_of(Workflow)))
