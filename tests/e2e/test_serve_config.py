@@ -75,6 +75,7 @@ def test_serve_run_serve_config(tmp_path: Path) -> None:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(30)  # reaped: an unreaped Popen warns (and fails) a later test
         _stop_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
         redis.stop()
