@@ -84,11 +84,18 @@ async def test_a_tenants_backlog_does_not_queue_another_tenants_workflow(
         for wid in a_ids:
             assert str((await engine.wait(wid, within=120)).status) == "completed"
         assert set(agent.dispatched.values()) == {1}
+        await _drivers_ended(engine, [*a_ids, b])
         assert engine.admission.running == 0 and engine.admission.queued == 0
     finally:
         a_done.set()
         a_hold.set()
         await engine.shutdown()
+
+
+async def _drivers_ended(engine: WorkflowEngine, ids: list[str]) -> None:
+    """A waiter wakes at the terminal write; the driver gives its slot back just after."""
+    drivers = [d for d in (engine._driver(w) for w in ids) if d is not None]
+    await asyncio.wait_for(asyncio.gather(*drivers, return_exceptions=True), 30)
 
 
 def _round_robin(rows: list[tuple[int, str, str]]) -> list[str]:
@@ -258,6 +265,7 @@ async def test_a_pattern_search_waits_without_a_database_slot(
         thread_free.set()
         final = await engine.wait(ann, within=30)
         assert str(final.status) == "completed" and str(final.steps[1].status) == "completed"
+        await _drivers_ended(engine, [ann, bob])
         assert engine.admission.running == 0 and engine.admission.queued == 0
     finally:
         thread_free.set()
