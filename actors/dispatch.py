@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -22,8 +23,12 @@ from orchestrator.runtime.backoff import Backoff
 log = logging.getLogger(__name__)
 
 MAX_REDISPATCH = 3
-# A worker not running (its generation starting or gone): looked up again after a wait.
+# A worker not running (its generation starting, or restarting on another node after its
+# node was lost): looked up again after a wait, for up to NO_WORKER_WAIT_S. A task not sent
+# yet is safe to hold; failing it would fail a workflow step for want of a process (a pool
+# restarting on the head after its node went away took longer than four quick lookups).
 LOOKUP_BACKOFF = Backoff(base=0.5, cap=2.0)
+NO_WORKER_WAIT_S = 60.0
 KIND = "AgentWorker"
 
 
@@ -56,9 +61,11 @@ class RayDispatcher:
         if not task.announced:
             await self._events.append([created_event(task, self._settings)])
         tried: set[int] = set()
+        deadline = time.monotonic() + NO_WORKER_WAIT_S
+        sends = 0
         missing = 0
         last_error = "every worker it was sent to died"
-        for _ in range(MAX_REDISPATCH + 1):
+        while sends <= MAX_REDISPATCH:
             candidates = [i for i in range(self._size) if i not in tried] or list(range(self._size))
             index = min(candidates, key=lambda i: self._inflight[i])
             tried.add(index)
@@ -67,8 +74,11 @@ class RayDispatcher:
             except RayActorError as exc:  # not running: its generation is starting or gone
                 last_error = str(exc)
                 missing += 1
+                if time.monotonic() >= deadline:
+                    break
                 await asyncio.sleep(LOOKUP_BACKOFF.delay(missing))
                 continue
+            sends += 1
             self._inflight[index] += 1
             ref = actor.run.remote(task)
             try:
@@ -115,7 +125,7 @@ class RayDispatcher:
             task.task_id,
             "failed",
             None,
-            f"no worker could run it ({MAX_REDISPATCH + 1} attempts): {last_error}",
+            f"no worker could run it ({sends} sent, {missing} found none running): {last_error}",
             0,
             "?",
         )

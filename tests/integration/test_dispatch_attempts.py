@@ -9,7 +9,9 @@ what they were asked to run; AgentWorker's own refusal is the same `WorkerDraini
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -132,5 +134,26 @@ async def test_a_worker_dying_mid_task_records_the_task_lost_and_runs_it_elsewhe
     )
     assert [(e.data["worker_id"], e.user_uuid) for e in lost] == [("agent-worker-0", "alice")]
     assert "died while running it" in lost[0].data["error"]
+    for w in workers:
+        ray.kill(w)
+
+
+async def test_a_task_waits_for_a_pool_that_is_not_running_yet(cluster: None, db: Database) -> None:
+    """No worker of the generation is running (its node was lost and the pool is restarting
+    elsewhere): the task, not sent yet, waits for one instead of failing after a few quick
+    lookups (that failed a workflow step for want of a process, tests/e2e/test_multinode.py)."""
+    generation = Generation("attempts", "d" * 16)
+    dispatcher = RayDispatcher(Settings(agent_workers=2), EventStore(db.pool), generation)
+    pending = asyncio.ensure_future(dispatcher.run(_task("t-5", workflow=True)))
+    # Past the four lookups that used to be all (0.5 + 1 + 2 s of backoff, jittered).
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        assert not pending.done(), pending.result()
+        await asyncio.sleep(0.1)
+    workers = _workers(generation, "succeeds", "succeeds")
+    result = await asyncio.wait_for(pending, 30)
+    assert result.status == "completed"
+    ran = [task_id for w in workers for task_id in await w.calls.remote()]
+    assert ran == ["t-5"]
     for w in workers:
         ray.kill(w)
