@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from orchestrator.config._providers import PROVIDER_KINDS, CustomProvider, ProviderSettings
@@ -415,6 +415,30 @@ class Settings(BaseSettings):
     workflow_retry_max_ms: int = Field(
         30000, ge=1, description="Longest backoff between a workflow's retries (doubling)"
     )
+    # A task step's retries (issue 32): its own `retry` overrides each; kept with the
+    # workflow when it is created (a change applies to workflows created afterwards).
+    step_retry_max_attempts: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="Attempts of a workflow task step whose retry gives no max_attempts (1: a "
+        "failed attempt fails the step); a failed attempt (model error, timeout, loop "
+        "detected...) runs again after a jittered doubling backoff",
+    )
+    step_retry_backoff_ms: int = Field(
+        1000,
+        ge=0,
+        le=86_400_000,
+        description="Wait after a step's first failed attempt (doubling after each further "
+        "one, jittered down to half), unless its retry gives backoff_ms",
+    )
+    step_retry_max_backoff_ms: int = Field(
+        60000,
+        ge=0,
+        le=86_400_000,
+        description="Longest wait between a step's attempts, unless its retry gives "
+        "max_backoff_ms; at least step_retry_backoff_ms",
+    )
 
     # --- workspace -----------------------------------------------------------------------
     workspace_root: Path | None = Field(None, description="Default <data_dir>/workspace")
@@ -598,6 +622,15 @@ class Settings(BaseSettings):
                 "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _step_retry_backoffs(self) -> Settings:
+        if self.step_retry_max_backoff_ms < self.step_retry_backoff_ms:
+            raise ValueError(
+                "step_retry_max_backoff_ms must be at least step_retry_backoff_ms"
+                f" ({self.step_retry_max_backoff_ms} < {self.step_retry_backoff_ms})"
+            )
+        return self
 
     @field_validator("providers", mode="after")
     @classmethod

@@ -359,7 +359,13 @@ _TYPES: tuple[EventType, ...] = (
     ),
     _declare("workflow.failed", "workflow_id", WorkflowData, step=_opt(str), error=_opt(str)),
     _declare("workflow.cancelled", "workflow_id", WorkflowData, reason=_opt(str)),
-    _declare("workflow.step_started", "workflow_id", WorkflowStepData, attempt=_opt(Count)),
+    _declare(
+        "workflow.step_started",
+        "workflow_id",
+        WorkflowStepData,
+        attempt=_opt(Count),
+        lost_attempt=_opt(Count),
+    ),
     _declare(
         "workflow.step_completed",
         "workflow_id",
@@ -373,6 +379,19 @@ _TYPES: tuple[EventType, ...] = (
         WorkflowStepData,
         error=_opt(str),
         attempt=_opt(Count),
+    ),
+    # A task step's attempt failed and the next is due at retry_at (issue 32): the step
+    # stays running; only its last failure is a workflow.step_failed.
+    _declare(
+        "workflow.step_retrying",
+        "workflow_id",
+        WorkflowStepData,
+        attempt=_opt(Count),
+        error=_opt(str),
+        next_attempt=_opt(Count),
+        max_attempts=_opt(Count),
+        delay_ms=_opt(Millis),
+        retry_at=_opt(Millis),
     ),
     _declare(
         "workflow.compensating",

@@ -15,7 +15,7 @@
 from orchestrator import wire
 from orchestrator.sdk._async.client import AsyncClient
 from orchestrator.sdk._base import API_PREFIX, ApiError, RetryPolicy, normalise_base_url
-from orchestrator.sdk._requests import ScheduleOptions, StepSpec
+from orchestrator.sdk._requests import ScheduleOptions, StepRetry, StepSpec
 from orchestrator.sdk._sync.client import Client
 from orchestrator.wire import *  # noqa: F403  (the results: every wire model)
 
@@ -26,6 +26,7 @@ __all__ = [
     "Client",
     "RetryPolicy",
     "ScheduleOptions",
+    "StepRetry",
     "StepSpec",
     "normalise_base_url",
 ]

@@ -16,6 +16,7 @@ from orchestrator.wire import ChatCompletion, Message
 __all__ = [
     "ScheduleOptions",
     "Scope",
+    "StepRetry",
     "StepSpec",
     "as_dict",
     "as_list",
@@ -35,6 +36,14 @@ __all__ = [
 Scope = Literal["user", "global"]
 
 
+class StepRetry(TypedDict, total=False):
+    """A task step's `retry` (issue 32): attempts 1-10, waits in ms (doubling, jittered)."""
+
+    max_attempts: int
+    backoff_ms: int
+    max_backoff_ms: int
+
+
 class StepSpec(TypedDict, total=False):
     """One workflow step as POST /workflows and templates take it (SPEC part 4)."""
 
@@ -48,6 +57,7 @@ class StepSpec(TypedDict, total=False):
     conditions: dict[str, Any]
     workflows: list[dict[str, Any]]
     compensate: str | dict[str, Any]
+    retry: StepRetry
 
 
 class ScheduleOptions(TypedDict, total=False):

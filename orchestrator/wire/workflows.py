@@ -10,6 +10,7 @@ from pydantic import Field
 from orchestrator.wire._base import ApiModel, left_out_when_none
 
 __all__ = [
+    "StepAttempt",
     "TemplateSaved",
     "Workflow",
     "WorkflowCancelled",
@@ -29,6 +30,25 @@ class WorkflowCreated(ApiModel):
     status: str
 
 
+class StepAttempt(ApiModel):
+    """One attempt of a step (issue 32): its task is `<workflow>:<step>:<attempt>`."""
+
+    attempt: int
+    started_at: int | None = Field(None, description="Unix ms")
+    ended_at: int | None = Field(
+        None, description="Unix ms; absent while it runs", exclude_if=left_out_when_none
+    )
+    error: str | None = Field(
+        None, description="Why it failed (absent when it succeeded)", exclude_if=left_out_when_none
+    )
+    lost: bool | None = Field(
+        None,
+        description="True: its worker or driver stopped before it answered; it was not sent "
+        "again, the next attempt was",
+        exclude_if=left_out_when_none,
+    )
+
+
 class WorkflowStep(ApiModel):
     """A step as the detail shows it (SPEC part 2, Step output): the optional fields are sent
     only when they have a value."""
@@ -46,6 +66,21 @@ class WorkflowStep(ApiModel):
     skills: list[dict[str, Any]] | None = Field(
         None,
         description="Its marketplace skills as pinned: {name, author, version, body}",
+        exclude_if=left_out_when_none,
+    )
+    attempt: int | None = Field(
+        None,
+        description="Its current or last attempt (1, 2, ...); absent before it first ran",
+        exclude_if=left_out_when_none,
+    )
+    attempts: list[StepAttempt] | None = Field(
+        None,
+        description="Every attempt of its latest run, oldest first (failed ones were retried)",
+        exclude_if=left_out_when_none,
+    )
+    next_attempt_at: int | None = Field(
+        None,
+        description="Unix ms: an attempt failed and the next is due then (the step is running)",
         exclude_if=left_out_when_none,
     )
 

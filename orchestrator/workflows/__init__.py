@@ -3,6 +3,7 @@ the engine. No Ray here: `actors/workflow_shard.py` hosts engines in shards."""
 
 from orchestrator.workflows._engine import WorkflowEngine
 from orchestrator.workflows._resolve import resolve_request, tool_steps, tree_size
+from orchestrator.workflows._retry import RetryPolicy
 from orchestrator.workflows._skills import SkillSource, pin_skills
 from orchestrator.workflows._spec import (
     BranchRule,
@@ -39,6 +40,7 @@ __all__ = [
     "WORKFLOW_TRANSITIONS",
     "BranchRule",
     "Condition",
+    "RetryPolicy",
     "SkillSource",
     "SpecLimits",
     "StepRecord",

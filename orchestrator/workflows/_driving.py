@@ -18,6 +18,14 @@ the listener, retries of infrastructure failures and shutdown.
   id); its outcome is recorded once. After a crash, the step that was running is dispatched
   again as a new attempt (at-least-once per step, at most once per attempt); a late result
   of an older attempt is dropped.
+- A task step with `retry` (_retry.py) whose attempt failed (a failed or timed-out task
+  result) and has attempts left stays running: the failure is recorded with
+  workflow.step_retrying and the step's `retry_at` (when the next attempt is due, stored:
+  a driver resumed elsewhere waits out the rest, it neither skips the wait nor starts from
+  attempt 1); the driver waits without its database slot, then starts the next attempt
+  under a new key. Only the last attempt's failure fails the step. An attempt that never
+  answered (its worker died: the dispatcher raises, an infrastructure failure) is kept as
+  lost when the step next starts, and is not counted against `max_attempts`.
 - A failed step (or a branch with no match, or the step budget spent): workflow.step_failed,
   workflow.compensating, compensation of the completed steps in reverse order (each step's
   `compensate`: a prompt run as an agent task, or `{notify}`; every compensated step gets a
@@ -28,6 +36,8 @@ the listener, retries of infrastructure failures and shutdown.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -65,6 +75,8 @@ class WorkflowDriving:
     _fences: dict[str, Fence]
     _progress: dict[str, int]
     _knows_ending: set[str]
+    # Events set to wake a driver's wait (a workflow's end, a drain), by workflow id.
+    _waiters: dict[str, set[asyncio.Event]]
     _patterns: PatternRunner
     _admission: DriverAdmission
     _draining: bool
@@ -146,6 +158,9 @@ class WorkflowDriving:
             await self._task(record, idx, spec, fence)
 
     async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
+        due = record.steps[idx].retry_at if record.steps[idx].waiting else None
+        if due is not None and not await self._until_due(record.id, due):
+            return  # draining: the wait goes on where the workflow is resumed
         tasks: list[AgentTask] = []
         # The task's task.created commits with the step's start: one transaction, not two,
         # and under the fence: a driver that lost the claim never dispatches this attempt.
@@ -177,23 +192,42 @@ class WorkflowDriving:
             error = result.error or result.status
             if result.status == "timeout":
                 error = f"timeout: {result.error}"
-            recorded = await self._store.finish_step(
-                record.id,
-                idx,
-                key,
-                ok=False,
-                result=result.result or "",
-                error=error,
-                duration_ms=result.duration_ms,
-                next_cursor=idx + 1,
-                fence=fence,
+            outcome = await self._store.fail_attempt(
+                record.id, idx, key, error=error, duration_ms=result.duration_ms, fence=fence
             )
-            if recorded:
+            if outcome == "failed":
                 name = record.spec.steps[idx].name
                 await self._store.begin_ending(
                     record.id, "failed", f"step {name} failed: {error}", name, fence
                 )
+            # "retrying": the drive loop comes back to the step, which waits for its next
+            # attempt (_until_due) and starts it.
             return
+
+    async def _until_due(self, workflow_id: str, due_ms: int) -> bool:
+        """Wait, without the workflow's database slot, until a step's next attempt is due
+        (`due_ms`, its stored retry_at, by the database's clock). False when the engine
+        drains first: the next generation resumes the wait from the row."""
+        left = await self._store.ms_until(due_ms)
+        deadline = time.monotonic() + max(0, left) / 1000
+        woken = asyncio.Event()  # by a drain (the engine wakes every waiter)
+        self._waiters.setdefault(workflow_id, set()).add(woken)
+        try:
+            async with self._admission.away(workflow_id):
+                while not self._draining:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return True
+                    woken.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(woken.wait(), remaining)
+                return False
+        finally:
+            waiting = self._waiters.get(workflow_id)
+            if waiting is not None:
+                waiting.discard(woken)
+                if not waiting:
+                    del self._waiters[workflow_id]
 
     async def _search(self, record: WorkflowRecord, evaluate: Callable[[Search], T]) -> T:
         """`evaluate` with pattern searches, off the loop (_patterns.py), without the

@@ -220,7 +220,7 @@ class WorkflowEngine(WorkflowDriving):
         self._closed = True
         if drain_s > 0:
             self._draining = True
-            self._wake_all()  # parents waiting on children stop waiting
+            self._wake_all()  # parents waiting on children, steps waiting to retry: stop
             drivers = [t for n, t in self._sup.tasks().items() if n.startswith(_DRIVER)]
             if drivers:
                 await asyncio.wait(drivers, timeout=drain_s)

@@ -31,6 +31,35 @@ class StepRecord:
     result: str | None
     error: str | None
     compensated: bool
+    started_at: int | None = None
+    finished_at: int | None = None
+    # Waiting for its next attempt (a failed one is retried): due then (Unix ms).
+    retry_at: int | None = None
+    # Earlier attempts of this run that ended without a result (migration 0026).
+    attempts: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def failures(self) -> int:
+        """Failed attempts of this run of the step (lost ones are not the task's failure)."""
+        return sum(1 for a in self.attempts if not a.get("lost"))
+
+    @property
+    def waiting(self) -> bool:
+        """Running, between a failed attempt and the next (due at `retry_at`)."""
+        return self.status == StepState.RUNNING and self.retry_at is not None
+
+    def attempt_history(self) -> list[dict[str, Any]]:
+        """Every attempt of this run, oldest first: the earlier ones that ended without a
+        result, then the current (or last) one, unless it is the failed one waiting."""
+        out = [dict(a) for a in self.attempts]
+        if self.attempt and not (out and out[-1].get("attempt") == self.attempt):
+            current: dict[str, Any] = {"attempt": self.attempt, "started_at": self.started_at}
+            if self.status in (StepState.COMPLETED, StepState.FAILED):
+                current["ended_at"] = self.finished_at
+            if self.status != StepState.COMPLETED and self.error is not None:
+                current["error"] = self.error
+            out.append(current)
+        return out
 
     def wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "status": str(self.status)}
@@ -38,6 +67,11 @@ class StepRecord:
             out["result"] = self.result
         if self.error is not None:
             out["error"] = self.error
+        if self.attempt:
+            out["attempt"] = self.attempt
+            out["attempts"] = self.attempt_history()
+        if self.waiting:
+            out["next_attempt_at"] = self.retry_at
         return out
 
 
@@ -93,7 +127,8 @@ _SELECT = (
     "SELECT w.id, w.user_uuid, w.name, w.status, w.spec::text AS spec, w.parent_id,"
     " w.parent_step, w.cursor, w.executed, w.ending, w.error, w.created_at, w.updated_at,"
     " (SELECT json_agg(json_build_array(s.idx, s.name, s.status, s.attempt,"
-    " s.idempotency_key, s.result, s.error, s.compensated) ORDER BY s.idx)"
+    " s.idempotency_key, s.result, s.error, s.compensated, s.started_at, s.finished_at,"
+    " s.retry_at, s.attempts) ORDER BY s.idx)"
     " FROM workflow_steps s WHERE s.workflow_id = w.id)::text AS steps"
     " FROM workflows w"
 )
@@ -163,7 +198,24 @@ def _record(row: asyncpg.Record) -> WorkflowRecord:
                 result=result,
                 error=error,
                 compensated=compensated,
+                started_at=started_at,
+                finished_at=finished_at,
+                retry_at=retry_at,
+                attempts=tuple(attempts or ()),
             )
-            for idx, name, status, attempt, key, result, error, compensated in steps
+            for (
+                idx,
+                name,
+                status,
+                attempt,
+                key,
+                result,
+                error,
+                compensated,
+                started_at,
+                finished_at,
+                retry_at,
+                attempts,
+            ) in steps
         ),
     )

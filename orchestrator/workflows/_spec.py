@@ -6,7 +6,7 @@ Steps (SPEC part 2): `name` (unique), `prompt` (task steps), `mode`, `tools`, `t
 the step is compensated, or `{notify: text}` recorded as an event), `skills` (task steps:
 marketplace skill references, `name[@<version>]` or `<author>/name[@<version>]`, replaced by
 the version they name, `{name, author, version, body}`, when the workflow is created: see
-_skills.py).
+_skills.py), `retry` (task steps: `{max_attempts, backoff_ms, max_backoff_ms}`, _retry.py).
 
 Placeholders. `{{var}}` (no dot) is a template variable, filled when the workflow is created
 from `variables`; a variable without a value is a 400. `{{<step>.result}}` and
@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.workflows._invalid import _bad as _bad  # _resolve.py imports it from here
 from orchestrator.workflows._patterns import PatternError, Search, check_pattern, pattern_found
+from orchestrator.workflows._retry import NO_RETRY, RetryPolicy, parse_retry
 
 # A step's skill references are parsed in _skills.py (its two limits, defined here
 # before, are re-exported).
@@ -89,6 +90,7 @@ class SpecLimits:
     max_chars: int  # workflow_max_spec_chars
     max_pattern_program: int  # workflow_pattern_max_program
     max_skills: int = 8  # step_max_skills
+    retry: RetryPolicy = NO_RETRY  # step_retry_*: a task step's default policy
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> SpecLimits:
@@ -106,6 +108,11 @@ class SpecLimits:
             max_chars=settings.workflow_max_spec_chars,
             max_pattern_program=settings.workflow_pattern_max_program,
             max_skills=settings.step_max_skills,
+            retry=RetryPolicy(
+                settings.step_retry_max_attempts,
+                settings.step_retry_backoff_ms,
+                settings.step_retry_max_backoff_ms,
+            ),
         )
 
 
@@ -133,9 +140,12 @@ class StepSpec:
     # Skill references as given (str); once the workflow is created, pinned versions
     # {name, author, version, body} (dicts, as stored).
     skills: tuple[Any, ...] = ()
+    retry: RetryPolicy = NO_RETRY  # as admitted (_retry.py)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "type": self.type, "mode": self.mode}
+        if self.retry.retries:
+            out["retry"] = self.retry.to_json()
         for key in ("prompt", "timeout", "condition", "compensate", "model"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -236,6 +246,7 @@ def _parse_step(
         "compensate",
         "model",
         "skills",
+        "retry",
     }
     for key in raw:
         if key not in known:
@@ -319,6 +330,8 @@ def _parse_step(
         if kind != "task":
             raise _bad(f"{where}.skills", "only task steps have skills")
         skills = parse_skills(raw["skills"], f"{where}.skills", limits)
+    default = limits.retry if limits is not None and kind == "task" else NO_RETRY
+    retry = parse_retry(raw.get("retry"), where, kind, default)
     return StepSpec(
         name=raw["name"],
         type=kind,
@@ -332,6 +345,7 @@ def _parse_step(
         compensate=compensate,
         model=model,
         skills=skills,
+        retry=retry,
     )
 
 

@@ -7,6 +7,7 @@ to drivers, by `NOTIFY orch_workflows` in the same transaction. Mixed into
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,6 +30,10 @@ from orchestrator.workflows._states import StepState, WorkflowState, check_trans
 # cancel waiting for compensation) and of a cancel (`cancel:<id>`: its driver stops the
 # running step) on this channel, sent by the transaction that commits the change.
 NOTIFY_CHANNEL = "orch_workflows"
+# Now, in Unix ms, by the database's clock (a step's retry_at).
+DB_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+# The error of an attempt that never answered.
+LOST = "lost: no answer came (its worker or the workflow's driver stopped); not sent again"
 
 
 class WorkflowTransitions:
@@ -185,24 +190,137 @@ class WorkflowTransitions:
         step = record.steps[idx]
         attempt = step.attempt + 1
         key = f"{record.id}:{step.name}:{attempt}"
+        now = now_ms()
+        columns: dict[str, Any] = {
+            "status": StepState.RUNNING,
+            "attempt": attempt,
+            "idempotency_key": key,
+            "started_at": now,
+            "finished_at": None,
+            "error": None,
+        }
+        # Running without a retry due: its attempt never answered (its worker died, or the
+        # driver that sent it stopped). Kept as lost; it is never sent again.
+        lost = step.status == StepState.RUNNING and step.retry_at is None and step.attempt > 0
+        if lost:
+            entry = {
+                "attempt": step.attempt,
+                "started_at": step.started_at,
+                "ended_at": now,
+                "error": LOST,
+                "lost": True,
+            }
+            columns["attempts"] = json.dumps([*step.attempts, entry])
+        elif step.status != StepState.RUNNING and step.attempts:
+            columns["attempts"] = "[]"  # a run afresh (a branch jumped back to it)
+        if step.retry_at is not None:
+            columns["retry_at"] = None
         await self._set_both(
-            tx,
-            record,
-            idx,
-            {
-                "status": StepState.RUNNING,
-                "attempt": attempt,
-                "idempotency_key": key,
-                "started_at": now_ms(),
-                "error": None,
-            },
-            {"cursor": idx, "executed": record.executed + 1},
+            tx, record, idx, columns, {"cursor": idx, "executed": record.executed + 1}
         )
         events = [
-            self._event(record, "workflow.step_started", step=step.name, attempt=attempt),
+            self._event(
+                record,
+                "workflow.step_started",
+                step=step.name,
+                attempt=attempt,
+                lost_attempt=step.attempt if lost else None,
+            ),
             *(with_events(key) if with_events is not None else ()),
         ]
         return attempt, key, events
+
+    async def ms_until(self, due_ms: int) -> int:
+        """Milliseconds from now to `due_ms`, both by the database's clock (a step's
+        `retry_at`): drivers on hosts with skewed clocks wait alike."""
+        left: int = await self._pool.fetchval(f"SELECT $1::bigint - {DB_NOW_MS}", due_ms)
+        return left
+
+    async def fail_attempt(
+        self,
+        workflow_id: str,
+        idx: int,
+        key: str,
+        *,
+        error: str,
+        duration_ms: int,
+        fence: Fence | None = None,
+    ) -> str | None:
+        """The task step's running attempt `key` failed. With attempts left under its
+        `retry` policy (_retry.py): the failure is recorded once (workflow_step_results),
+        kept in the step's `attempts`, and the step, still running, waits for its next
+        attempt, due after the policy's backoff (`retry_at`, by the database's clock: a
+        restarted driver resumes the wait), with workflow.step_retrying. Otherwise the step
+        fails, as `finish_step` records it. "retrying" or "failed"; None when nothing was
+        recorded (not the step's current attempt, or its outcome recorded already)."""
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id, fence)
+            step = record.steps[idx]
+            policy = record.spec.steps[idx].retry
+            failures = step.failures + 1
+            if failures >= policy.max_attempts:
+                events = await self._finish_in(
+                    tx, record, idx, key, False, None, error, duration_ms, idx + 1, (), None
+                )
+                if events is None:
+                    return None
+                await tx.append(events)
+                return "failed"
+            if step.status != StepState.RUNNING or step.key != key or step.retry_at is not None:
+                return None
+            if not await self._record_result(tx, key, workflow_id, step.name, "failed"):
+                return None
+            delay = policy.delay_ms(failures)
+            entry = {
+                "attempt": step.attempt,
+                "started_at": step.started_at,
+                "ended_at": now_ms(),
+                "error": error,
+            }
+            due = await tx.conn.fetchval(
+                f"UPDATE workflow_steps SET retry_at = {DB_NOW_MS} + $3, error = $4,"
+                " attempts = attempts || jsonb_build_array($5::jsonb)"
+                " WHERE workflow_id = $1 AND idx = $2 RETURNING retry_at",
+                workflow_id,
+                idx,
+                delay,
+                error,
+                json.dumps(entry),
+            )
+            await self._set_workflow(tx, record)
+            await tx.append(
+                [
+                    self._event(
+                        record,
+                        "workflow.step_retrying",
+                        step=step.name,
+                        attempt=step.attempt,
+                        error=error,
+                        next_attempt=step.attempt + 1,
+                        max_attempts=policy.max_attempts,
+                        delay_ms=delay,
+                        retry_at=due,
+                    )
+                ]
+            )
+        return "retrying"
+
+    @staticmethod
+    async def _record_result(
+        tx: EventTransaction, key: str, workflow_id: str, step: str, status: str
+    ) -> bool:
+        """The attempt's outcome, once per key: False when it was recorded already."""
+        inserted = await tx.conn.fetchval(
+            "INSERT INTO workflow_step_results (idempotency_key, workflow_id, step, status,"
+            " recorded_at) VALUES ($1, $2, $3, $4, $5)"
+            " ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1",
+            key,
+            workflow_id,
+            step,
+            status,
+            now_ms(),
+        )
+        return inserted is not None
 
     async def finish_step(
         self,
@@ -327,16 +445,7 @@ class WorkflowTransitions:
                 attempt=step.attempt,
             )
         else:
-            inserted = await tx.conn.fetchval(
-                "INSERT INTO workflow_step_results (idempotency_key, workflow_id, step, status,"
-                " recorded_at) VALUES ($1, $2, $3, 'failed', $4)"
-                " ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1",
-                key,
-                workflow_id,
-                step.name,
-                now_ms(),
-            )
-            if inserted is None:
+            if not await self._record_result(tx, key, workflow_id, step.name, "failed"):
                 return None
             await self._set_step(tx, record, idx, **outcome)
             event = self._event(

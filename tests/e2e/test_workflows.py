@@ -1,12 +1,14 @@
 """Workflows through the service the README starts (`scripts/serve`: Serve, WorkflowShard and
 AgentWorker actors, embedded Postgres), against a loopback OpenAI-format model: a 3-step run,
 kill -9 of the shards and of an agent worker while 20 workflows run (all complete, each step
-result recorded once, per-aggregate seq gapless), and a full service restart that resumes
-unfinished workflows."""
+result recorded once, per-aggregate seq gapless), kill -9 of the worker running a step's
+attempt (that attempt is never sent again, the next one is), and a full service restart that
+resumes unfinished workflows."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -406,6 +409,57 @@ def test_kill_shards_and_a_worker_while_20_workflows_run(service: Orchestrator) 
             if e["data"].get("workflow_id") in set(ids)
         )
         assert ours and max(ours.values()) == 1, [t for t, n in ours.items() if n > 1]
+
+
+def test_a_worker_killed_mid_attempt_the_next_attempt_runs(
+    service: Orchestrator, llm: OpenAIFake
+) -> None:
+    """Issue 32: the AgentWorker running a step's first attempt is killed (kill -9) while
+    the model answers it. That attempt is never sent again (its tool calls may have run);
+    the step's next attempt is, under its own task id, and completes. The loss shows in the
+    step's attempts and is not charged to the step's `retry` (no step_retrying)."""
+    marker = f"[sleep 4] slow-{uuid.uuid4().hex[:8]}"
+
+    def asked() -> int:
+        return sum(marker in json.dumps(r.json) for r in llm.chat_requests)
+
+    with service.client() as c:
+        wid = c.post(
+            "/workflows",
+            json={
+                "name": "killed",
+                "steps": [{"name": "slow", "prompt": marker, "retry": {"max_attempts": 2}}],
+            },
+        ).json()["id"]
+        first = f"{wid}:slow:1"
+        deadline = time.monotonic() + 60
+        while True:  # the attempt is on a worker, and the model is answering it
+            dispatched = [e for e in _events(c, first) if e["type"] == "task.dispatched"]
+            if dispatched and asked():
+                break
+            assert time.monotonic() < deadline, _events(c, first)
+            time.sleep(0.05)
+        worker_id = dispatched[0]["data"]["worker_id"]
+        spawned = c.get("/events", params={"types": "worker.spawned", "limit": 1000}).json()
+        pids = [e["data"]["pid"] for e in spawned["data"] if e["data"]["worker_id"] == worker_id]
+        assert pids[-1] in {p.pid for p in _actors("AgentWorker", service)}
+        psutil.Process(pids[-1]).send_signal(signal.SIGKILL)
+
+        body = _wait_all(c, [wid], 120)[wid]
+        assert body["status"] == "completed", body
+        step = body["steps"][0]
+        assert step["attempt"] == 2 and step["result"].startswith("slept:"), step
+        lost = [(a["attempt"], a.get("lost", False)) for a in step["attempts"]]
+        assert lost == [(1, True), (2, False)], step
+        got = _events(c, wid)
+        started = [e["data"] for e in got if e["type"] == "workflow.step_started"]
+        assert [(d["attempt"], d.get("lost_attempt")) for d in started] == [(1, None), (2, 1)]
+        assert not any(e["type"] in ("workflow.step_retrying", "workflow.step_failed") for e in got)
+        # Each attempt was dispatched once, and the model was asked once per attempt.
+        for task_id in (first, f"{wid}:slow:2"):
+            sent = [e for e in _events(c, task_id) if e["type"] == "task.dispatched"]
+            assert len(sent) == 1, (task_id, sent)
+        assert asked() == 2
 
 
 def test_service_restart_resumes_unfinished_workflows(service: Orchestrator) -> None:

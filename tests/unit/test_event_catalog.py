@@ -61,6 +61,7 @@ SPEC_TYPES: dict[str, set[str]] = {
         "workflow.cancelled",  # the fifth type the spec does not list (DESIGN.md)
         "workflow.step_completed",
         "workflow.step_failed",
+        "workflow.step_retrying",  # a failed attempt retried (issue 32)
         "workflow.compensating",
     },
     "agent": {
@@ -362,6 +363,7 @@ def test_upcast_keeps_a_v1_duration_it_cannot_convert() -> None:
         ("workflow.step_started", "workflow:step:started"),
         ("workflow.step_completed", "workflow:step:completed"),
         ("workflow.step_failed", "workflow:step:failed"),
+        ("workflow.step_retrying", "workflow:step:retrying"),
         ("task.completed", "task.completed"),
         ("worker.task_started", "worker.task_started"),
         ("audit.workflow_override", "audit.workflow_override"),
@@ -372,7 +374,9 @@ def test_stream_name(name: str, expected: str) -> None:
 
 
 def test_workflow_stream_names_cover_the_spec_list() -> None:
+    # The spec's list, and a failed attempt that is retried (issue 32).
     spec = {
+        "workflow:step:retrying",
         "workflow:started",
         "workflow:step:started",
         "workflow:step:completed",
