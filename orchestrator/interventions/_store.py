@@ -227,15 +227,18 @@ class InterventionStore:
         principal: Principal,
         *,
         status: str | None = None,
+        workflow_id: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> tuple[list[Intervention], int]:
-        """Newest first: the caller's (as owner or decider), every one for admins."""
+        """Newest first: the caller's (as owner or decider), every one for admins; of one
+        workflow with `workflow_id`."""
         where = (
             "($2 OR user_uuid = $1 OR deciders @> ARRAY[$1]::text[])"
             " AND ($3::text IS NULL OR status = $3)"
+            " AND ($4::text IS NULL OR workflow_id = $4)"
         )
-        args = (principal.user_uuid, principal.is_admin, status)
+        args = (principal.user_uuid, principal.is_admin, status, workflow_id)
         total = await self._pool.fetchval(
             f"SELECT count(*) FROM interventions WHERE {where}", *args
         )
