@@ -101,6 +101,7 @@ ACTOR_SETTINGS: tuple[str, ...] = (
     "workspace_isolation",
     "workspace_max_file_bytes",
     # Workflows (the shards).
+    "intervention_timeout_s",
     "step_max_skills",
     "workflow_claim_ttl_ms",
     "workflow_max_children",

@@ -78,6 +78,7 @@ class WorkflowShard(ActorHost):
             # for the claims to be released (drain) or to expire.
             owner=self._generation.name(KIND, self._index),
             supervisor=self._supervisor,
+            interventions=services.interventions,
         )
         opened.push_async_callback(engine.shutdown)  # its drivers and loops, if this fails
         resumed = await engine.resume_unfinished(self._index, self._shards)

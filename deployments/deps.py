@@ -33,6 +33,7 @@ from orchestrator.idempotency import (
     fingerprint,
 )
 from orchestrator.inference import InferenceService
+from orchestrator.interventions import InterventionStore
 from orchestrator.marketplace import Marketplace
 from orchestrator.memory import MemoryStore
 from orchestrator.observability import MetricsPusher, SloTargets
@@ -106,6 +107,7 @@ InferenceRecords = Annotated[InferenceLog, _service("inference_log")]
 Inference = Annotated[InferenceService, _service("inference")]
 Workflows = Annotated[WorkflowStore, _service("workflows")]
 WorkflowDriver = Annotated[WorkflowRunner, _service("workflow_runner")]
+Interventions = Annotated[InterventionStore, _service("interventions")]
 Jobs = Annotated[JobStore, _service("jobs")]
 Memory = Annotated[MemoryStore, _service("memory")]
 Files = Annotated[Workspace, _service("workspace")]

@@ -50,6 +50,7 @@ from orchestrator.agents._tools import (
     ToolOutcome,
     ToolRegistry,
     ToolSource,
+    Verdict,
     cut_utf8,
 )
 from orchestrator.config import Settings
@@ -70,6 +71,8 @@ log = logging.getLogger(__name__)
 # The id field of audit.tool_executed for a tool that has one (a user's MCP server or tool).
 _ORIGIN = {"mcp": "mcp_server_id", "http": "http_tool_id"}
 TRUNCATED = "[truncated: {n} characters of an older tool result, to fit the context]"
+# Why a call under an `ask` rule is refused where nobody can be waited for.
+NEEDS_A_PERSON = "needs a person's approval; only a workflow step can wait for one"
 
 
 class TaskFailed(Exception):
@@ -351,33 +354,43 @@ class _Loop:
     def _refusal(self, name: str, tool: Tool | None, masked: dict[str, Any]) -> str | None:
         """Why a call may not run (recorded as audit.tool_denied; a policy refusal also as
         audit.permission_deny), or None."""
+        verdict = self.gate.decide(name) if self.gate is not None and tool is not None else None
         if tool is None:
             reason = "no such tool"
-        elif self.gate is not None and not (verdict := self.gate.decide(name)).allowed:
-            reason = verdict.reason
-            self.emit(
-                "audit.tool_denied",
-                tool=name,
-                source=tool.source,
-                arguments=masked,
-                reason=reason,
-                scope=verdict.scope,
-            )
-            self.emit(
-                "audit.permission_deny",
-                user_uuid=self.task.user_uuid,
-                permission=f"tool:{name}",
-                reason=reason,
-                denied_by=f"{verdict.scope} tool policy",
-                task_id=self.task.task_id,
-                workflow_id=self.task.workflow_id,
-            )
-            return reason
+        elif verdict is not None and not verdict.allowed:
+            return self._policy_refusal(name, tool, masked, verdict, verdict.reason)
         elif name not in self.allowed:
             reason = "not in this step's tools"
+        elif verdict is not None and verdict.needs_approval:
+            # An `ask` rule: only a task that can wait for a person's decision may run the
+            # call once approved (a workflow step parks here: issue 32); every other task
+            # refuses it as a deny.
+            return self._policy_refusal(name, tool, masked, verdict, NEEDS_A_PERSON)
         else:
             return None
         self.emit("audit.tool_denied", tool=name, arguments=masked, reason=reason)
+        return reason
+
+    def _policy_refusal(
+        self, name: str, tool: Tool, masked: dict[str, Any], verdict: Verdict, reason: str
+    ) -> str:
+        self.emit(
+            "audit.tool_denied",
+            tool=name,
+            source=tool.source,
+            arguments=masked,
+            reason=reason,
+            scope=verdict.scope,
+        )
+        self.emit(
+            "audit.permission_deny",
+            user_uuid=self.task.user_uuid,
+            permission=f"tool:{name}",
+            reason=reason,
+            denied_by=f"{verdict.scope} tool policy",
+            task_id=self.task.task_id,
+            workflow_id=self.task.workflow_id,
+        )
         return reason
 
     async def _fit_context(self) -> None:

@@ -36,7 +36,9 @@ MODES: dict[str, str] = {
 }
 """System prompt per mode (SPEC part 2, step `mode`)."""
 
-TaskStatus = Literal["completed", "failed", "timeout"]
+# "waiting": the task stopped at a tool call that needs a person's approval and holds
+# nothing meanwhile (issue 32: its intervention, `TaskResult.intervention_id`, resumes it).
+TaskStatus = Literal["completed", "failed", "timeout", "waiting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,12 @@ class AgentTask:
     # Marketplace skills pinned when the workflow was created: (label, body), given to the
     # agent as instructions after its mode's.
     skills: tuple[tuple[str, str], ...] = ()
+    # Interventions (issue 32). `can_wait`: a call under an `ask` rule may wait for a
+    # person (a workflow task step only; any other task refuses it as a deny).
+    can_wait: bool = False
+    notify_channel: str | None = None  # the channel the question is posted to (`notify`)
+    approval_timeout_s: int | None = None  # None: settings.intervention_timeout_s
+    resume: str | None = None  # the decided intervention this run continues
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,7 @@ class TaskResult:
     duration_ms: int
     worker_id: str
     turns: int = 0
+    intervention_id: str | None = None  # status "waiting": what it waits for
 
     @property
     def ok(self) -> bool:

@@ -141,6 +141,9 @@ class Verdict(Protocol):
     def allowed(self) -> bool: ...
 
     @property
+    def needs_approval(self) -> bool: ...
+
+    @property
     def scope(self) -> str | None: ...
 
     @property

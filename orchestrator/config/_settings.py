@@ -286,6 +286,14 @@ class Settings(BaseSettings):
     agent_task_timeout_s: float = Field(
         300.0, gt=0, description="Task timeout when a step gives none"
     )
+    intervention_timeout_s: int = Field(
+        86_400,
+        ge=60,
+        le=30 * 86_400,
+        description="How long an intervention (a tool call under an `ask` rule, an approval "
+        "step) waits for a decision unless its step gives approval_timeout_s; then it is "
+        "rejected with the reason `expired`",
+    )
     tool_result_max_bytes: int = Field(
         65_536,
         ge=1024,

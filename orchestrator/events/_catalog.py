@@ -198,9 +198,17 @@ class ToolUse(EventData):
 
 
 class Intervention(TaskData):
-    intervention_id: str | None = None
+    """A person's decision a workflow step waits for (issue 32), keyed by the step attempt's
+    task id: a tool call under an `ask` rule (`tool`, masked `arguments`) or an approval
+    step. `decided_by`: `user:<uuid>` or `<platform>:<platform user id>`."""
+
+    intervention_id: AggregateId
+    workflow_id: AggregateId
+    step: Name
+    kind: Literal["tool", "approval"] | None = None
     tool: str | None = None
     decided_by: str | None = None
+    via: str | None = None
     reason: str | None = None
 
 
@@ -470,15 +478,24 @@ _TYPES: tuple[EventType, ...] = (
         decision=_opt(str),
         rationale=_opt(str),
     ),
-    _declare("audit.intervention_pending", "task_id", Intervention),
-    _declare("audit.intervention_approved", "task_id", Intervention),
+    _declare(
+        "audit.intervention_pending",
+        "task_id",
+        Intervention,
+        arguments=_opt(dict[str, JsonValue]),  # secrets masked
+        question=_opt(str),
+        deciders=_opt(list[str]),  # besides admins
+        approvers=_opt(dict[str, JsonValue]),  # {channel_id, platform, ids}
+        expires_at=_opt(Millis),
+    ),
+    _declare("audit.intervention_approved", "task_id", Intervention, note=_opt(str)),
     _declare("audit.intervention_rejected", "task_id", Intervention),
     _declare(
         "audit.workflow_override",
         "workflow_id",
         WorkflowData,
         step=_opt(str),
-        action=_opt(str),
+        action=_opt(str),  # retry, skip, resume, rerun
         user_uuid=_opt(str),
         reason=_opt(str),
     ),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from orchestrator.agents import AgentRunner
     from orchestrator.channels import ChannelStore
     from orchestrator.inference import InstanceStore
+    from orchestrator.interventions import InterventionStore
     from orchestrator.memory import MemoryStore
     from orchestrator.providers import Gateway
     from orchestrator.runtime.supervisor import Supervisor
@@ -58,14 +59,24 @@ class WorkflowShardServices(Core):
     POOL = (1, 8)
 
     workflows: WorkflowStore
+    interventions: InterventionStore  # expired by the engine's sweep (issue 32)
 
     @classmethod
     async def _build(
         cls, core: Core, stack: contextlib.AsyncExitStack, **_: Any
     ) -> WorkflowShardServices:
+        from orchestrator.interventions import InterventionStore
         from orchestrator.workflows import WorkflowStore
 
-        return cls(**_fields(core), workflows=WorkflowStore(core.db.pool, core.events))
+        return cls(
+            **_fields(core),
+            workflows=WorkflowStore(core.db.pool, core.events),
+            interventions=InterventionStore(
+                core.db.pool,
+                core.events,
+                default_timeout_s=core.settings.intervention_timeout_s,
+            ),
+        )
 
 
 @dataclass(frozen=True)

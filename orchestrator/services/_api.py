@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from orchestrator.events import Event, Fanout
     from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, LocalInference
+    from orchestrator.interventions import InterventionStore
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore
     from orchestrator.observability import MetricsPusher, MetricsSnapshot, SloQuery, SloTargets
@@ -118,6 +119,7 @@ class ApiServices(Core):
     workspace: Workspace
     marketplace: Marketplace
     idempotency: IdempotencyStore  # Idempotency-Key of the creating POSTs (issue 32)
+    interventions: InterventionStore  # decisions workflow steps wait for (issue 32)
     tool_store: ToolStore
     tool_clients: AgentToolClients  # .mcp: the MCP pool, made on first use
     tool_catalog: ToolCatalog
@@ -180,6 +182,7 @@ async def _api(
     from orchestrator.events import EventServices, Fanout
     from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, ready_endpoints
+    from orchestrator.interventions import InterventionStore
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore, make_embedder
     from orchestrator.memory._embed import EmbeddingLimits
@@ -255,6 +258,7 @@ async def _api(
     )
     dispatcher = LocalDispatcher(agents, on_busy=recorder.active_workers)
     workflows = WorkflowStore(db.pool, events)
+    interventions = InterventionStore(db.pool, events, default_timeout_s=s.intervention_timeout_s)
     jobs = JobStore(db.pool, events)
     scheduler: SchedulerService | None = None
     if peers.run_scheduler:
@@ -263,7 +267,9 @@ async def _api(
     runner = peers.workflow_runner
     worker_pool = 1
     if runner is None:
-        engine = WorkflowEngine(workflows, dispatcher, s, supervisor=supervisor)
+        engine = WorkflowEngine(
+            workflows, dispatcher, s, supervisor=supervisor, interventions=interventions
+        )
         stack.push_async_callback(engine.close)
         await engine.resume_unfinished()
         runner = engine
@@ -332,6 +338,7 @@ async def _api(
         "workspace": workspace,
         "marketplace": marketplace,
         "idempotency": IdempotencyStore(db.pool, s.idempotency_ttl_s),
+        "interventions": interventions,
         "tool_store": tool_store,
         "tool_clients": tool_clients,
         "tool_catalog": tool_catalog,

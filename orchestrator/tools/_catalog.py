@@ -60,20 +60,28 @@ class ToolCatalog:
 
     async def listing(self, user_uuid: str) -> list[dict[str, Any]]:
         """Every tool the user's agents can use, by name (GET /tools): what their policy
-        denies is left out, as it is not offered to their agents."""
+        denies is left out, as it is not offered to their agents; what it asks a person's
+        approval for is listed with `approval: true` (it runs once approved)."""
         user = await self._store.for_user(user_uuid)
         registry = self._static.extended(self._own(user))
-        return [
-            {
-                "name": t.name,
-                "description": t.description,
-                "parameters": t.parameters,
-                "source": t.source,
-                **({"origin": t.origin} if t.origin else {}),
-            }
-            for t in (registry.get(n) for n in registry.names())
-            if t is not None and user.policy.decide(t.name).allowed
-        ]
+        listed: list[dict[str, Any]] = []
+        for t in (registry.get(n) for n in registry.names()):
+            if t is None:
+                continue
+            decision = user.policy.decide(t.name)
+            if not decision.allowed:
+                continue
+            listed.append(
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    "source": t.source,
+                    **({"origin": t.origin} if t.origin else {}),
+                    **({"approval": True} if decision.needs_approval else {}),
+                }
+            )
+        return listed
 
     async def unknown(self, names: Iterable[str], user_uuid: str) -> list[str]:
         """The names that name no tool of the user (a tool, or `mcp__<server>` for all of a

@@ -130,7 +130,9 @@ class HttpTool:
         }
 
 
-Action = Literal["allow", "deny"]
+Action = Literal["allow", "deny", "ask"]
+# How strict each action is: the stricter verdict of the global and the user's rules wins.
+STRICTNESS: dict[str, int] = {"allow": 0, "ask": 1, "deny": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,15 +146,26 @@ class Rule:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Whether a call may run, and which rule said so (None: no rule matched: allowed)."""
+    """Whether a call may run, and which rule said so (None: no rule matched: allowed).
+    `needs_approval` (an `ask` rule): the tool is offered and may run, but only once a
+    person has approved the call (an intervention); `allowed` stays True for it."""
 
     allowed: bool
     scope: Literal["global", "user"] | None = None
     rule: Rule | None = None
+    needs_approval: bool = False
+
+    @property
+    def action(self) -> Action:
+        if not self.allowed:
+            return "deny"
+        return "ask" if self.needs_approval else "allow"
 
     @property
     def reason(self) -> str:
         if self.rule is None:
             return "allowed (no rule matches)"
+        if self.needs_approval:
+            return f"needs approval by the {self.scope} policy rule {self.rule.tool!r}"
         verb = "allowed" if self.allowed else "denied"
         return f"{verb} by the {self.scope} policy rule {self.rule.tool!r}"

@@ -15,6 +15,7 @@ from orchestrator.wire import (
     chat,
     events,
     inference,
+    interventions,
     marketplace,
     memory,
     operations,
@@ -29,6 +30,7 @@ from orchestrator.wire.channels import *  # noqa: F403
 from orchestrator.wire.chat import *  # noqa: F403
 from orchestrator.wire.events import *  # noqa: F403
 from orchestrator.wire.inference import *  # noqa: F403
+from orchestrator.wire.interventions import *  # noqa: F403
 from orchestrator.wire.marketplace import *  # noqa: F403
 from orchestrator.wire.memory import *  # noqa: F403
 from orchestrator.wire.operations import *  # noqa: F403
@@ -43,6 +45,7 @@ __all__ += _base.__all__
 __all__ += operations.__all__
 __all__ += tokens.__all__
 __all__ += workflows.__all__
+__all__ += interventions.__all__
 __all__ += schedules.__all__
 __all__ += events.__all__
 __all__ += inference.__all__

@@ -85,7 +85,9 @@ class ToolRule(ApiModel):
     model_config = ConfigDict(extra="forbid")
 
     tool: str = Field(max_length=256, description="A tool name or a glob (`mcp__github__*`)")
-    action: Literal["allow", "deny"]
+    action: Literal["allow", "deny", "ask"] = Field(
+        description="`ask`: a call waits for a person's approval (an intervention)"
+    )
 
 
 class ToolPolicy(ApiModel):
@@ -107,6 +109,9 @@ class ToolInfo(ApiModel):
     parameters: dict[str, Any] = Field(description="The JSON Schema of its arguments")
     source: Literal["builtin", "memory", "workspace", "mcp", "http", "marketplace"]
     origin: str | None = Field(None, description="The MCP server's or HTTP tool's id")
+    approval: bool | None = Field(
+        None, description="True: the policy asks a person's approval before each call"
+    )
 
 
 class ToolList(ApiModel):

@@ -29,7 +29,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import asyncpg
 
@@ -50,6 +50,9 @@ from orchestrator.workflows._store import (
     WorkflowStore,
 )
 
+if TYPE_CHECKING:
+    from orchestrator.interventions import InterventionStore
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -57,6 +60,7 @@ Canceller = Callable[[str], Awaitable[str]]
 CHILD_RECHECK_S = 10.0  # a safety net only: children's ends arrive by NOTIFY
 CANCEL_WAIT_S = 30.0
 SWEEP_BATCH = 200
+EXPIRE_BATCH = 100  # interventions past their expiry, rejected per sweep
 _DONE = frozenset(str(s) for s in FINISHED)
 # Names of the engine's tasks in its supervisor.
 _DRIVER, _INTERRUPT, _LISTENER, _SWEEP = "drive ", "interrupt ", "workflow-listener", "sweep"
@@ -78,8 +82,10 @@ class WorkflowEngine(WorkflowDriving):
         owner: str | None = None,
         supervisor: Supervisor,
         shard: tuple[int, int] = (0, 1),
+        interventions: InterventionStore | None = None,
     ) -> None:
         self._store = store
+        self._interventions = interventions
         self._dispatcher = dispatcher
         self._settings = settings
         self._starter = starter or self.start
@@ -164,7 +170,22 @@ class WorkflowEngine(WorkflowDriving):
         period = self._settings.workflow_claim_ttl_ms / 3000
         while True:
             await asyncio.sleep(period * (0.75 + random.random() / 2))
+            await self.expire_interventions()
             await self.sweep()
+
+    async def expire_interventions(self) -> int:
+        """Reject the interventions past their expiry (issue 32: every engine's sweep does,
+        SKIP LOCKED keeps them apart) and start the workflows that waited for them."""
+        if self._interventions is None:
+            return 0
+        try:
+            released = await self._interventions.expire_due(EXPIRE_BATCH)
+        except (OSError, asyncpg.PostgresError) as exc:  # the next sweep tries again
+            log.warning("expiring interventions: %r", exc)
+            return 0
+        for workflow_id in released:
+            await self._starter(workflow_id)
+        return len(released)
 
     async def cancel(self, workflow_id: str) -> str:
         """Cancel a pending or running workflow; its status once compensation ended (or

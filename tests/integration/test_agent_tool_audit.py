@@ -153,6 +153,38 @@ async def test_a_user_deny_refuses_and_no_rule_allows(runtime: Any, llm: OpenAIF
     assert "user" in perm[0].data["denied_by"]
 
 
+async def test_an_ask_rule_is_offered_but_refused_where_nobody_can_wait(
+    runtime: Any, llm: OpenAIFake
+) -> None:
+    """A task that cannot wait for a person (this one is no workflow step: can_wait False)
+    refuses a call under an `ask` rule as it refuses a deny, with the reason that says why;
+    the tool is still offered (a workflow step could run it once approved)."""
+    runner, events, source = runtime
+    source.policy = Policy(user_rules=(Rule("login", "ask"),))
+    llm.script(
+        [
+            FakeReply(tool_calls=[FakeToolCall("login", {"user": "u", "token": "t0k"})]),
+            FakeReply(text="gave up"),
+        ]
+    )
+    task = AgentTask("t-ask", "carol", "log in")
+    assert not task.can_wait
+    result = await runner.run(task, "w")
+    assert result.ok and result.result == "gave up"
+    assert source.ran == []
+    assert "login" in _offered(llm.chat_requests[0])
+    reason = "needs a person's approval; only a workflow step can wait for one"
+    refusal = llm.chat_requests[1].json["messages"][-1]
+    assert refusal["role"] == "tool" and reason in str(refusal["content"])
+    trail = await _events(events, aggregate="t-ask")
+    (denied,) = [e for e in trail if e.type == "audit.tool_denied"]
+    assert denied.data["reason"] == reason and denied.data["scope"] == "user"
+    assert denied.data["arguments"] == {"user": "u", "token": "***"}
+    assert not [e for e in trail if e.type.startswith("audit.intervention")]
+    (perm,) = await _events(events, aggregate="carol", types=("audit.permission_deny",))
+    assert perm.data["permission"] == "tool:login" and perm.data["reason"] == reason
+
+
 async def test_every_turn_is_an_llm_decision_and_executions_name_their_source(
     runtime: Any, llm: OpenAIFake
 ) -> None:

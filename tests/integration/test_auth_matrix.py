@@ -34,6 +34,7 @@ ADMIN_ONLY = {
 }
 SAMPLE = {
     "workflow_id": "wf-999999",
+    "intervention_id": "iv-999999",
     "job_id": "999999",
     "channel_id": "ch-999999",
     "agent_id": "default",

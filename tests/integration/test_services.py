@@ -49,7 +49,7 @@ async def _other_connections(dsn: str) -> int:
     [
         (EventBusServices, 4, set()),
         (InstanceServices, 2, {"instances"}),
-        (WorkflowShardServices, 8, {"workflows"}),
+        (WorkflowShardServices, 8, {"workflows", "interventions"}),
         (SchedulerServices, 6, {"jobs", "run_jobs"}),
         (ChannelHubServices, 4, {"channels", "egress"}),
         (AgentWorkerServices, 8, {"gateway", "memory", "tool_clients", "runner"}),

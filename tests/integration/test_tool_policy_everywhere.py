@@ -117,6 +117,21 @@ async def test_get_tools_leaves_out_what_the_policy_denies(api: httpx.AsyncClien
     assert before - after == {"calculate"}
 
 
+async def test_get_tools_marks_what_the_policy_asks_approval_for(api: httpx.AsyncClient) -> None:
+    ann = await _user(api, "ann")
+    rules = {"rules": [{"tool": "calc*", "action": "ask"}]}
+    put = await api.put("/tools/policy", headers=ann, json=rules)
+    assert put.status_code == 200, put.text
+    assert put.json()["rules"] == rules["rules"]
+    listed = {t["name"]: t for t in (await api.get("/tools", headers=ann)).json()["tools"]}
+    assert listed["calculate"]["approval"] is True
+    assert all("approval" not in t for name, t in listed.items() if name != "calculate")
+    bad = await api.put(
+        "/tools/policy", headers=ann, json={"rules": [{"tool": "x", "action": "maybe"}]}
+    )
+    assert bad.status_code == 400 and "rules" in bad.text
+
+
 async def test_every_403_is_an_audit_permission_deny(api: httpx.AsyncClient) -> None:
     bob = await _user(api, "bob")
     r = await api.get("/tools/policy", headers=bob, params={"scope": "global"})

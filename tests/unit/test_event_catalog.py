@@ -139,6 +139,7 @@ SAMPLES: dict[str, Any] = {
     "step": "fetch",
     "model": "llama-3-8b",
     "key": "notes",
+    "intervention_id": "iv-1",
 }
 
 COMPLETED = {"task_id": "t-1", "worker_id": "w-1", "status": "ok", "duration_ms": 1500}
@@ -405,3 +406,39 @@ def test_event_type_checks_its_own_consistency() -> None:
         EventType("task.x", 1, "job_id", model)
     with pytest.raises(ValueError, match="version"):
         EventType("task.x", 0, "task_id", model)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["audit.intervention_pending", "audit.intervention_approved", "audit.intervention_rejected"],
+)
+@pytest.mark.parametrize("missing", ["intervention_id", "workflow_id", "step"])
+def test_an_intervention_event_names_its_intervention_workflow_and_step(
+    name: str, missing: str
+) -> None:
+    data = {"task_id": "wf-1:a:1", "intervention_id": "iv-1", "workflow_id": "wf-1", "step": "a"}
+    kind, _ = validate(name, data)
+    assert kind.version == 1 and kind.aggregate_key == "task_id"
+    del data[missing]
+    with pytest.raises(InvalidEventData) as caught:
+        validate(name, data)
+    assert missing in caught.value.fields
+
+
+def test_a_pending_intervention_carries_its_question_and_masked_arguments() -> None:
+    data = {
+        "task_id": "wf-1:a:1",
+        "intervention_id": "iv-1",
+        "workflow_id": "wf-1",
+        "step": "a",
+        "kind": "tool",
+        "tool": "http__pay",
+        "arguments": {"amount": 5, "api_key": "***"},
+        "question": "Run http__pay?",
+        "deciders": ["alice"],
+        "expires_at": 1_700_000_000_000,
+    }
+    _, normalised = validate("audit.intervention_pending", data)
+    assert {k: v for k, v in normalised.items() if v is not None} == data
+    with pytest.raises(InvalidEventData):
+        validate("audit.intervention_pending", {**data, "kind": "other"})

@@ -48,6 +48,10 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/workflows/{workflow_id}"): "workflow",
     ("DELETE", "/workflows/{workflow_id}"): "delete_workflow",
     ("POST", "/workflows/{workflow_id}/cancel"): "cancel_workflow",
+    ("GET", "/interventions"): "interventions",
+    ("GET", "/interventions/{intervention_id}"): "intervention",
+    ("POST", "/interventions/{intervention_id}/approve"): "approve_intervention",
+    ("POST", "/interventions/{intervention_id}/reject"): "reject_intervention",
     ("GET", "/inference"): "instances",
     ("POST", "/inference"): "start_instance",
     ("GET", "/inference/{instance_id}"): "instance",
@@ -108,6 +112,7 @@ ROUTES: dict[tuple[str, str], str] = {
 # variants of a route above, and the client's own lifetime.
 HELPERS = {
     "iter_workflows": "workflows",
+    "iter_interventions": "interventions",
     "iter_schedules": "schedules",
     "iter_events": "events",
     "iter_skills": "browse_skills",

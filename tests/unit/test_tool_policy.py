@@ -148,3 +148,76 @@ def test_a_policy_is_a_frozen_value() -> None:
     with pytest.raises(AttributeError):
         policy.user_rules = ()  # type: ignore[misc]
     assert policy == Policy(user_rules=(Rule("x", "deny"),))
+
+
+# --- ask: a call that waits for a person's approval (issue 32) ------------------------------
+
+ALLOW, ASK, DENY = "allow", "ask", "deny"
+
+
+def test_ask_is_parsed_and_its_decision_needs_approval() -> None:
+    assert parse_rules([{"tool": "http__pay", "action": "ask"}]) == (Rule("http__pay", "ask"),)
+    ask = Rule("http__pay*", "ask")
+    decision = Policy(user_rules=(ask,)).decide("http__payment")
+    assert decision == Decision(True, "user", ask, needs_approval=True)
+    assert decision.allowed and decision.needs_approval and decision.action == "ask"
+    assert decision.reason == "needs approval by the user policy rule 'http__pay*'"
+    assert Decision(True).action == "allow" and Decision(False).action == "deny"
+    assert not Decision(True).needs_approval
+
+
+def test_a_bad_action_names_all_three() -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        parse_rules([{"tool": "x", "action": "maybe"}])
+    assert caught.value.extra["fields"][0]["message"] == "must be allow, deny or ask"
+
+
+# (global action or None, user action or None) -> (action, scope reported). The stricter
+# verdict wins (deny > ask > allow; no matching rule counts as allow); the user's on a tie.
+PRECEDENCE = [
+    ((None, None), ("allow", None)),
+    ((None, ALLOW), ("allow", "user")),
+    ((None, ASK), ("ask", "user")),
+    ((None, DENY), ("deny", "user")),
+    ((ALLOW, None), ("allow", "global")),
+    ((ALLOW, ALLOW), ("allow", "user")),
+    ((ALLOW, ASK), ("ask", "user")),  # a user's ask narrows a global allow
+    ((ALLOW, DENY), ("deny", "user")),
+    ((ASK, None), ("ask", "global")),
+    ((ASK, ALLOW), ("ask", "global")),  # a user's allow cannot undo a global ask
+    ((ASK, ASK), ("ask", "user")),
+    ((ASK, DENY), ("deny", "user")),  # a user's deny beats a global ask
+    ((DENY, None), ("deny", "global")),
+    ((DENY, ALLOW), ("deny", "global")),
+    ((DENY, ASK), ("deny", "global")),
+    ((DENY, DENY), ("deny", "global")),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), PRECEDENCE)
+def test_every_pair_of_verdicts(
+    given: tuple[str | None, str | None], expected: tuple[str, str | None]
+) -> None:
+    global_action, user_action = given
+    policy = Policy(
+        global_rules=(Rule("http__*", global_action),) if global_action else (),  # type: ignore[arg-type]
+        user_rules=(Rule("http__pay", user_action),) if user_action else (),  # type: ignore[arg-type]
+    )
+    decision = policy.decide("http__pay")
+    action, scope = expected
+    assert (decision.action, decision.scope) == (action, scope)
+    assert decision.allowed == (action != "deny")
+    assert decision.needs_approval == (action == "ask")
+    if scope is not None:
+        rules = policy.user_rules if scope == "user" else policy.global_rules
+        assert decision.rule == rules[0]
+
+
+def test_the_first_matching_rule_of_a_scope_decides_for_ask_too() -> None:
+    ask = Rule("http__pay", "ask")
+    allow_all = Rule("http__*", "allow")
+    assert Policy(user_rules=(ask, allow_all)).decide("http__pay").needs_approval
+    assert not Policy(user_rules=(allow_all, ask)).decide("http__pay").needs_approval
+    # Globally: an earlier global allow hides a later global ask, so a user's allow stands.
+    late_ask = Policy(global_rules=(allow_all, ask), user_rules=(Rule("http__pay", "allow"),))
+    assert late_ask.decide("http__pay").action == "allow"

@@ -1,4 +1,4 @@
-"""Workflows, templates and scheduled jobs."""
+"""Workflows, templates, interventions and scheduled jobs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from orchestrator.sdk._requests import (
     seg,
 )
 from orchestrator.wire import (
+    Intervention,
+    InterventionDecided,
+    InterventionPage,
     Job,
     JobCreated,
     JobPage,
@@ -99,6 +102,50 @@ class AsyncWorkflows(AsyncCore):
 
     async def templates(self) -> WorkflowTemplates:
         return await self._send(Call("GET", "/workflows/templates", model_of(WorkflowTemplates)))
+
+    # --- interventions (issue 32) ----------------------------------------------------------
+
+    async def interventions(
+        self,
+        status: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        *,
+        workflow_id: str | None = None,
+    ) -> InterventionPage:
+        """One page of yours (your workflows', or yours to decide; admins: all), newest first;
+        `status`: pending, approved, rejected or expired; `workflow_id`: one workflow's.
+        `iter_interventions` walks them all."""
+        params = given(status=status, workflow_id=workflow_id, limit=limit, offset=offset)
+        call = Call("GET", "/interventions", model_of(InterventionPage), params=params)
+        return await self._send(call)
+
+    def iter_interventions(
+        self, status: str | None = None, *, workflow_id: str | None = None, page_size: int = 100
+    ) -> AsyncIterator[Intervention]:
+        async def fetch(offset: int) -> list[Intervention]:
+            page = await self.interventions(status, page_size, offset, workflow_id=workflow_id)
+            return page.data
+
+        return offset_pages(fetch, page_size)
+
+    async def intervention(self, intervention_id: str) -> Intervention:
+        path = f"/interventions/{seg(intervention_id)}"
+        return await self._send(Call("GET", path, model_of(Intervention)))
+
+    async def approve_intervention(
+        self, intervention_id: str, note: str | None = None
+    ) -> InterventionDecided:
+        """The call runs (or the approval step completes); 409 once decided or expired."""
+        path = f"/interventions/{seg(intervention_id)}/approve"
+        body = given(note=note)
+        return await self._send(Call("POST", path, model_of(InterventionDecided), body=body))
+
+    async def reject_intervention(self, intervention_id: str, reason: str) -> InterventionDecided:
+        """The agent is told the call was refused, with `reason` (an approval step fails)."""
+        path = f"/interventions/{seg(intervention_id)}/reject"
+        body = {"reason": reason}
+        return await self._send(Call("POST", path, model_of(InterventionDecided), body=body))
 
     # --- schedules (admin) -----------------------------------------------------------------
 
