@@ -318,11 +318,12 @@ function Detail({ params }) {
   const active = detail.status === "pending" || detail.status === "running";
   const stepActions = (s) => {
     const step = `/steps/${encodeURIComponent(s.name)}`;
-    const canRetry = s.status === "failed" || (s.status === "running" && detail.status === "running");
-    const canSkip = detail.status !== "cancelled" && detail.status !== "completed" && (s.status === "failed" || s.status === "running" || s.status === "pending");
+    // The step a failed workflow stopped at, or a running workflow's running step.
+    const applies = (detail.status === "failed" && s.status === "failed") || (detail.status === "running" && s.status === "running");
+    if (!applies) return null;
     return html`<span class="step-actions">
-      ${canRetry && html`<${Button} confirm="Retry this step?" onClick=${() => act(`${step}/retry`)} testid="step-retry">Retry<//>`}
-      ${canSkip && html`<${Button} confirm="Skip this step?" onClick=${() => act(`${step}/skip`)} testid="step-skip">Skip<//>`}
+      <${Button} confirm="Retry this step?" onClick=${() => act(`${step}/retry`)} testid="step-retry">Retry<//>
+      <${Button} confirm="Skip this step?" onClick=${() => act(`${step}/skip`)} testid="step-skip">Skip<//>
     </span>`;
   };
   const waiting = (name) => pending.filter((iv) => iv.step === name);
