@@ -135,6 +135,7 @@ ACTOR_SETTINGS: tuple[str, ...] = (
     "channel_history_turns",
     "channel_retry_base_s",
     "channel_secret_key",
+    "public_url",  # the base of a webhook question's signed links (issue 32)
 )
 
 # Read by the actors but left out of the version on purpose: a change alone does not replace
