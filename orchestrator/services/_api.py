@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from orchestrator.events import Event, Fanout
     from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, LocalInference
-    from orchestrator.interventions import InterventionStore, LinkSigner, link_key
+    from orchestrator.interventions import InterventionStore
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore
     from orchestrator.observability import MetricsPusher, MetricsSnapshot, SloQuery, SloTargets
@@ -192,7 +192,7 @@ async def _api(
     from orchestrator.events import EventServices, Fanout
     from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, ready_endpoints
-    from orchestrator.interventions import InterventionStore
+    from orchestrator.interventions import InterventionStore, LinkSigner, link_key
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore, make_embedder
     from orchestrator.memory._embed import EmbeddingLimits
