@@ -277,7 +277,7 @@ async def test_slack_buttons(api: Api, parts: Parts, fakes: Fakes) -> None:
 
 
 async def _equals(value: Awaitable[Any], expected: Any) -> bool:
-    return (await value) == expected
+    return bool((await value) == expected)
 
 
 async def test_a_press_on_another_channel_or_an_unknown_intervention_decides_nothing(
