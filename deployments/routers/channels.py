@@ -313,6 +313,8 @@ async def _teams_press(
     if press.reply.get("tenant_id") != channel.config.get("tenant_id"):
         raise VerificationFailed("teams activity: from another tenant than the channel's")
     answer = await desk.decide_from_channel(channel, press)
+    if not answer.decided and not press.reply.get("invoke"):
+        desk.tell_teams(channel, press, answer.text)
     if press.reply.get("invoke"):
         return JSONResponse(
             {

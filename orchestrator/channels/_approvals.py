@@ -24,12 +24,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 
-from orchestrator.channels._asks import TeamsTokens, send_ask, send_outcome
+from orchestrator.channels._asks import TeamsTokens, send_ask, send_outcome, send_teams_note
 from orchestrator.channels._interactive import Press
 from orchestrator.channels._platforms import DeliveryFailed, _post
 from orchestrator.channels._posts import POST_CLAIM, Post, PostStore
@@ -189,12 +190,21 @@ class InterventionDesk:
         runner: Starter,
         http: httpx.AsyncClient,
         signer: LinkSigner,
+        *,
+        bases: Mapping[str, str] | None = None,
+        on_decided: Callable[[], None] | None = None,
     ) -> None:
+        """`bases`: the platforms' API base URLs (settings.channel_api_base_urls);
+        `on_decided`: called after each decision (wakes an in-process poster, so the
+        question's update goes out at once rather than at its next poll)."""
         self._interventions = interventions
         self._channels = channels
         self._runner = runner
         self._http = http
         self.signer = signer
+        self._bases = dict(bases or {})
+        self._on_decided = on_decided
+        self._tokens = TeamsTokens()
         self._background: set[asyncio.Task[None]] = set()
 
     async def decide_from_channel(self, channel: Channel, press: Press) -> Answer:
@@ -243,6 +253,8 @@ class InterventionDesk:
         return decided
 
     async def _wake(self, decided: Decided) -> None:
+        if self._on_decided is not None and not decided.replayed:
+            self._on_decided()
         if not decided.woke:
             return
         workflow_id = decided.intervention.workflow_id
@@ -266,7 +278,28 @@ class InterventionDesk:
             except DeliveryFailed as exc:
                 log.warning("slack response_url: %s", exc)
 
-        task = asyncio.create_task(send(), name="slack response_url")
+        self._spawn(send(), "slack response_url")
+
+    def tell_teams(self, channel: Channel, press: Press, text: str) -> None:
+        """A Teams user whose card submit (a message activity, which has no answer of its
+        own) was refused: the bot says so in the conversation, in the background."""
+        conversation = press.reply.get("conversation_id")
+        if not isinstance(conversation, str) or not conversation:
+            return
+        config = {**channel.config, **channel.secrets}
+
+        async def send() -> None:
+            try:
+                await send_teams_note(
+                    self._http, config, conversation, text, bases=self._bases, tokens=self._tokens
+                )
+            except DeliveryFailed as exc:
+                log.warning("teams refusal note on %s: %s", channel.id, exc)
+
+        self._spawn(send(), "teams refusal note")
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

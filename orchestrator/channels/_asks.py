@@ -54,6 +54,7 @@ __all__ = [
     "outcome_text",
     "send_ask",
     "send_outcome",
+    "send_teams_note",
     "slack_ask_blocks",
     "teams_card",
     "telegram_keyboard",
@@ -307,6 +308,24 @@ async def _teams_call(
     if not response.is_success:
         raise _status_failure(response, what, None)
     return _json(response)
+
+
+async def send_teams_note(
+    http: httpx.AsyncClient,
+    config: Mapping[str, Any],
+    conversation_id: str,
+    text: str,
+    *,
+    bases: Mapping[str, str],
+    tokens: TeamsTokens,
+) -> None:
+    """A plain message from the bot into a conversation (through the channel's own
+    `service_url`): how a Teams user whose card submit was refused is told."""
+    service = config.get("service_url")
+    if not service:
+        raise DeliveryFailed("teams post activity: no service_url configured", False)
+    url = _teams_url(str(service), conversation_id)
+    await _teams_call(http, config, tokens, bases, "POST", url, {"type": "message", "text": text})
 
 
 def _links(

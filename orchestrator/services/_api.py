@@ -298,6 +298,7 @@ async def _api(
     stack.push_async_callback(egress.aclose)
     signer = LinkSigner(link_key(s))
     channel_runner = peers.channel_runner
+    poster: InterventionPoster | None = None
     if channel_runner is None:
         relay = ChannelRelay(channels, dispatcher, s, egress)
         channel_runner = LocalChannels(relay, supervisor)
@@ -306,7 +307,15 @@ async def _api(
         )
         supervisor.spawn("intervention-posts", poster.run_forever)
     stack.push_async_callback(channel_runner.close)
-    desk = InterventionDesk(interventions, channels, runner, egress, signer)
+    desk = InterventionDesk(
+        interventions,
+        channels,
+        runner,
+        egress,
+        signer,
+        bases=s.channel_api_base_urls,
+        on_decided=poster.wake if poster is not None else None,
+    )
     stack.push_async_callback(desk.close)
     pusher = MetricsPusher(recorder, peers.metrics)
 

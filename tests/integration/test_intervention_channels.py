@@ -443,6 +443,13 @@ async def test_teams_cards(api: Api, parts: Parts, fakes: Fakes) -> None:
     r = await api.client.post(hook, **signed(teams.invoke_activity(data, aad_object_id="other")))
     assert r.status_code == 200
     assert r.json()["statusCode"] == 200 and "not an approver" in r.json()["value"]
+    # Their card submit (a message activity, no answer of its own): the bot says so.
+    refused = teams.submit_activity(data, aad_object_id="other")
+    r = await api.client.post(hook, **signed(refused))
+    assert r.status_code == 200 and r.json()["accepted"] is False
+    await until(lambda: len(t.activities) == 2)
+    assert t.activities[1][0] == refused["conversation"]["id"]
+    assert "not an approver" in t.activities[1][1]["text"]
     await still_pending(parts, iv)
 
     # A token signed by another key, or for another bot: 401.
