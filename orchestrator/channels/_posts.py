@@ -23,8 +23,9 @@ from orchestrator.runtime.claims import ClaimStore, Fence
 __all__ = ["POST_CLAIM", "Post", "PostStore"]
 
 POST_CLAIM = "intervention_post"
-_KEY = "intervention_id || ':' || kind"
-_SHARD = "substr(channel_id, 4)::bigint % $1 = $2"
+# Qualified: inside the claims subquery a bare `kind` would be the claim's own column.
+_KEY = "(p.intervention_id || ':' || p.kind)"
+_SHARD = "substr(p.channel_id, 4)::bigint % $1 = $2"
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,10 @@ class PostStore:
         """Pending posts of this shard's channels due now and not claimed by another poster;
         asks before outcomes (an outcome needs its ask's `ref`)."""
         rows = await self._pool.fetch(
-            f"SELECT {_COLUMNS} FROM intervention_posts WHERE state = 'pending'"
-            f" AND next_attempt_at <= $3 AND {_SHARD} AND "
+            f"SELECT {_COLUMNS} FROM intervention_posts p WHERE p.state = 'pending'"
+            f" AND p.next_attempt_at <= $3 AND {_SHARD} AND "
             + ClaimStore.unclaimed_sql(POST_CLAIM, _KEY, "$5")
-            + " ORDER BY kind, next_attempt_at LIMIT $4",
+            + " ORDER BY p.kind, p.next_attempt_at LIMIT $4",
             max(1, shards),
             shard,
             _now_ms(),
@@ -82,7 +83,7 @@ class PostStore:
 
     async def next_due(self, shard: int, shards: int) -> int | None:
         value: int | None = await self._pool.fetchval(
-            "SELECT min(next_attempt_at) FROM intervention_posts WHERE state = 'pending'"
+            "SELECT min(p.next_attempt_at) FROM intervention_posts p WHERE p.state = 'pending'"
             f" AND {_SHARD} AND " + ClaimStore.unclaimed_sql(POST_CLAIM, _KEY),
             max(1, shards),
             shard,

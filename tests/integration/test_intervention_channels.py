@@ -588,3 +588,79 @@ async def test_config_is_checked(api: Api) -> None:
         )
         assert r.status_code == 400, (kind, r.text)
         assert r.json()["fields"][0]["field"] == f"config.{field}", r.text
+
+
+# --- the outbox -----------------------------------------------------------------------------
+
+
+async def test_a_failed_question_is_retried_and_any_decision_updates_it(
+    api: Api, parts: Parts, fakes: Fakes
+) -> None:
+    """Slack down for the first two tries: the question goes out on the third (backoff);
+    decided in the API (not on Slack), the message is still updated; an expiry too."""
+    s = fakes.slack
+    ann = await user(api.client, "ann")
+    made = await channel(
+        api.client,
+        ann,
+        "slack",
+        {"signing_secret": SIGNING_SECRET, "bot_token": s.bot_token, "notify_channel": "C1"},
+    )
+    s.fail_next(2, 503)
+    iv = await pending(parts, "ann", made["id"])
+    await until(lambda: s.posted)
+    attempts = await parts.db.pool.fetchval(
+        "SELECT attempts FROM intervention_posts WHERE intervention_id = $1 AND kind = 'ask'",
+        iv.id,
+    )
+    assert attempts == 3 and len(s.posted) == 1
+    r = await api.client.post(f"/interventions/{iv.id}/reject", headers=ann, json={"reason": "no"})
+    assert r.status_code == 200, r.text
+    await until(lambda: s.updated)
+    assert "Rejected by user:ann: no." in json.dumps(s.updated[0]["blocks"])
+
+    short = await pending(parts, "ann", made["id"])
+    await until(lambda: _equals(post_state(parts, short, "ask"), "sent"))
+    await parts.db.pool.execute(
+        "UPDATE interventions SET expires_at = 0 WHERE id = $1", short.id
+    )  # the engines' sweep expires it within a period
+    await until(lambda: len(s.updated) == 2, within=30)
+    assert "Expired" in s.updated[1]["text"]
+
+
+async def test_a_question_sent_while_a_press_dropped_it_queues_its_update(
+    parts: Parts, make_settings: Any
+) -> None:
+    """The race the claim cannot close: a decision drops the unsent question while the
+    poster is sending it. Recording it as sent queues the outcome, so the message is
+    updated anyway."""
+    from cryptography.fernet import Fernet
+
+    from orchestrator.channels import ChannelStore, PostStore
+    from orchestrator.channels._posts import POST_CLAIM
+    from orchestrator.interventions import Decider
+
+    channels = ChannelStore(parts.db.pool, Fernet(Fernet.generate_key()))
+    ch, _ = await channels.create(
+        Principal("ann"),
+        "slack",
+        "ops",
+        {"signing_secret": "s", "bot_token": "xoxb-1", "notify_channel": "C1"},
+    )
+    posts = PostStore(parts.db.pool)
+    iv = await pending(parts, "ann", ch.id)
+    (post,) = await posts.due(0, 1, "poster")
+    fence = await parts.claims.acquire(POST_CLAIM, post.key, "poster")
+    assert fence is not None
+    assert await posts.due(0, 1, "another") == []  # claimed: nobody else sends it
+    await parts.store.decide(iv.id, Decider(user_uuid="ann"), approve=True)
+    assert await post_state(parts, iv, "ask") == "dropped"
+    await posts.sent(post, {"channel": "C1", "ts": "1.1"}, fence=fence)
+    assert await post_state(parts, iv, "ask") == "sent"
+    assert await post_state(parts, iv, "outcome") == "pending"
+    assert [p.kind for p in await posts.due(0, 1, "poster")] == ["outcome"]
+    # The claim went with the write: a stale sender writes nothing.
+    from orchestrator.runtime.claims import StaleClaim
+
+    with pytest.raises(StaleClaim):
+        await posts.give_up(post, "late", fence=fence)
