@@ -22,6 +22,7 @@ relay's senders do (retryable for 5xx, 429, timeouts), never naming a token or a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Mapping
@@ -239,12 +240,18 @@ class TeamsTokens:
     before `expires_in` (learn.microsoft.com bot-framework-rest-connector-authentication)."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, tuple[str, float]] = {}
+        # Keyed by the app id and a digest of the password: a channel with a wrong password
+        # never rides on the token another channel of the same bot obtained.
+        self._cache: dict[tuple[str, str], tuple[str, float]] = {}
+
+    @staticmethod
+    def _key(app_id: str, password: str) -> tuple[str, str]:
+        return app_id, hashlib.sha256(password.encode()).hexdigest()
 
     async def token(
         self, http: httpx.AsyncClient, app_id: str, password: str, base: str | None
     ) -> str:
-        cached = self._cache.get(app_id)
+        cached = self._cache.get(self._key(app_id, password))
         if cached is not None and cached[1] > time.monotonic():
             return cached[0]
         what = "teams token"
@@ -266,11 +273,12 @@ class TeamsTokens:
             raise _status_failure(response, what, _short_code(data.get("error")))
         lifetime = data.get("expires_in")
         seconds = float(lifetime) if isinstance(lifetime, int | float) else 3600.0
-        self._cache[app_id] = (data["access_token"], time.monotonic() + max(0.0, seconds - 300))
+        expiry = time.monotonic() + max(0.0, seconds - 300)
+        self._cache[self._key(app_id, password)] = (data["access_token"], expiry)
         return str(data["access_token"])
 
-    def forget(self, app_id: str) -> None:
-        self._cache.pop(app_id, None)
+    def forget(self, app_id: str, password: str) -> None:
+        self._cache.pop(self._key(app_id, password), None)
 
 
 def _teams_url(service_url: str, conversation_id: str, activity_id: str | None = None) -> str:
@@ -304,7 +312,7 @@ async def _teams_call(
         http, url, payload, what, headers={"authorization": f"Bearer {bearer}"}, method=method
     )
     if response.status_code in (401, 403):
-        tokens.forget(str(app_id))  # revoked or rotated: a fresh one next time
+        tokens.forget(str(app_id), str(password))  # revoked or rotated: a fresh one next time
     if not response.is_success:
         raise _status_failure(response, what, None)
     return _json(response)
