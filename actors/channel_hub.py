@@ -47,6 +47,7 @@ class ChannelHub(ActorHost):
         self._relay: ChannelRelay | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._posts_task: asyncio.Task[None] | None = None
+        self._poster: InterventionPoster | None = None
         self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
@@ -78,6 +79,7 @@ class ChannelHub(ActorHost):
             shards=self._shards,
             name=hub_name(self._index),
         )
+        self._poster = poster
         self._posts_task = self._supervisor.spawn("intervention-posts", poster.run_forever)
         log.info("%s: relaying", hub_name(self._index))
         return relay
@@ -102,6 +104,11 @@ class ChannelHub(ActorHost):
         relay = await self._booted
         return await relay.answer(inbox_id, within)
 
+    async def wake_posts(self) -> None:
+        await self._booted
+        if self._poster is not None:
+            self._poster.wake()
+
 
 class RayChannels:
     """Caller side: hands an inbox item to the hub of its channel (the caller's generation)."""
@@ -125,6 +132,15 @@ class RayChannels:
             self._pool.actor(index).answer.remote(inbox_id, within), within + 5
         )
         return result
+
+    async def wake_posts(self, channel_id: str) -> None:
+        """Best effort: the hub's poster finds the update at its next poll anyway."""
+        index = channel_shard(channel_id, self._shards)
+        try:
+            await asyncio.wait_for(self._pool.actor(index).wake_posts.remote(), CALL_TIMEOUT_S)
+        except (RayActorError, TimeoutError) as exc:
+            self._pool.forget(index)
+            log.info("channel hub %d unreachable (%r); its poster polls", index, exc)
 
     async def close(self) -> None:
         """Hubs belong to the generation (actors/generation.py), not to this caller."""

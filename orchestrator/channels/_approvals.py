@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -192,10 +192,10 @@ class InterventionDesk:
         signer: LinkSigner,
         *,
         bases: Mapping[str, str] | None = None,
-        on_decided: Callable[[], None] | None = None,
+        on_decided: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         """`bases`: the platforms' API base URLs (settings.channel_api_base_urls);
-        `on_decided`: called after each decision (wakes an in-process poster, so the
+        `on_decided(channel_id)`: after each decision (wakes the channel's poster, so the
         question's update goes out at once rather than at its next poll)."""
         self._interventions = interventions
         self._channels = channels
@@ -253,8 +253,12 @@ class InterventionDesk:
         return decided
 
     async def _wake(self, decided: Decided) -> None:
-        if self._on_decided is not None and not decided.replayed:
-            self._on_decided()
+        channel_id = decided.intervention.notify_channel
+        if self._on_decided is not None and channel_id and not decided.replayed:
+            try:
+                await self._on_decided(channel_id)
+            except Exception as exc:  # noqa: BLE001 - the poster polls anyway
+                log.info("waking the poster of %s: %r", channel_id, exc)
         if not decided.woke:
             return
         workflow_id = decided.intervention.workflow_id

@@ -298,14 +298,12 @@ async def _api(
     stack.push_async_callback(egress.aclose)
     signer = LinkSigner(link_key(s))
     channel_runner = peers.channel_runner
-    poster: InterventionPoster | None = None
     if channel_runner is None:
         relay = ChannelRelay(channels, dispatcher, s, egress)
-        channel_runner = LocalChannels(relay, supervisor)
         poster = InterventionPoster(
             PostStore(db.pool), interventions, channels, s, egress, signer=signer
         )
-        supervisor.spawn("intervention-posts", poster.run_forever)
+        channel_runner = LocalChannels(relay, supervisor, poster)
     stack.push_async_callback(channel_runner.close)
     desk = InterventionDesk(
         interventions,
@@ -314,7 +312,7 @@ async def _api(
         egress,
         signer,
         bases=s.channel_api_base_urls,
-        on_decided=poster.wake if poster is not None else None,
+        on_decided=channel_runner.wake_posts,
     )
     stack.push_async_callback(desk.close)
     pusher = MetricsPusher(recorder, peers.metrics)
