@@ -155,6 +155,7 @@ class InterventionPoster:
             await self._charge(fresh, exc, fence)
             return
         await self._posts.sent(fresh, ref, fence=fence)
+        await self._channels.delivered(channel.id)
         self.sent += 1
 
     async def _charge(self, post: Post, exc: DeliveryFailed, fence: Fence) -> None:
@@ -168,6 +169,10 @@ class InterventionPoster:
         else:
             await self._posts.give_up(post, str(exc), fence=fence)
             log.warning("intervention post %s not sent: %s", post.key, exc)
+        # Counted like an answer's failed delivery: repeated failures put the channel in
+        # `error`, where its owner sees `last_error`.
+        s = self._settings
+        await self._channels.delivery_failed(post.channel_id, str(exc), s.channel_error_after)
 
 
 @dataclass(frozen=True)

@@ -614,6 +614,9 @@ async def test_a_failed_question_is_retried_and_any_decision_updates_it(
         iv.id,
     )
     assert attempts == 3 and len(s.posted) == 1
+    # Counted against the channel like an answer's deliveries, cleared by the success.
+    shown = (await api.client.get(f"/channels/{made['id']}", headers=ann)).json()
+    assert shown["status"] == "active" and shown["failures"] == 0
     r = await api.client.post(f"/interventions/{iv.id}/reject", headers=ann, json={"reason": "no"})
     assert r.status_code == 200, r.text
     await until(lambda: s.updated)
