@@ -7,6 +7,8 @@ the step is compensated, or `{notify: text}` recorded as an event), `skills` (ta
 marketplace skill references, `name[@<version>]` or `<author>/name[@<version>]`, replaced by
 the version they name, `{name, author, version, body}`, when the workflow is created: see
 _skills.py), `retry` (task steps: `{max_attempts, backoff_ms, max_backoff_ms}`, _retry.py).
+Asking people (issue 32, _approval.py): `type: approval` steps (`prompt`, `approvers`),
+`approval_timeout_s` and `notify: {channel_id}` (on steps and on the workflow).
 
 Placeholders. `{{var}}` (no dot) is a template variable, filled when the workflow is created
 from `variables`; a variable without a value is a 400. `{{<step>.result}}` and
@@ -56,6 +58,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.workflows._approval import (
+    check_approval_step,
+    parse_approval_timeout,
+    parse_approvers,
+    parse_notify,
+)
 from orchestrator.workflows._conditions import MAX_CONDITION_DEPTH as MAX_CONDITION_DEPTH
 from orchestrator.workflows._conditions import REF as REF
 from orchestrator.workflows._conditions import Condition as Condition
@@ -76,7 +84,7 @@ if TYPE_CHECKING:
     from orchestrator.config import Settings
 
 MODES = ("build", "plan", "explore", "review", "general", "coordinate")
-STEP_TYPES = ("task", "branch", "spawn")
+STEP_TYPES = ("task", "branch", "spawn", "approval")
 STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
 MAX_TEXT = 100_000
@@ -146,11 +154,21 @@ class StepSpec:
     # {name, author, version, body} (dicts, as stored).
     skills: tuple[Any, ...] = ()
     retry: RetryPolicy = NO_RETRY  # as admitted (_retry.py)
+    # Asking people (issue 32, _approval.py).
+    approvers: tuple[str, ...] | None = None  # approval steps: who decides (None: owner)
+    approval_timeout_s: int | None = None  # None: settings.intervention_timeout_s
+    notify: str | None = None  # a channel id; None: the workflow's
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "type": self.type, "mode": self.mode}
         if self.retry.retries:
             out["retry"] = self.retry.to_json()
+        if self.approvers is not None:
+            out["approvers"] = list(self.approvers)
+        if self.approval_timeout_s is not None:
+            out["approval_timeout_s"] = self.approval_timeout_s
+        if self.notify is not None:
+            out["notify"] = {"channel_id": self.notify}
         for key in ("prompt", "timeout", "condition", "compensate", "model"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -182,6 +200,7 @@ class WorkflowSpec:
     steps: tuple[StepSpec, ...]
     model: str | None = None
     step_index: dict[str, int] = field(default_factory=dict, compare=False)
+    notify: str | None = None  # the channel questions go to, unless a step names its own
 
     @classmethod
     def parse(
@@ -192,6 +211,7 @@ class WorkflowSpec:
         model: Any = None,
         where: str = "",
         limits: SpecLimits | None = None,
+        notify: Any = None,
     ) -> WorkflowSpec:
         """Check a workflow given inline (after template filling); with `limits` (admission),
         also its size limits."""
@@ -221,17 +241,22 @@ class WorkflowSpec:
         parsed = tuple(
             _parse_step(raw, f"{where}steps[{i}]", names, i, limits) for i, raw in enumerate(steps)
         )
-        return cls(name.strip(), parsed, model, {s.name: i for i, s in enumerate(parsed)})
+        channel = parse_notify(notify, where)
+        return cls(name.strip(), parsed, model, {s.name: i for i, s in enumerate(parsed)}, channel)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "steps": [s.to_json() for s in self.steps]}
         if self.model:
             out["model"] = self.model
+        if self.notify:
+            out["notify"] = {"channel_id": self.notify}
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WorkflowSpec:
-        return cls.parse(data["name"], data["steps"], model=data.get("model"))
+        return cls.parse(
+            data["name"], data["steps"], model=data.get("model"), notify=data.get("notify")
+        )
 
 
 def _parse_step(
@@ -252,13 +277,23 @@ def _parse_step(
         "model",
         "skills",
         "retry",
+        "approvers",
+        "approval_timeout_s",
+        "notify",
     }
     for key in raw:
         if key not in known:
             raise _bad(f"{where}.{key}", "unknown step field")
     kind = raw.get("type") or "task"
     if kind not in STEP_TYPES:
-        raise _bad(f"{where}.type", "one of branch, spawn (or omitted for a task step)")
+        raise _bad(f"{where}.type", "one of branch, spawn, approval (or omitted for a task step)")
+    if kind == "approval":
+        check_approval_step(raw, where)
+    approvers = parse_approvers(raw.get("approvers"), where, kind)
+    approval_timeout = parse_approval_timeout(raw.get("approval_timeout_s"), where, kind)
+    notify = parse_notify(raw.get("notify"), where)
+    if notify is not None and kind not in ("task", "approval"):
+        raise _bad(f"{where}.notify", "only task and approval steps ask people")
     prompt = raw.get("prompt")
     if kind == "task":
         if not isinstance(prompt, str) or not prompt.strip():
@@ -351,6 +386,9 @@ def _parse_step(
         model=model,
         skills=skills,
         retry=retry,
+        approvers=approvers,
+        approval_timeout_s=approval_timeout,
+        notify=notify,
     )
 
 

@@ -326,13 +326,15 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
     ) -> list[str]:
         """Unfinished workflows nobody else drives (no live claim but `owner`'s): never
         started, their driver dead, an old shard layout's, or `owner`'s previous
-        incarnation's. This shard's own (`number % shards`) first; within each, round-robin
+        incarnation's; not those parked waiting for a person (`waiting_for`: the decision
+        starts them). This shard's own (`number % shards`) first; within each, round-robin
         by user (each user's oldest, then each one's second oldest, ...): after a restart,
         another user's workflow does not wait behind every older one of a user's backlog."""
         rows = await self._pool.fetch(
             "SELECT id FROM (SELECT id, number, number % $1 = $2 AS own, row_number() OVER"
             " (PARTITION BY number % $1 = $2, user_uuid ORDER BY number) AS turn"
-            " FROM workflows w WHERE status IN ('pending', 'running') AND "
+            " FROM workflows w WHERE status IN ('pending', 'running')"
+            " AND w.waiting_for IS NULL AND "
             + ClaimStore.unclaimed_sql(CLAIM_KIND, "w.id", "$4")
             + ") t ORDER BY own DESC, turn, number LIMIT $3",
             max(1, shards),

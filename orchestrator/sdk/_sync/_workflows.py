@@ -49,16 +49,19 @@ class SyncWorkflows(SyncCore):
         variables: Mapping[str, Any] | None = None,
         model: str | None = None,
         idempotency_key: str | None = None,
+        notify: Mapping[str, Any] | None = None,
     ) -> WorkflowCreated:
         """Inline (`name`, `steps`) or from a template; it starts at once. With
         `idempotency_key`, sending it again (also the client's own retries) answers the
-        first workflow instead of creating another."""
+        first workflow instead of creating another. `notify`: `{channel_id}`, where its
+        questions to people (approval steps, tool calls under an `ask` rule) are posted."""
         body = given(
             name=name,
             steps=as_list(steps),
             template=template,
             variables=as_dict(variables),
             model=model,
+            notify=as_dict(notify),
         )
         headers = idempotency(idempotency_key)
         call = Call("POST", "/workflows", model_of(WorkflowCreated), body=body, headers=headers)
