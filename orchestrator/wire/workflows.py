@@ -83,6 +83,12 @@ class WorkflowStep(ApiModel):
         description="Unix ms: an attempt failed and the next is due then (the step is running)",
         exclude_if=left_out_when_none,
     )
+    intervention: dict[str, Any] | None = Field(
+        None,
+        description="The running step waits for a person: {id, kind, status, tool?}"
+        " (GET /interventions/{id})",
+        exclude_if=left_out_when_none,
+    )
 
 
 class Workflow(ApiModel):

@@ -212,11 +212,22 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
         children = await self._pool.fetch(
             "SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number", workflow_id
         )
+        steps = [_step_wire(s, record.spec) for s in record.steps]
+        if record.waiting_for is not None:
+            # The running step waits for a person (issue 32): which decision, shown on it.
+            held = await self._pool.fetchrow(
+                "SELECT id, kind, status, tool, step FROM interventions WHERE id = $1",
+                record.waiting_for,
+            )
+            index = record.spec.step_index.get(held["step"]) if held is not None else None
+            if held is not None and index is not None:
+                shown = {k: held[k] for k in ("id", "kind", "status", "tool") if held[k]}
+                steps[index]["intervention"] = shown
         return {
             "id": record.id,
             "name": record.name,
             "status": str(record.status),
-            "steps": [_step_wire(s, record.spec) for s in record.steps],
+            "steps": steps,
             "parent_id": record.parent_id,
             "children": [r["id"] for r in children],
             "created_at": record.created_at,

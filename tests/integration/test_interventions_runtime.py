@@ -11,7 +11,10 @@ its calls, under an `ask` tool policy rule.
 - The app stopped and a new one started on the same database: the decision there resumes.
 - Two calls asked in one turn: each waits, each runs once.
 - Approval steps: approved, the workflow goes on; rejected, the step fails and compensation
-  runs. A cancel while parked closes the intervention.
+  runs. A cancel while parked closes the intervention. `notify` names a visible channel.
+- The engine alone (a scripted agent): a parked workflow is never swept; decided, the sweep
+  takes it without being told; a continuation lost with its worker is not sent again (the
+  step's next attempt is).
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ import httpx
 import pytest
 
 from deployments.api import create_app
-from tests.conftest import ADMIN_TOKEN, ServedApp
+from orchestrator.agents import AgentTask, TaskResult
+from orchestrator.db import connect
+from orchestrator.events import EventStore
+from orchestrator.interventions import Decider, InterventionStore
+from orchestrator.workflows import WorkflowEngine, WorkflowSpec, WorkflowStore
+from tests.conftest import ADMIN_TOKEN, ServedApp, make_supervisor
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
 from tests.fakes.agent_llm import agent_reply, task_prompt
 from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
@@ -206,6 +214,12 @@ async def test_an_asked_call_parks_and_runs_once_approved(
     assert pay_api.requests == []
     body = (await c.get(f"/workflows/{wid}", headers=ADMIN)).json()
     assert body["status"] == "running" and body["steps"][0]["status"] == "running"
+    assert body["steps"][0]["intervention"] == {
+        "id": iv["id"],
+        "kind": "tool",
+        "status": "pending",
+        "tool": "http__pay",
+    }
     task_id = iv["task_id"]
     completed = [e for e in await events(c, task_id) if e["type"] == "worker.task_completed"]
     assert [e["data"]["status"] for e in completed] == ["waiting"]
@@ -368,3 +382,93 @@ async def test_notify_names_a_visible_channel(service: Service) -> None:
         json={"name": "w", "steps": [{"name": "a", "prompt": "x"}], "notify": {"channel_id": "x"}},
     )
     assert r.status_code == 400 and r.json()["fields"][0]["field"] == "notify.channel_id"
+
+
+# --- the engine alone: parked, swept once decided, a lost continuation -----------------------
+
+
+class _Agent:
+    """Agent work standing in for the runner: attempt 1 of step `s` asks (creates its
+    intervention as the runner does, and answers `waiting`); its continuation is lost (the
+    dispatcher raises, as when the worker running it died); any other attempt completes."""
+
+    def __init__(self, interventions: InterventionStore, events: EventStore) -> None:
+        self.interventions = interventions
+        self.events = events
+        self.dispatched: list[tuple[str, str | None]] = []
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        self.dispatched.append((task.task_id, task.resume))
+        assert task.workflow_id is not None and task.step is not None
+        if task.task_id.endswith(":s:1"):
+            if task.resume is not None:
+                raise ConnectionError("agent-worker-0 died running the continuation")
+            assert task.can_wait
+            async with self.events.transaction() as tx:
+                iv = await self.interventions.create_in(
+                    tx,
+                    task_id=task.task_id,
+                    workflow_id=task.workflow_id,
+                    step=task.step,
+                    user_uuid=task.user_uuid,
+                    kind="tool",
+                    tool="http__pay",
+                    arguments={"amount": 5},
+                    question="Run http__pay?",
+                    checkpoint=b"sealed",
+                )
+            return TaskResult(task.task_id, "waiting", None, None, 5, "w", 1, iv.id)
+        return TaskResult(task.task_id, "completed", f"done {task.step}", None, 5, "w")
+
+
+async def test_parked_is_never_swept_decided_is_and_a_lost_continuation_is_not_resent(
+    make_settings: Any,
+) -> None:
+    settings = make_settings(
+        workflow_claim_ttl_ms=1500, workflow_retry_base_ms=20, workflow_retry_max_ms=50
+    )
+    db = await connect(settings.database_url)
+    events = EventStore(db.pool)
+    store = WorkflowStore(db.pool, events)
+    interventions = InterventionStore(db.pool, events)
+    agent = _Agent(interventions, events)
+    engine = WorkflowEngine(
+        store, agent, settings, supervisor=make_supervisor(), interventions=interventions
+    )
+    try:
+        spec = WorkflowSpec.parse("w", [{"name": "s", "prompt": "p"}, {"name": "t", "prompt": "q"}])
+        wid = await store.create(spec, "ann")
+        await engine.start(wid)
+
+        async def waiting() -> Any:
+            record = await store.load(wid)
+            assert record is not None
+            return record if record.waiting_for and engine.running_count() == 0 else None
+
+        record = await until(waiting)
+        held = await interventions.load(record.waiting_for)
+        assert held is not None and held.pending
+        # Parked: no live claim, and no sweep takes it (several periods).
+        for _ in range(3):
+            assert await engine.sweep() == 0
+            await asyncio.sleep(0.5)
+        assert agent.dispatched == [(f"{wid}:s:1", None)]
+
+        # Decided, without anyone starting it: the sweep takes it within a period.
+        decided = await interventions.decide(held.id, Decider(user_uuid="ann"), approve=True)
+        assert decided.woke
+        final = await engine.wait(wid, within=30)
+        assert str(final.status) == "completed", final
+        # The continuation went once; lost with its worker, it was not sent again: attempt 2.
+        assert agent.dispatched == [
+            (f"{wid}:s:1", None),
+            (f"{wid}:s:1", held.id),
+            (f"{wid}:s:2", None),
+            (f"{wid}:t:1", None),
+        ]
+        history = final.steps[0].attempt_history()
+        assert [(a["attempt"], bool(a.get("lost"))) for a in history] == [(1, True), (2, False)]
+        assert not await interventions.take_resume(held.id)  # taken once, for good
+    finally:
+        await engine.shutdown()
+        await db.close()
