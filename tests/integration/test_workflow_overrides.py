@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator.sdk import ApiError, AsyncClient
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes.agent_llm import agent_reply, task_prompt
 from tests.fakes.openai_server import FakeReply, OpenAIFake
@@ -66,10 +67,15 @@ async def llm(model: Scripted) -> AsyncIterator[OpenAIFake]:
 
 
 @pytest.fixture
-async def api(make_settings: Any, llm: OpenAIFake) -> AsyncIterator[httpx.AsyncClient]:
-    async with ServedApp(agent_settings(make_settings, llm)) as served:
-        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as client:
-            yield client
+async def served(make_settings: Any, llm: OpenAIFake) -> AsyncIterator[ServedApp]:
+    async with ServedApp(agent_settings(make_settings, llm)) as app:
+        yield app
+
+
+@pytest.fixture
+async def api(served: ServedApp) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as client:
+        yield client
 
 
 def three_steps() -> dict[str, Any]:
@@ -388,3 +394,25 @@ async def test_rerun_keeps_earlier_results(api: httpx.AsyncClient, model: Script
     assert override["rerun_id"] == again["id"] and override["user_uuid"] == "alice-rerun"
     listed = (await api.get("/workflows", headers=alice)).json()["data"]
     assert {w["id"] for w in listed} == {wid, again["id"]}
+
+
+async def test_sdk_overrides(served: ServedApp, api: httpx.AsyncClient, model: Scripted) -> None:
+    """retry_step, skip_step, resume_workflow, rerun_workflow (the sync client is generated
+    from the same code: scripts/unasync_sdk.py)."""
+    wid, _ = await failed_at_fetch(api, model, ADMIN)
+    model.broken.clear()
+    async with AsyncClient(served.url, token=ADMIN_TOKEN) as sdk:
+        with pytest.raises(ApiError) as caught:
+            await sdk.skip_step(wid, "setup")
+        assert caught.value.status == 409
+        done = await sdk.retry_step(wid, "fetch")
+        assert (done.id, done.status, done.action, done.step) == (wid, "running", "retry", "fetch")
+        assert (await finished(api, ADMIN, wid))["status"] == "completed"
+        with pytest.raises(ApiError) as caught:
+            await sdk.resume_workflow(wid)
+        assert caught.value.status == 409
+        again = await sdk.rerun_workflow(wid, "after")
+        assert again.rerun_of == wid and again.from_step == "after" and again.status == "pending"
+        body = await finished(api, ADMIN, again.id)
+        assert body["status"] == "completed" and (await sdk.workflow(again.id)).rerun_of == wid
+    assert model.asked == {"setup": 1, "fetch": 2, "after": 2}

@@ -28,7 +28,9 @@ from orchestrator.wire import (
     WorkflowCancelled,
     WorkflowCreated,
     WorkflowDeleted,
+    WorkflowOverridden,
     WorkflowPage,
+    WorkflowRerun,
     WorkflowSummary,
     WorkflowTemplates,
 )
@@ -90,6 +92,31 @@ class SyncWorkflows(SyncCore):
     def delete_workflow(self, workflow_id: str) -> WorkflowDeleted:
         path = f"/workflows/{seg(workflow_id)}"
         return self._send(Call("DELETE", path, model_of(WorkflowDeleted)))
+
+    # --- overrides and re-run (issue 32) ----------------------------------------------------
+
+    def retry_step(self, workflow_id: str, step: str) -> WorkflowOverridden:
+        """A new attempt of the failed step of a failed workflow (which goes on from it), or
+        of the running step of a running one (its attempt in flight abandoned)."""
+        path = f"/workflows/{seg(workflow_id)}/steps/{seg(step)}/retry"
+        return self._send(Call("POST", path, model_of(WorkflowOverridden)))
+
+    def skip_step(self, workflow_id: str, step: str) -> WorkflowOverridden:
+        """The failed (or running) step becomes `skipped`; the next one starts."""
+        path = f"/workflows/{seg(workflow_id)}/steps/{seg(step)}/skip"
+        return self._send(Call("POST", path, model_of(WorkflowOverridden)))
+
+    def resume_workflow(self, workflow_id: str) -> WorkflowOverridden:
+        """A failed (or stuck running) workflow goes on from the step it stopped at."""
+        path = f"/workflows/{seg(workflow_id)}/resume"
+        return self._send(Call("POST", path, model_of(WorkflowOverridden)))
+
+    def rerun_workflow(self, workflow_id: str, from_step: str) -> WorkflowRerun:
+        """A new workflow, same spec and owner, whose steps before `from_step` keep the
+        original's results (not run again); `.id` is the new workflow's."""
+        path = f"/workflows/{seg(workflow_id)}/rerun"
+        call = Call("POST", path, model_of(WorkflowRerun), body={"from_step": from_step})
+        return self._send(call)
 
     def save_template(
         self, name: str, steps: Sequence[StepSpec], shared: bool = False
