@@ -416,3 +416,61 @@ async def test_sdk_overrides(served: ServedApp, api: httpx.AsyncClient, model: S
         body = await finished(api, ADMIN, again.id)
         assert body["status"] == "completed" and (await sdk.workflow(again.id)).rerun_of == wid
     assert model.asked == {"setup": 1, "fetch": 2, "after": 2}
+
+
+def with_retries(backoff_ms: int) -> dict[str, Any]:
+    return {
+        "name": "retrying",
+        "steps": [
+            {
+                "name": "fetch",
+                "prompt": "[tag fetch] [broken fetch] [answer FETCHED]",
+                "retry": {"max_attempts": 2, "backoff_ms": backoff_ms},
+            }
+        ],
+    }
+
+
+async def test_a_retried_failed_step_counts_its_attempts_afresh(
+    api: httpx.AsyncClient, model: Scripted
+) -> None:
+    model.broken.add("fetch")
+    wid = await create(api, ADMIN, **with_retries(10))
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "failed" and body["steps"][0]["attempt"] == 2, body
+    # Still broken: the retried step gets its two attempts again (3 and 4), then fails.
+    r = await api.post(f"/workflows/{wid}/steps/fetch/retry", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "failed", body
+    fetch = body["steps"][0]
+    assert fetch["attempt"] == 4 and [a["attempt"] for a in fetch["attempts"]] == [3, 4]
+    assert model.asked["fetch"] == 4
+    model.broken.clear()
+    r = await api.post(f"/workflows/{wid}/resume", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "completed" and body["steps"][0]["attempt"] == 5, body
+    got = await events(api, wid)
+    assert [e["type"] for e in got].count("workflow.failed") == 2
+    assert [d["action"] for d in overrides(got)] == ["retry", "resume"]
+
+
+async def test_retry_a_step_waiting_for_its_next_attempt_starts_it_now(
+    api: httpx.AsyncClient, model: Scripted
+) -> None:
+    model.broken.add("fetch")
+    wid = await create(api, ADMIN, **with_retries(60_000))
+    deadline = time.monotonic() + 30
+    while "next_attempt_at" not in (body := await running_step(api, wid, 0))["steps"][0]:
+        assert time.monotonic() < deadline, body
+        await asyncio.sleep(0.05)
+    model.broken.clear()
+    r = await api.post(f"/workflows/{wid}/steps/fetch/retry", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    body = await finished(api, ADMIN, wid, within=20)  # not a minute later
+    assert body["status"] == "completed", body
+    fetch = body["steps"][0]
+    # Nothing was in flight: the failed attempt 1, then attempt 2 at once.
+    assert [(a["attempt"], "error" in a) for a in fetch["attempts"]] == [(1, True), (2, False)]
+    assert not any(a.get("lost") for a in fetch["attempts"])
