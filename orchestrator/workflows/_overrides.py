@@ -40,6 +40,8 @@ Decisions (docs/design-notes.md, "Workflow overrides and re-run (issue 32)"):
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -124,7 +126,7 @@ class WorkflowOverrides:
     async def rerun(self, workflow_id: str, from_step: str, principal: Principal) -> Override:
         """A new workflow, same spec and owner, whose steps before `from_step` hold the
         original's results (not run again); the original is finished."""
-        async with self._store.events.transaction() as tx:
+        async with self._transaction() as tx:
             record = await self._locked(tx, workflow_id, principal)
             idx = record.spec.step_index.get(from_step)
             if idx is None:
@@ -168,7 +170,7 @@ class WorkflowOverrides:
     async def _act(
         self, workflow_id: str, principal: Principal, action: Action, name: str | None
     ) -> Override:
-        async with self._store.events.transaction() as tx:
+        async with self._transaction() as tx:
             record = await self._locked(tx, workflow_id, principal)
             idx = None
             if name is not None:
@@ -294,6 +296,17 @@ class WorkflowOverrides:
         return step.name
 
     # --- the writes -------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[EventTransaction]:
+        """The action's transaction. It locks the workflow's row, then its claim's (to
+        delete it), the order of a driver's fenced read; should Postgres still find a
+        deadlock with a driver (and abort this side), the caller is told to try again."""
+        try:
+            async with self._store.events.transaction() as tx:
+                yield tx
+        except asyncpg.DeadlockDetectedError:
+            raise Conflict("the workflow changed while this was applied: try again") from None
 
     async def _locked(
         self, tx: EventTransaction, workflow_id: str, principal: Principal
