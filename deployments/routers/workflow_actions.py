@@ -21,12 +21,24 @@ router = APIRouter(tags=["workflows"])
 StepName = Annotated[str, Path(max_length=200, description="A step's name in the workflow")]
 
 
+REASON = Field(
+    None, max_length=2000, description="Why (kept in audit.workflow_override's `reason`)"
+)
+
+
+class OverrideIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = REASON
+
+
 class RerunIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     from_step: str = Field(
         max_length=200, description="The first step to run again; earlier steps keep results"
     )
+    reason: str | None = REASON
 
 
 def _done(outcome: Override) -> wire.WorkflowOverridden:
@@ -46,11 +58,14 @@ async def retry_step(
     workflows: Workflows,
     workflow_runner: WorkflowDriver,
     caller: CurrentUser,
+    body: OverrideIn | None = None,
 ) -> wire.WorkflowOverridden:
     """A new attempt of the failed step of a failed workflow (it runs again from there) or
     of the running step of a running one (the attempt in flight is abandoned). 404: no such
     workflow (or step); 409: the step or workflow is in a state this does not apply to."""
-    done = await WorkflowOverrides(workflows, settings).retry(workflow_id, step, caller)
+    done = await WorkflowOverrides(workflows, settings).retry(
+        workflow_id, step, caller, reason=body.reason if body else None
+    )
     await workflow_runner.start(workflow_id)
     return _done(done)
 
@@ -63,9 +78,12 @@ async def skip_step(
     workflows: Workflows,
     workflow_runner: WorkflowDriver,
     caller: CurrentUser,
+    body: OverrideIn | None = None,
 ) -> wire.WorkflowOverridden:
     """The failed (or running) step becomes `skipped` and the next one starts."""
-    done = await WorkflowOverrides(workflows, settings).skip(workflow_id, step, caller)
+    done = await WorkflowOverrides(workflows, settings).skip(
+        workflow_id, step, caller, reason=body.reason if body else None
+    )
     await workflow_runner.start(workflow_id)
     return _done(done)
 
@@ -77,10 +95,13 @@ async def resume_workflow(
     workflows: Workflows,
     workflow_runner: WorkflowDriver,
     caller: CurrentUser,
+    body: OverrideIn | None = None,
 ) -> wire.WorkflowOverridden:
     """A failed (or stuck running) workflow goes on from the step it stopped at, with a new
     attempt of it. 409 for a completed, cancelled, pending or compensating workflow."""
-    done = await WorkflowOverrides(workflows, settings).resume(workflow_id, caller)
+    done = await WorkflowOverrides(workflows, settings).resume(
+        workflow_id, caller, reason=body.reason if body else None
+    )
     await workflow_runner.start(workflow_id)
     return _done(done)
 
@@ -97,7 +118,9 @@ async def rerun_workflow(
     """A new workflow (same spec and owner) whose steps before `from_step` keep the
     original's results and are not run again; it starts at once. 400 naming `from_step`
     when the workflow has no such step; 409 unless the original has finished."""
-    done = await WorkflowOverrides(workflows, settings).rerun(workflow_id, body.from_step, caller)
+    done = await WorkflowOverrides(workflows, settings).rerun(
+        workflow_id, body.from_step, caller, reason=body.reason
+    )
     assert done.rerun_id is not None
     await workflow_runner.start(done.rerun_id)
     return wire.WorkflowRerun(

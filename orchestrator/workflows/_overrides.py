@@ -108,22 +108,35 @@ class WorkflowOverrides:
 
     # --- the actions ------------------------------------------------------------------------
 
-    async def retry(self, workflow_id: str, step: str, principal: Principal) -> Override:
+    async def retry(
+        self, workflow_id: str, step: str, principal: Principal, *, reason: str | None = None
+    ) -> Override:
         """A new attempt of `step`: the failed step of a failed workflow (which runs again
         from it), or the running step of a running one (its attempt abandoned)."""
-        return await self._act(workflow_id, principal, "retry", step)
+        return await self._act(workflow_id, principal, "retry", step, reason)
 
-    async def skip(self, workflow_id: str, step: str, principal: Principal) -> Override:
+    async def skip(
+        self, workflow_id: str, step: str, principal: Principal, *, reason: str | None = None
+    ) -> Override:
         """`step` becomes skipped and the next one starts: the failed step of a failed
         workflow, or the running step of a running one."""
-        return await self._act(workflow_id, principal, "skip", step)
+        return await self._act(workflow_id, principal, "skip", step, reason)
 
-    async def resume(self, workflow_id: str, principal: Principal) -> Override:
+    async def resume(
+        self, workflow_id: str, principal: Principal, *, reason: str | None = None
+    ) -> Override:
         """A failed workflow, or a stuck running one, goes on from where it stopped: that
         step gets a new attempt."""
-        return await self._act(workflow_id, principal, "resume", None)
+        return await self._act(workflow_id, principal, "resume", None, reason)
 
-    async def rerun(self, workflow_id: str, from_step: str, principal: Principal) -> Override:
+    async def rerun(
+        self,
+        workflow_id: str,
+        from_step: str,
+        principal: Principal,
+        *,
+        reason: str | None = None,
+    ) -> Override:
         """A new workflow, same spec and owner, whose steps before `from_step` hold the
         original's results (not run again); the original is finished."""
         async with self._transaction() as tx:
@@ -162,13 +175,21 @@ class WorkflowOverrides:
                 workflow_id,
                 idx,
             )
-            await tx.append([self._audit(record, principal, "rerun", from_step, rerun_id=new_id)])
+            audit = self._audit(
+                record, principal, "rerun", from_step, rerun_id=new_id, reason=reason
+            )
+            await tx.append([audit])
         return Override(workflow_id, str(record.status), "rerun", from_step, new_id)
 
     # --- retry, skip, resume ----------------------------------------------------------------
 
     async def _act(
-        self, workflow_id: str, principal: Principal, action: Action, name: str | None
+        self,
+        workflow_id: str,
+        principal: Principal,
+        action: Action,
+        name: str | None,
+        reason: str | None,
     ) -> Override:
         async with self._transaction() as tx:
             record = await self._locked(tx, workflow_id, principal)
@@ -189,7 +210,7 @@ class WorkflowOverrides:
                     + (" (a cancelled one cannot be resumed)" if doing == "cancelled" else ""),
                     extra={"status": str(record.status)},
                 )
-            await tx.append([self._audit(record, principal, action, step)])
+            await tx.append([self._audit(record, principal, action, step, reason=reason)])
         return Override(workflow_id, str(W.RUNNING), action, step)
 
     async def _on_failed(

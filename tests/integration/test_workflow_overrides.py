@@ -130,7 +130,9 @@ async def test_retry_the_failed_step_completes_the_workflow(
     assert failed["steps"][1]["attempt"] == 1
     model.broken.clear()
 
-    r = await api.post(f"/workflows/{wid}/steps/fetch/retry", headers=alice)
+    r = await api.post(
+        f"/workflows/{wid}/steps/fetch/retry", headers=alice, json={"reason": "provider back"}
+    )
     assert r.status_code == 200, r.text
     assert r.json() == {
         "ok": True,
@@ -158,6 +160,7 @@ async def test_retry_the_failed_step_completes_the_workflow(
         "step": "fetch",
         "user_uuid": "alice-over",
         "previous_status": "failed",
+        "reason": "provider back",
     }
     types = [e["type"] for e in got]
     after_override = types[types.index("audit.workflow_override") :]
@@ -405,7 +408,7 @@ async def test_sdk_overrides(served: ServedApp, api: httpx.AsyncClient, model: S
         with pytest.raises(ApiError) as caught:
             await sdk.skip_step(wid, "setup")
         assert caught.value.status == 409
-        done = await sdk.retry_step(wid, "fetch")
+        done = await sdk.retry_step(wid, "fetch", reason="fixed")
         assert (done.id, done.status, done.action, done.step) == (wid, "running", "retry", "fetch")
         assert (await finished(api, ADMIN, wid))["status"] == "completed"
         with pytest.raises(ApiError) as caught:
@@ -416,6 +419,8 @@ async def test_sdk_overrides(served: ServedApp, api: httpx.AsyncClient, model: S
         body = await finished(api, ADMIN, again.id)
         assert body["status"] == "completed" and (await sdk.workflow(again.id)).rerun_of == wid
     assert model.asked == {"setup": 1, "fetch": 2, "after": 2}
+    reasons = [d.get("reason") for d in overrides(await events(api, wid))]
+    assert reasons == ["fixed", None]  # the retry's, the re-run's
 
 
 def with_retries(backoff_ms: int) -> dict[str, Any]:
