@@ -14,6 +14,7 @@ from deployments.routers import (
     scheduler,
     tokens,
     tools,
+    workflow_actions,
     workflows,
     workspace,
 )
@@ -28,6 +29,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     memory.router,
     events.router,
     workflows.router,
+    workflow_actions.router,
     operations.router,
     embeddings.router,
     inference.router,
