@@ -281,6 +281,17 @@ class WorkflowEngine(WorkflowDriving):
         if what == "done":
             for event in self._waiters.get(workflow_id, ()):
                 event.set()
+        elif what == "override":
+            # An override (_overrides.py) revoked the claim at this epoch: stop the driver
+            # holding it and drive again (a driver under a newer claim is not concerned).
+            workflow_id, _, epoch = workflow_id.partition(":")
+            fence = self._fences.get(workflow_id)
+            if fence is not None and epoch.isdigit() and fence.epoch <= int(epoch):
+                self._sup.spawn(
+                    f"{_INTERRUPT}{workflow_id} {uuid.uuid4().hex[:6]}",
+                    lambda: self._interrupt(workflow_id),
+                    restart=False,
+                )
         elif (
             what == "cancel"
             and self._driver(workflow_id) is not None

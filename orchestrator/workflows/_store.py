@@ -76,6 +76,10 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
     def pool(self) -> asyncpg.Pool:
         return self._pool
 
+    @property
+    def events(self) -> EventStore:
+        return self._events
+
     # --- creating and reading ---------------------------------------------------------------
 
     async def check_live_room(
@@ -209,8 +213,11 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
 
     async def detail(self, workflow_id: str, principal: Principal) -> dict[str, Any]:
         record = await self.get(workflow_id, principal)
-        children = await self._pool.fetch(
-            "SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number", workflow_id
+        # Its children and what it re-runs (migration 0028) in one round trip.
+        row = await self._pool.fetchrow(
+            "SELECT array(SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number)"
+            " AS children, (SELECT rerun_of FROM workflows WHERE id = $1) AS rerun_of",
+            workflow_id,
         )
         steps = [_step_wire(s, record.spec) for s in record.steps]
         if record.waiting_for is not None:
@@ -229,7 +236,8 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
             "status": str(record.status),
             "steps": steps,
             "parent_id": record.parent_id,
-            "children": [r["id"] for r in children],
+            "children": list(row["children"]),
+            "rerun_of": row["rerun_of"],
             "created_at": record.created_at,
             "updated_at": record.updated_at,
             "error": record.error,

@@ -369,6 +369,50 @@ async def test_a_cancel_while_parked_closes_the_intervention(service: Service) -
     assert got["status"] == "rejected" and got["via"] == "cancel"
 
 
+async def test_overrides_on_a_parked_workflow(service: Service, pay_api: PayApi) -> None:
+    """A parked task step: resume is a 409 (it waits for a decision); retry closes the question
+    (rejected via cancel) and the new attempt asks again; skip closes it and the workflow goes
+    on. A parked approval step cannot be retried (a person decides it) but can be skipped."""
+    c = service.c
+    assert c is not None
+    wid = await create(c, [{"name": "pay", "prompt": PAY}, {"name": "after", "prompt": "[answer OK]"}])
+    [first] = await pending(c, wid)
+    await parked(service, wid)
+    r = await c.post(f"/workflows/{wid}/resume", headers=ADMIN)
+    assert r.status_code == 409 and r.json()["intervention_id"] == first["id"], r.text
+    r = await c.post(f"/workflows/{wid}/steps/pay/retry", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    closed = (await c.get(f"/interventions/{first['id']}", headers=ADMIN)).json()
+    assert closed["status"] == "rejected" and closed["via"] == "cancel", closed
+
+    async def asked_again() -> list[dict[str, Any]] | None:
+        data = await pending(c, wid)
+        return data if data[0]["id"] != first["id"] else None
+
+    [second] = await until(asked_again)
+    assert second["task_id"] != first["task_id"]  # a new attempt
+    await parked(service, wid)
+    r = await c.post(f"/workflows/{wid}/steps/pay/skip", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    final = await finished(c, wid)
+    assert final["status"] == "completed", final
+    assert [s["status"] for s in final["steps"]] == ["skipped", "completed"]
+    assert (await c.get(f"/interventions/{second['id']}", headers=ADMIN)).json()["status"] == "rejected"
+    assert pay_api.requests == []  # nothing was paid: no one approved
+
+    wid = await create(c, _approval_flow())
+    [iv] = await pending(c, wid)
+    r = await c.post(f"/workflows/{wid}/steps/ok/retry", headers=ADMIN)
+    assert r.status_code == 409 and "approval step" in r.json()["error"], r.text
+    r = await c.post(f"/workflows/{wid}/steps/ok/skip", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    final = await finished(c, wid)
+    assert [s["status"] for s in final["steps"]] == ["completed", "skipped", "completed"], final
+    assert (await c.get(f"/interventions/{iv['id']}", headers=ADMIN)).json()["via"] == "cancel"
+    overrides = [e["data"] for e in await events(c, wid) if e["type"] == "audit.workflow_override"]
+    assert [(o["action"], o["step"]) for o in overrides] == [("skip", "ok")]
+
+
 async def test_notify_names_a_visible_channel(service: Service) -> None:
     c = service.c
     assert c is not None
