@@ -375,7 +375,9 @@ async def test_overrides_on_a_parked_workflow(service: Service, pay_api: PayApi)
     on. A parked approval step cannot be retried (a person decides it) but can be skipped."""
     c = service.c
     assert c is not None
-    wid = await create(c, [{"name": "pay", "prompt": PAY}, {"name": "after", "prompt": "[answer OK]"}])
+    wid = await create(
+        c, [{"name": "pay", "prompt": PAY}, {"name": "after", "prompt": "[answer OK]"}]
+    )
     [first] = await pending(c, wid)
     await parked(service, wid)
     r = await c.post(f"/workflows/{wid}/resume", headers=ADMIN)
@@ -397,7 +399,9 @@ async def test_overrides_on_a_parked_workflow(service: Service, pay_api: PayApi)
     final = await finished(c, wid)
     assert final["status"] == "completed", final
     assert [s["status"] for s in final["steps"]] == ["skipped", "completed"]
-    assert (await c.get(f"/interventions/{second['id']}", headers=ADMIN)).json()["status"] == "rejected"
+    assert (await c.get(f"/interventions/{second['id']}", headers=ADMIN)).json()[
+        "status"
+    ] == "rejected"
     assert pay_api.requests == []  # nothing was paid: no one approved
 
     wid = await create(c, _approval_flow())
