@@ -253,6 +253,7 @@ async def _api(
     tool_clients = AgentToolClients(s)
     stack.push_async_callback(tool_clients.aclose)
     tool_catalog = tool_clients.catalog(db.pool, tool_store)
+    interventions = InterventionStore(db.pool, events, default_timeout_s=s.intervention_timeout_s)
     agents = AgentRunner(
         s,
         gateway,
@@ -265,10 +266,11 @@ async def _api(
             "workspace": workspace,
             "marketplace": marketplace,
         },
+        interventions=interventions,
+        box=box,
     )
     dispatcher = LocalDispatcher(agents, on_busy=recorder.active_workers)
     workflows = WorkflowStore(db.pool, events)
-    interventions = InterventionStore(db.pool, events, default_timeout_s=s.intervention_timeout_s)
     jobs = JobStore(db.pool, events)
     scheduler: SchedulerService | None = None
     if peers.run_scheduler:
