@@ -331,8 +331,11 @@ async def _teams_press(
 DecisionToken = Annotated[str, Path(min_length=20, max_length=600)]
 
 
+# A person's link, not an API call: documented in docs/api/channels.md, left out of the
+# OpenAPI document (and so of the SDK).
 @router.get(
     "/channels/webhook/decide/{token}",
+    include_in_schema=False,
     response_class=HTMLResponse,
     responses={401: {"description": "not a valid link (changed, another key, expired)"}},
 )
@@ -353,6 +356,7 @@ async def confirm_decision(token: DecisionToken, desk: ChannelDesk) -> HTMLRespo
 
 @router.post(
     "/channels/webhook/decide/{token}",
+    include_in_schema=False,
     response_model=wire.InterventionDecided,
     responses={
         401: {"description": "not a valid link (changed, another key, expired)"},

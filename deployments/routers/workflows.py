@@ -160,14 +160,22 @@ async def _check_step_tools(
 
 
 async def _check_notify(spec: WorkflowSpec, channels: ChannelStore, caller: Principal) -> None:
-    """Every `notify` names a channel the creator can see (issue 32): else a 400 naming the
-    field, not a question posted nowhere later."""
+    """Every `notify` names a channel the creator can see that lists `approvers` (issue 32):
+    else a 400 naming the field, not a question posted where nobody may answer it."""
     for where, channel_id in notify_fields(spec):
         try:
-            await channels.get(channel_id, caller)
+            channel = await channels.get(channel_id, caller)
         except NotFound:
-            bad = {"field": where, "error": f"no channel {channel_id!r} (GET /channels)"}
-            raise BadRequest(f"{where}: {bad['error']}", extra={"fields": [bad]}) from None
+            error = f"no channel {channel_id!r} (GET /channels)"
+        else:
+            if channel.config.get("approvers"):
+                continue
+            error = (
+                f"channel {channel_id} lists no approvers: set its config.approvers (the"
+                " platform users who may decide) first"
+            )
+        bad = {"field": where, "error": error}
+        raise BadRequest(f"{where}: {error}", extra={"fields": [bad]})
 
 
 def _created(workflow_id: str) -> wire.WorkflowCreated:

@@ -417,7 +417,7 @@ async def test_overrides_on_a_parked_workflow(service: Service, pay_api: PayApi)
     assert [(o["action"], o["step"]) for o in overrides] == [("skip", "ok")]
 
 
-async def test_notify_names_a_visible_channel(service: Service) -> None:
+async def test_notify_names_a_visible_channel_with_approvers(service: Service) -> None:
     c = service.c
     assert c is not None
     steps = [{"name": "ok", "type": "approval", "prompt": "?", "notify": {"channel_id": "ch-9"}}]
@@ -430,6 +430,22 @@ async def test_notify_names_a_visible_channel(service: Service) -> None:
         json={"name": "w", "steps": [{"name": "a", "prompt": "x"}], "notify": {"channel_id": "x"}},
     )
     assert r.status_code == 400 and r.json()["fields"][0]["field"] == "notify.channel_id"
+    # A channel nobody on it may answer from: a 400 too, until it lists approvers.
+    hook = {"callback_url": "http://127.0.0.1:9/hook"}
+    made = await c.post(
+        "/channels", headers=ADMIN, json={"type": "webhook", "name": "h", "config": hook}
+    )
+    assert made.status_code == 200, made.text
+    channel = made.json()["data"]["id"]
+    steps[0]["notify"] = {"channel_id": channel}
+    r = await c.post("/workflows", headers=ADMIN, json={"name": "w", "steps": steps})
+    assert r.status_code == 400 and "approvers" in r.json()["fields"][0]["error"], r.text
+    put = await c.put(
+        f"/channels/{channel}", headers=ADMIN, json={"config": {**hook, "approvers": ["ops"]}}
+    )
+    assert put.status_code == 200, put.text
+    r = await c.post("/workflows", headers=ADMIN, json={"name": "w", "steps": steps})
+    assert r.status_code == 200, r.text
 
 
 # --- the engine alone: parked, swept once decided, a lost continuation -----------------------
