@@ -119,6 +119,10 @@ ACTOR_SETTINGS: tuple[str, ...] = (
     "workflow_retry_max_ms",
     "workflow_shard_max_active",
     "workflow_shard_tenant_share",
+    # A spawned child's spec is parsed in its shard: its steps' retry defaults.
+    "step_retry_backoff_ms",
+    "step_retry_max_attempts",
+    "step_retry_max_backoff_ms",
     # The scheduler.
     "catchup_enabled",
     "catchup_stagger_ms",
@@ -135,6 +139,7 @@ ACTOR_SETTINGS: tuple[str, ...] = (
     "channel_history_turns",
     "channel_retry_base_s",
     "channel_secret_key",
+    "public_url",  # the base of a webhook question's signed links (issue 32)
 )
 
 # Read by the actors but left out of the version on purpose: a change alone does not replace

@@ -18,7 +18,13 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from orchestrator.auth import Authenticator, Principal, TokenStore
-from orchestrator.channels import ChannelRunner, ChannelStore, InboundLimits, TeamsVerifiers
+from orchestrator.channels import (
+    ChannelRunner,
+    ChannelStore,
+    InboundLimits,
+    InterventionDesk,
+    TeamsVerifiers,
+)
 from orchestrator.config import Settings
 from orchestrator.db import Database
 from orchestrator.errors import Forbidden, Unauthorized
@@ -108,6 +114,7 @@ Inference = Annotated[InferenceService, _service("inference")]
 Workflows = Annotated[WorkflowStore, _service("workflows")]
 WorkflowDriver = Annotated[WorkflowRunner, _service("workflow_runner")]
 Interventions = Annotated[InterventionStore, _service("interventions")]
+ChannelDesk = Annotated[InterventionDesk, _service("intervention_desk")]
 Jobs = Annotated[JobStore, _service("jobs")]
 Memory = Annotated[MemoryStore, _service("memory")]
 Files = Annotated[Workspace, _service("workspace")]

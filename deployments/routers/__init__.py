@@ -15,6 +15,7 @@ from deployments.routers import (
     scheduler,
     tokens,
     tools,
+    workflow_actions,
     workflows,
     workspace,
 )
@@ -29,6 +30,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     memory.router,
     events.router,
     workflows.router,
+    workflow_actions.router,
     interventions.router,
     operations.router,
     embeddings.router,

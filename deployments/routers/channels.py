@@ -1,21 +1,29 @@
 """SPEC part 4, channels: CRUD (tenant-scoped, secrets never shown after creation) and the
 webhook receiver, which verifies a delivery by its channel's type, writes the message to the
 inbox (once per platform delivery id) and answers at once; a ChannelHub (or the in-process
-relay) answers it with an agent task run as the channel's owner and delivers the answer."""
+relay) answers it with an agent task run as the channel's owner and delivers the answer.
+
+Issue 32: the same receiver takes the presses of an intervention's Approve/Reject buttons
+(Slack's form-encoded interactions, Telegram callback queries, Teams card submits), verified
+like every delivery of their channel, and decides for a listed approver; a generic
+webhook's signed links are GET (a confirmation form only: link scanners prefetch GETs) and
+POST (decides) under /channels/webhook/decide/{token}."""
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.client_address import scope_client_address
 from deployments.deps import (
+    ChannelDesk,
     ChannelDriver,
     ChannelLimits,
     Channels,
@@ -28,12 +36,17 @@ from orchestrator.channels import (
     Challenge,
     Channel,
     Inbound,
+    InterventionDesk,
+    Press,
     TeamsVerifier,
     TeamsVerifiers,
     VerificationFailed,
     parse_slack,
+    parse_slack_action,
     parse_teams,
+    parse_teams_action,
     parse_telegram,
+    parse_telegram_callback,
     parse_webhook,
     reply_of,
     teams_channel_id,
@@ -43,6 +56,7 @@ from orchestrator.channels import (
 )
 from orchestrator.config import Settings
 from orchestrator.errors import NotFound, ServiceUnavailable, ValidationFailed
+from orchestrator.interventions import LinkRefused
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +200,7 @@ async def receive(
     channel_limits: ChannelLimits,
     channel_runner: ChannelDriver,
     teams_verifiers: TeamsVerifierCache,
+    desk: ChannelDesk,
     token: Annotated[str, Path(min_length=8, max_length=200)],
     sync: Annotated[
         bool, Query(description="Generic webhooks: wait and answer in the response")
@@ -205,13 +220,26 @@ async def receive(
     inbound: Inbound | Challenge | None
     if channel.type == "slack":
         verify_slack(channel.secrets.get("signing_secret", ""), headers, raw)
+        if headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            # An interaction (the Interactivity Request URL is this receiver): acknowledged
+            # at once with an empty 200, as Slack wants within 3 s.
+            press = parse_slack_action(raw)
+            if press is not None:
+                told = await desk.decide_from_channel(channel, press)
+                if not told.decided:
+                    desk.tell_slack(press.reply.get("response_url"), told.text)
+            return Response(status_code=200)
         inbound = parse_slack(_json_body(raw))
         if isinstance(inbound, Challenge):
             return PlainTextResponse(inbound.challenge)
     elif channel.type == "teams":
         verifier = _teams_verifier(s, teams_verifiers, channel)
         claims = await verifier.verify(headers.get("authorization"), teams_channel_id(raw))
-        inbound = parse_teams(_json_body(raw))
+        body = _json_body(raw)
+        press = parse_teams_action(body)
+        if press is not None:
+            return await _teams_press(desk, channel, claims, press)
+        inbound = parse_teams(body)
         if inbound is not None:
             verify_teams_service_url(claims, inbound.reply.get("service_url"))
             tenant = inbound.metadata.get("tenant_id")
@@ -224,7 +252,21 @@ async def receive(
             channel.secrets.get("secret_token"),
             headers,
         )
-        inbound = parse_telegram(_json_body(raw), channel.config.get("chat_ids") or None)
+        update = _json_body(raw)
+        press = parse_telegram_callback(update)
+        if press is not None:
+            # Answered in the webhook's response (Bot API: "making requests when getting
+            # updates"): the person's client stops spinning, a refusal shows as an alert.
+            told = await desk.decide_from_channel(channel, press)
+            return JSONResponse(
+                {
+                    "method": "answerCallbackQuery",
+                    "callback_query_id": press.reply["callback_query_id"],
+                    "text": told.text[:200],
+                    "show_alert": not told.decided,
+                }
+            )
+        inbound = parse_telegram(update, channel.config.get("chat_ids") or None)
     else:
         inbound = parse_webhook(_json_body(raw))
     if inbound is None:
@@ -260,3 +302,76 @@ async def receive(
         return JSONResponse(wire.WebhookAck(accepted=True, answer=answer).model_dump())
     await channel_runner.submit(channel.id, inbox_id)
     return JSONResponse(wire.WebhookAck(accepted=True).model_dump())
+
+
+async def _teams_press(
+    desk: InterventionDesk, channel: Channel, claims: dict[str, Any], press: Press
+) -> Response:
+    """A card's submit, checked as any Teams activity (the token's serviceurl, the tenant);
+    an invoke is answered with the outcome (Universal Actions' message response)."""
+    verify_teams_service_url(claims, press.reply.get("service_url"))
+    if press.reply.get("tenant_id") != channel.config.get("tenant_id"):
+        raise VerificationFailed("teams activity: from another tenant than the channel's")
+    answer = await desk.decide_from_channel(channel, press)
+    if not answer.decided and not press.reply.get("invoke"):
+        desk.tell_teams(channel, press, answer.text)
+    if press.reply.get("invoke"):
+        return JSONResponse(
+            {
+                "statusCode": 200,
+                "type": "application/vnd.microsoft.activity.message",
+                "value": answer.text,
+            }
+        )
+    return JSONResponse(wire.WebhookAck(accepted=answer.decided).model_dump())
+
+
+# --- a generic webhook's signed decision links ------------------------------------------------
+
+DecisionToken = Annotated[str, Path(min_length=20, max_length=600)]
+
+
+# A person's link, not an API call: documented in docs/api/channels.md, left out of the
+# OpenAPI document (and so of the SDK).
+@router.get(
+    "/channels/webhook/decide/{token}",
+    include_in_schema=False,
+    response_class=HTMLResponse,
+    responses={401: {"description": "not a valid link (changed, another key, expired)"}},
+)
+async def confirm_decision(token: DecisionToken, desk: ChannelDesk) -> HTMLResponse:
+    """A confirmation page with one button that POSTs the decision: a GET never decides
+    (mail scanners and link unfurlers fetch links before a person clicks)."""
+    link = desk.signer.verify(token)
+    verb = "Approve" if link.approve else "Reject"
+    iv, who = html.escape(link.intervention_id), html.escape(link.approver)
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<meta name='robots' content='noindex'><title>{verb} {iv}</title></head><body>"
+        f"<p>{verb} intervention <b>{iv}</b> as <b>{who}</b>?</p>"
+        f"<form method='post'><button type='submit'>{verb}</button></form></body></html>"
+    )
+    return HTMLResponse(page, headers={"cache-control": "no-store"})
+
+
+@router.post(
+    "/channels/webhook/decide/{token}",
+    include_in_schema=False,
+    response_model=wire.InterventionDecided,
+    responses={
+        401: {"description": "not a valid link (changed, another key, expired)"},
+        403: {"description": "the link's approver is no longer listed by the channel"},
+        404: {"description": "no such intervention on a webhook channel"},
+        409: {"description": "already decided (`status`, `decided_by`)"},
+    },
+)
+async def decide_by_link(token: DecisionToken, desk: ChannelDesk) -> wire.InterventionDecided:
+    """Decide as the link says, once: its second use (or any decision first) is a 409."""
+    try:
+        link = desk.signer.verify(token)
+    except LinkRefused:
+        log.info("a decision link was refused")
+        raise
+    decided = await desk.decide_link(link)
+    iv = decided.intervention
+    return wire.InterventionDecided(id=iv.id, status=iv.status)  # type: ignore[arg-type]

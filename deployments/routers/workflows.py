@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from deployments.deps import (
     Catalog,
+    Channels,
     Config,
     CurrentUser,
     Idempotent,
@@ -24,6 +25,8 @@ from deployments.deps import (
 )
 from orchestrator import wire
 from orchestrator.agents import tools_refused
+from orchestrator.auth import Principal
+from orchestrator.channels import ChannelStore
 from orchestrator.config import Settings
 from orchestrator.errors import BadRequest, Forbidden, NotFound
 from orchestrator.idempotency import Answer
@@ -40,6 +43,7 @@ from orchestrator.workflows import (
     tool_steps,
     tree_size,
 )
+from orchestrator.workflows._approval import notify_fields
 
 router = APIRouter(tags=["workflows"])
 
@@ -75,6 +79,15 @@ class StepIn(BaseModel):
         description="Task steps: marketplace skills, `name`, `name@<version>` or"
         " `<author>/name[@<version>]`, pinned to a version when the workflow is created",
     )
+    approvers: list[str] | None = Field(
+        None, description="Approval steps: user ids who decide (default: the owner)"
+    )
+    approval_timeout_s: int | None = Field(
+        None, description="Task and approval steps: seconds a question waits for a decision"
+    )
+    notify: dict[str, Any] | None = Field(
+        None, description="Task and approval steps: {channel_id} questions are posted to"
+    )
 
 
 class WorkflowCreate(BaseModel):
@@ -85,6 +98,9 @@ class WorkflowCreate(BaseModel):
     template: str | None = Field(None, max_length=128, description="A template's name")
     variables: dict[str, Any] | None = Field(None, description="Template variables")
     model: str | None = Field(None, max_length=256, description="Model for every step")
+    notify: dict[str, Any] | None = Field(
+        None, description="{channel_id}: where the workflow's questions to people are posted"
+    )
 
 
 class TemplateIn(BaseModel):
@@ -143,6 +159,25 @@ async def _check_step_tools(
             raise BadRequest(f"{where}: {tools_refused(model)}", extra={"fields": [bad]})
 
 
+async def _check_notify(spec: WorkflowSpec, channels: ChannelStore, caller: Principal) -> None:
+    """Every `notify` names a channel the creator can see that lists `approvers` (issue 32):
+    else a 400 naming the field, not a question posted where nobody may answer it."""
+    for where, channel_id in notify_fields(spec):
+        try:
+            channel = await channels.get(channel_id, caller)
+        except NotFound:
+            error = f"no channel {channel_id!r} (GET /channels)"
+        else:
+            if channel.config.get("approvers"):
+                continue
+            error = (
+                f"channel {channel_id} lists no approvers: set its config.approvers (the"
+                " platform users who may decide) first"
+            )
+        bad = {"field": where, "error": error}
+        raise BadRequest(f"{where}: {error}", extra={"fields": [bad]})
+
+
 def _created(workflow_id: str) -> wire.WorkflowCreated:
     return wire.WorkflowCreated(id=workflow_id, status="pending")
 
@@ -158,6 +193,7 @@ async def create_workflow(
     workflow_runner: WorkflowDriver,
     caller: CurrentUser,
     once: Idempotent,
+    channels: Channels,
 ) -> wire.WorkflowCreated | Response:
     """Inline (`name`, `steps`) or from a template (`template`, `variables`); starts at once.
     Past a limit of docs/security.md: 400, or 429 for the user's live workflows, naming it.
@@ -171,6 +207,7 @@ async def create_workflow(
         spec = await resolve_request(workflows, given, caller.user_uuid, limits=limits)
         spec = await pin_skills(spec, marketplace)
         await _check_step_tools(spec, settings, catalog, gateway, caller.user_uuid)
+        await _check_notify(spec, channels, caller)
         workflow_id = await workflows.create_within(
             spec,
             caller.user_uuid,

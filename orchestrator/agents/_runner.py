@@ -18,6 +18,14 @@ the task's timeout or the turn limit.
 - Events (all with the task's `user_uuid`): task.dispatched and worker.task_started on
   start, agent.turn_started/turn_completed per turn, then task.completed +
   worker.task_completed, or task.failed + worker.task_failed (timeout: status `timeout`).
+- Parking (issue 32): a call under an `ask` policy rule, in a task that can wait (a
+  workflow's task step), stops the run: the conversation is sealed (_checkpoint.py) and an
+  intervention created with it, in one event transaction; the run returns status
+  `waiting` (worker.task_completed says so; no task.completed), freeing its worker. Once a
+  person decided, a run with `task.resume` (any worker) restores the conversation: the
+  approved call runs (once: the engine takes the continuation once), a rejected or expired
+  one answers the model "refused by a person: <reason>"; then the turn's other calls (each
+  may ask again) and the next turns. The step's `timeout` bounds each run, not the wait.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import asyncpg
 
+from orchestrator.agents._checkpoint import Checkpoint, CheckpointUnreadable, seal, unseal
 from orchestrator.agents._task import (
     MODES,
     AgentTask,
@@ -56,6 +65,7 @@ from orchestrator.agents._tools import (
 from orchestrator.config import Settings
 from orchestrator.errors import OrchestratorError
 from orchestrator.events import EventStore, NewEvent
+from orchestrator.interventions import AttemptSuperseded
 from orchestrator.observability import mask_secrets
 from orchestrator.providers import (
     ChatRequest,
@@ -65,6 +75,11 @@ from orchestrator.providers import (
     ToolResultBlock,
     ToolUseBlock,
 )
+
+if TYPE_CHECKING:
+    from cryptography.fernet import Fernet
+
+    from orchestrator.interventions import InterventionStore
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +94,26 @@ class TaskFailed(Exception):
     """Ends a task as failed with this message."""
 
 
+class TaskParked(Exception):
+    """Ends this run of a task as waiting for intervention `intervention_id`."""
+
+    def __init__(self, intervention_id: str) -> None:
+        super().__init__(intervention_id)
+        self.intervention_id = intervention_id
+
+
+class _Ask(Exception):
+    """A call meets an `ask` rule in a task that can wait: park the run here."""
+
+    def __init__(self, note: str) -> None:
+        super().__init__(note)
+        self.note = note
+
+
+# What `_refusal` answers for a call that waits for a person.
+_ASK = object()
+
+
 class AgentRunner:
     def __init__(
         self,
@@ -87,8 +122,16 @@ class AgentRunner:
         events: EventStore,
         tools: ToolRegistry | ToolSource,
         services: dict[str, Any] | None = None,
+        *,
+        interventions: InterventionStore | None = None,
+        box: Fernet | None = None,
     ) -> None:
+        """`interventions` and `box` (the deployment's secret box): where a task that can
+        wait parks a call under an `ask` rule, and what seals its conversation. Without
+        them, such a call is refused as everywhere else."""
         self._settings = settings
+        self._interventions = interventions
+        self._box = box
         self._gateway = gateway
         self._events = events
         self._tools: ToolSource = FixedTools(tools) if isinstance(tools, ToolRegistry) else tools
@@ -106,13 +149,19 @@ class AgentRunner:
         error: str | None = None
         timeout = task.timeout_s or self._settings.agent_task_timeout_s
         emitter = Emitter(self._events, task)
-        emitter.add("task.dispatched", worker_id=worker_id, model=task.model)
-        emitter.add("worker.task_started", worker_id=worker_id)
+        # A continuation after a person's decision says what it resumes.
+        emitter.add(
+            "task.dispatched", worker_id=worker_id, model=task.model, resumed_from=task.resume
+        )
+        emitter.add("worker.task_started", worker_id=worker_id, resumed_from=task.resume)
         emitter.flush_soon()
         loop = _Loop(self, task, emitter)
+        waits_for: str | None = None
         try:
             async with asyncio.timeout(timeout):
                 result = await loop.run()
+        except TaskParked as parked:
+            status, waits_for = "waiting", parked.intervention_id
         except TimeoutError:
             status, error = "timeout", f"timed out after {timeout:g}s"
         except TaskFailed as exc:
@@ -124,10 +173,13 @@ class AgentRunner:
             raise
         duration_ms = int((time.monotonic() - started) * 1000)
         outcome = TaskResult(
-            task.task_id, status, result, error, duration_ms, worker_id, loop.turns
+            task.task_id, status, result, error, duration_ms, worker_id, loop.turns, waits_for
         )
         common = {"worker_id": worker_id, "duration_ms": duration_ms}
-        if outcome.ok:
+        if status == "waiting":
+            # Not an end of the task: only the worker's part of it ended.
+            emitter.add("worker.task_completed", status="waiting", **common)
+        elif outcome.ok:
             emitter.add("task.completed", status="completed", **common)
             emitter.add("worker.task_completed", status="completed", **common)
         else:
@@ -192,6 +244,8 @@ class _Loop:
         self.gate: Gate | None = None
         self.offered: list[Tool] = []
         self.allowed: set[str] = set()
+        self.model = ""
+        self.max_tokens = 0
 
     def _opening(self) -> str:
         parts = [f"## {label}\n{text}" for label, text in self.task.context]
@@ -240,7 +294,12 @@ class _Loop:
             # at most half of it, so that a later step given this result still fits (a
             # small model rambling to the limit made the next step's prompt overflow).
             max_tokens = max(1, min(max_tokens, window // 2))
-        for turn in range(1, self.settings.agent_max_turns + 1):
+        self.model, self.max_tokens = model, max_tokens
+        first = 1
+        if self.task.resume is not None:
+            first = await self._resume()
+            model, max_tokens = self.model, self.max_tokens
+        for turn in range(first, self.settings.agent_max_turns + 1):
             self.turns = turn
             await self._fit_context()
             self.emit("agent.turn_started", turn=turn, model=model)
@@ -288,14 +347,40 @@ class _Loop:
                     f"{self.settings.agent_max_tool_calls}: agent_max_tool_calls)"
                 )
             self.messages.append(Message("assistant", response.content))
-            results = [await self._call(use, turn) for use in uses]
+            results = await self._calls(uses, turn, [], 0)
             self.emitter.flush_soon()
             self.messages.append(Message("user", tuple(results)))
         raise TaskFailed(f"turn limit reached ({self.settings.agent_max_turns} turns)")
 
+    async def _calls(
+        self, uses: list[ToolUseBlock], turn: int, done: list[ToolResultBlock], start: int
+    ) -> list[ToolResultBlock]:
+        """The turn's calls from `start` on, in order, after `done` (the results so far); a
+        call that must wait for a person parks the run there."""
+        for index in range(start, len(uses)):
+            try:
+                done.append(await self._call(uses[index], turn))
+            except _Ask as ask:
+                await self._park(uses, index, done, turn, ask.note)
+        return done
+
     async def _call(self, use: ToolUseBlock, turn: int) -> ToolResultBlock:
-        task, emit = self.task, self.emit
         arguments = use.input if isinstance(use.input, dict) else {}
+        note = self._account(use, arguments, turn)
+        masked = mask_secrets(arguments)
+        tool = self.registry.get(use.name)
+        refusal = self._refusal(use.name, tool, masked)
+        if refusal is _ASK:
+            raise _Ask(note)
+        if refusal is not None:
+            return _result(use, f"tool {use.name!r} refused: {refusal}{note}", error=True)
+        assert tool is not None
+        return await self._execute(use, tool, arguments, masked, note)
+
+    def _account(self, use: ToolUseBlock, arguments: dict[str, Any], turn: int) -> str:
+        """Count the call against the loop limits (the task fails at `agent_loop_limit`);
+        the warning to append to its result, once `agent_loop_warn` is reached."""
+        emit = self.emit
         key = f"{use.name}:{json.dumps(arguments, sort_keys=True, default=str)}"
         self.calls[key] += 1
         repeats = self.calls[key]
@@ -318,12 +403,17 @@ class _Loop:
                 f"\n[warning: you called {use.name} {repeats} times with the same arguments; "
                 "change approach or give the final answer]"
             )
-        masked = mask_secrets(arguments)
-        tool = self.registry.get(use.name)
-        refusal = self._refusal(use.name, tool, masked)
-        if refusal is not None:
-            return _result(use, f"tool {use.name!r} refused: {refusal}{note}", error=True)
-        assert tool is not None
+        return note
+
+    async def _execute(
+        self,
+        use: ToolUseBlock,
+        tool: Tool,
+        arguments: dict[str, Any],
+        masked: dict[str, Any],
+        note: str,
+    ) -> ToolResultBlock:
+        task, emit = self.task, self.emit
         ctx = ToolContext(task, self.settings, self.runner._services)
         started = time.monotonic()
         try:
@@ -351,9 +441,12 @@ class _Loop:
             use, cut_utf8(text, self.settings.tool_result_max_bytes) + note, error=not ok
         )
 
-    def _refusal(self, name: str, tool: Tool | None, masked: dict[str, Any]) -> str | None:
+    def _refusal(
+        self, name: str, tool: Tool | None, masked: dict[str, Any], *, approved: bool = False
+    ) -> str | object | None:
         """Why a call may not run (recorded as audit.tool_denied; a policy refusal also as
-        audit.permission_deny), or None."""
+        audit.permission_deny), `_ASK` when it waits for a person, or None. `approved`: a
+        person approved it (an `ask` rule lets it run; a deny added since still refuses)."""
         verdict = self.gate.decide(name) if self.gate is not None and tool is not None else None
         if tool is None:
             reason = "no such tool"
@@ -361,15 +454,130 @@ class _Loop:
             return self._policy_refusal(name, tool, masked, verdict, verdict.reason)
         elif name not in self.allowed:
             reason = "not in this step's tools"
-        elif verdict is not None and verdict.needs_approval:
+        elif verdict is not None and verdict.needs_approval and not approved:
             # An `ask` rule: only a task that can wait for a person's decision may run the
             # call once approved (a workflow step parks here: issue 32); every other task
             # refuses it as a deny.
+            if self._can_park():
+                return _ASK
             return self._policy_refusal(name, tool, masked, verdict, NEEDS_A_PERSON)
         else:
             return None
         self.emit("audit.tool_denied", tool=name, arguments=masked, reason=reason)
         return reason
+
+    def _can_park(self) -> bool:
+        runner, task = self.runner, self.task
+        return (
+            task.can_wait
+            and task.workflow_id is not None
+            and task.step is not None
+            and runner._interventions is not None
+            and runner._box is not None
+        )
+
+    async def _park(
+        self,
+        uses: list[ToolUseBlock],
+        index: int,
+        done: list[ToolResultBlock],
+        turn: int,
+        note: str,
+    ) -> NoReturn:
+        """Seal the conversation and create the intervention call `index` waits for, with
+        `audit.intervention_pending`, in one transaction, after this task's queued events
+        (the aggregate's order); then end the run as waiting."""
+        task, runner, use = self.task, self.runner, uses[index]
+        assert runner._interventions is not None and runner._box is not None
+        assert task.workflow_id is not None and task.step is not None
+        checkpoint = Checkpoint(
+            messages=tuple(self.messages),
+            done=tuple(done),
+            index=index,
+            turn=turn,
+            tool_calls=self.tool_calls,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            calls=dict(self.calls),
+            warned=tuple(sorted(self.warned)),
+            note=note,
+        )
+        sealed = seal(checkpoint, runner._box)
+        await self.emitter.flush()
+        question = f"Run the tool {use.name}?\n\nStep {task.step}: {cut_utf8(task.prompt, 1000)}"
+        try:
+            async with runner._events.transaction() as tx:
+                iv = await runner._interventions.create_in(
+                    tx,
+                    task_id=task.task_id,
+                    workflow_id=task.workflow_id,
+                    step=task.step,
+                    user_uuid=task.user_uuid,
+                    kind="tool",
+                    tool=use.name,
+                    arguments=use.input if isinstance(use.input, dict) else {},
+                    question=question,
+                    notify_channel=task.notify_channel,
+                    timeout_s=task.approval_timeout_s,
+                    checkpoint=sealed,
+                )
+        except AttemptSuperseded as exc:
+            raise TaskFailed(f"attempt superseded: {exc.message}") from exc
+        raise TaskParked(iv.id)
+
+    async def _resume(self) -> int:
+        """Restore the parked conversation of `task.resume`, settle its waiting call as the
+        person decided, run the turn's remaining calls; the next turn's number."""
+        runner, task = self.runner, self.task
+        assert task.resume is not None
+        if runner._interventions is None or runner._box is None:
+            raise TaskFailed("cannot resume: this runner has no interventions store")
+        try:
+            held = await runner._interventions.for_resume(task.resume, task.task_id)
+            if held.checkpoint is None:
+                raise CheckpointUnreadable("no checkpoint")
+            checkpoint = unseal(held.checkpoint, runner._box)
+        except (OrchestratorError, CheckpointUnreadable) as exc:
+            raise TaskFailed(f"cannot resume from {task.resume}: {exc}") from exc
+        self.messages = list(checkpoint.messages)
+        self.turns = checkpoint.turn
+        self.tool_calls = checkpoint.tool_calls
+        self.calls = Counter(checkpoint.calls)
+        self.warned = set(checkpoint.warned)
+        self.model, self.max_tokens = checkpoint.model, checkpoint.max_tokens
+        uses = checkpoint.uses
+        if not 0 <= checkpoint.index < len(uses):
+            raise TaskFailed(f"cannot resume from {task.resume}: no call {checkpoint.index}")
+        use, iv, note = uses[checkpoint.index], held.intervention, checkpoint.note
+        arguments = use.input if isinstance(use.input, dict) else {}
+        masked = mask_secrets(arguments)
+        if iv.status == "approved":
+            tool = self.registry.get(use.name)
+            refusal = self._refusal(use.name, tool, masked, approved=True)
+            if refusal is None:
+                assert tool is not None
+                result = await self._execute(use, tool, arguments, masked, note)
+            else:
+                text = f"tool {use.name!r} refused: {refusal}{note}"
+                result = _result(use, text, error=True)
+        else:
+            reason = iv.reason or iv.status
+            if iv.status == "expired":
+                reason = "nobody decided in time (expired)"
+            self.emit(
+                "audit.tool_denied",
+                tool=use.name,
+                arguments=masked,
+                reason=f"{iv.status}: {reason}",
+                intervention_id=iv.id,
+            )
+            text = f"tool {use.name!r} refused by a person: {reason}{note}"
+            result = _result(use, text, error=True)
+        done = [*checkpoint.done, result]
+        results = await self._calls(uses, checkpoint.turn, done, checkpoint.index + 1)
+        self.emitter.flush_soon()
+        self.messages.append(Message("user", tuple(results)))
+        return checkpoint.turn + 1
 
     def _policy_refusal(
         self, name: str, tool: Tool, masked: dict[str, Any], verdict: Verdict, reason: str

@@ -1,7 +1,16 @@
 """Channels: messaging-platform integrations (Slack-style, Teams-style, Telegram-style,
 generic webhook): verification of inbound deliveries, platform formats, the channel store
-and inbox, and the relay that answers messages with agent tasks and delivers the answers."""
+and inbox, and the relay that answers messages with agent tasks and delivers the answers;
+interventions' questions with Approve/Reject buttons, and the presses that decide them
+(issue 32)."""
 
+from orchestrator.channels._approvals import Answer, InterventionDesk, InterventionPoster
+from orchestrator.channels._interactive import (
+    Press,
+    parse_slack_action,
+    parse_teams_action,
+    parse_telegram_callback,
+)
 from orchestrator.channels._limits import InboundLimits
 from orchestrator.channels._platforms import (
     Challenge,
@@ -17,6 +26,7 @@ from orchestrator.channels._platforms import (
     send_webhook,
     telegram_chat_allowed,
 )
+from orchestrator.channels._posts import PostStore
 from orchestrator.channels._relay import ChannelRelay, ChannelRunner, LocalChannels, reply_of
 from orchestrator.channels._store import (
     CHANNEL_TYPES,
@@ -45,6 +55,7 @@ from orchestrator.secret_box import secret_box
 
 __all__ = [
     "CHANNEL_TYPES",
+    "Answer",
     "Challenge",
     "Channel",
     "ChannelRelay",
@@ -56,7 +67,11 @@ __all__ = [
     "Inbound",
     "InboundLimits",
     "InboxItem",
+    "InterventionDesk",
+    "InterventionPoster",
     "LocalChannels",
+    "PostStore",
+    "Press",
     "TeamsVerifier",
     "TeamsVerifiers",
     "VerificationFailed",
@@ -64,8 +79,11 @@ __all__ = [
     "channel_shard",
     "egress_client",
     "parse_slack",
+    "parse_slack_action",
     "parse_teams",
+    "parse_teams_action",
     "parse_telegram",
+    "parse_telegram_callback",
     "parse_webhook",
     "reply_of",
     "secret_box",

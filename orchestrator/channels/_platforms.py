@@ -424,13 +424,15 @@ async def _post(
     what: str,
     *,
     headers: Mapping[str, str] | None = None,
+    method: str = "POST",
 ) -> httpx.Response:
-    """POST JSON; transport failures become retryable `DeliveryFailed` without the URL."""
+    """POST (or `method`) JSON; transport failures become retryable `DeliveryFailed` without
+    the URL."""
     body = json.dumps(payload, ensure_ascii=False).encode()
     sent = {"content-type": "application/json; charset=utf-8", **(headers or {})}
     try:
         # The client's own timeouts apply; a timeout is retried with backoff by the relay.
-        return await http.post(url, content=body, headers=sent)
+        return await http.request(method, url, content=body, headers=sent)
     except DestinationNotAllowed:
         # Said without the address or any answer: this must not map the internal network.
         raise DeliveryFailed(f"{what}: destination not allowed", False) from None

@@ -62,6 +62,10 @@ class ChannelRunner(Protocol):
 
     async def answer(self, channel_id: str, inbox_id: int, within: float) -> str | None: ...
 
+    async def wake_posts(self, channel_id: str) -> None:
+        """An intervention of this channel was decided: send its question's update now
+        rather than at the poster's next poll (issue 32)."""
+
     async def close(self) -> None: ...
 
 
@@ -318,12 +322,27 @@ def reply_of(inbound_reply: Mapping[str, Any], sync: bool) -> dict[str, Any]:
     return out
 
 
-class LocalChannels:
-    """Without Ray: one relay in the API process for every channel."""
+class Wakeable(Protocol):
+    def wake(self) -> None: ...
 
-    def __init__(self, relay: ChannelRelay, supervisor: Supervisor) -> None:
+    async def run_forever(self) -> None: ...
+
+
+class LocalChannels:
+    """Without Ray: one relay in the API process for every channel (and, given one, the
+    intervention poster beside it)."""
+
+    def __init__(
+        self, relay: ChannelRelay, supervisor: Supervisor, poster: Wakeable | None = None
+    ) -> None:
         self._relay = relay
+        self._poster = poster
         self._task = supervisor.spawn("channel-relay", relay.run_forever)
+        self._posts = (
+            supervisor.spawn("intervention-posts", poster.run_forever)
+            if poster is not None
+            else None
+        )
 
     async def submit(self, channel_id: str, inbox_id: int) -> None:
         self._relay.submit(inbox_id)
@@ -331,6 +350,10 @@ class LocalChannels:
     async def answer(self, channel_id: str, inbox_id: int, within: float) -> str | None:
         return await self._relay.answer(inbox_id, within)
 
+    async def wake_posts(self, channel_id: str) -> None:
+        if self._poster is not None:
+            self._poster.wake()
+
     async def close(self) -> None:
-        await cancel_and_wait([self._task])
+        await cancel_and_wait([t for t in (self._task, self._posts) if t is not None])
         await self._relay.close()

@@ -30,7 +30,10 @@ from orchestrator.runtime.claims import ClaimStore, Fence
 CHANNEL_TYPES = ("slack", "teams", "telegram", "webhook")
 STATUSES = ("active", "paused", "error")
 # `webhook_url` too: a Slack or Teams incoming-webhook URL lets anyone post to the channel.
-SECRET_KEYS = frozenset({"signing_secret", "bot_token", "secret_token", "webhook_url"})
+# `app_password`: a Teams bot's client secret (issue 32: it posts and updates approval cards).
+SECRET_KEYS = frozenset(
+    {"signing_secret", "bot_token", "secret_token", "webhook_url", "app_password"}
+)
 REDACTED = "***"
 TOKEN_PREFIX = "chw_"
 # The claim a relay holds on an inbox item while handling it (orchestrator/runtime/claims.py),
@@ -96,12 +99,30 @@ def _string(config: Mapping[str, Any], key: str, *, required: bool, max_len: int
 
 _HEADER_VALUES = frozenset({"bot_token", "signing_secret"})  # sent in or keyed on headers
 
+# Issue 32: every type takes `approvers` (the platform users who may decide interventions
+# posted to it) and says where questions go: Slack `notify_channel`, Telegram
+# `notify_chat_id`, Teams `notify_conversation_id` (through the bot: `app_password`,
+# `service_url`), a generic webhook its `callback_url`.
+MAX_APPROVERS = 100
 _ALLOWED: dict[str, frozenset[str]] = {
-    "slack": frozenset({"webhook_url", "signing_secret", "bot_token"}),
-    "teams": frozenset({"webhook_url", "tenant_id", "app_id"}),
-    "telegram": frozenset({"bot_token", "chat_ids", "secret_token"}),
-    "webhook": frozenset({"callback_url"}),
+    "slack": frozenset(
+        {"webhook_url", "signing_secret", "bot_token", "approvers", "notify_channel"}
+    ),
+    "teams": frozenset(
+        {
+            "webhook_url",
+            "tenant_id",
+            "app_id",
+            "approvers",
+            "app_password",
+            "service_url",
+            "notify_conversation_id",
+        }
+    ),
+    "telegram": frozenset({"bot_token", "chat_ids", "secret_token", "approvers", "notify_chat_id"}),
+    "webhook": frozenset({"callback_url", "approvers"}),
 }
+_CHAT_ID = re.compile(r"-?\d{1,20}|@[A-Za-z0-9_]{1,64}")
 
 
 def check_type(kind: Any) -> str:
@@ -126,14 +147,28 @@ def validate_config(kind: str, config: Any) -> dict[str, Any]:
             unknown[0], f"not a {kind} setting (allowed: {', '.join(sorted(_ALLOWED[kind]))})"
         )
     out = dict(config)
+    if "approvers" in out:
+        out["approvers"] = _approvers(out["approvers"])
     if kind == "slack":
         _string(out, "signing_secret", required=True)
         _string(out, "bot_token", required=False)
         _url(out, "webhook_url", required="bot_token" not in out)
+        _string(out, "notify_channel", required=False, max_len=64)
+        if "notify_channel" in out and "bot_token" not in out:
+            raise _bad("notify_channel", "needs bot_token (questions are posted by the bot)")
     elif kind == "teams":
         _url(out, "webhook_url", required=True)
         _string(out, "tenant_id", required=True, max_len=128)
         _string(out, "app_id", required=False, max_len=128)
+        _string(out, "app_password", required=False)
+        _url(out, "service_url", required=False)
+        _string(out, "notify_conversation_id", required=False)
+        if "notify_conversation_id" in out:
+            for needed in ("app_password", "service_url"):
+                if needed not in out:
+                    raise _bad(
+                        needed, "required with notify_conversation_id (the bot posts questions)"
+                    )
     elif kind == "telegram":
         token = out.get("bot_token")
         if not isinstance(token, str) or not _TELEGRAM_TOKEN.match(token):
@@ -147,7 +182,7 @@ def validate_config(kind: str, config: Any) -> dict[str, Any]:
                 if isinstance(chat, bool) or not isinstance(chat, str | int):
                     raise _bad("chat_ids", "an array of chat ids (strings)")
                 text = str(chat).strip()
-                if not re.fullmatch(r"-?\d{1,20}|@[A-Za-z0-9_]{1,64}", text):
+                if not _CHAT_ID.fullmatch(text):
                     raise _bad("chat_ids", f"{text!r} is not a chat id")
                 normal.append(text)
             out["chat_ids"] = normal
@@ -156,8 +191,32 @@ def validate_config(kind: str, config: Any) -> dict[str, Any]:
             not isinstance(secret, str) or not _TELEGRAM_SECRET.match(secret)
         ):
             raise _bad("secret_token", "1-256 characters of A-Z a-z 0-9 _ -")
+        notify = out.get("notify_chat_id")
+        if notify is not None:
+            text = "" if isinstance(notify, bool) else str(notify).strip()
+            if not isinstance(notify, str | int) or not _CHAT_ID.fullmatch(text):
+                raise _bad("notify_chat_id", "a chat id")
+            out["notify_chat_id"] = text
     else:
         _url(out, "callback_url", required=False)
+    return out
+
+
+def _approvers(value: Any) -> list[str]:
+    """Platform user ids (Slack `U…`, Telegram numeric ids, Teams AAD object ids, any name a
+    webhook's receiver uses), as strings, at most MAX_APPROVERS."""
+    message = f"an array of at most {MAX_APPROVERS} platform user ids (strings of 1-256)"
+    if not isinstance(value, list) or len(value) > MAX_APPROVERS:
+        raise _bad("approvers", message)
+    out: list[str] = []
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, str | int):
+            raise _bad("approvers", message)
+        text = str(item).strip()
+        if not text or len(text) > 256 or not text.isprintable():
+            raise _bad("approvers", message)
+        if text not in out:
+            out.append(text)
     return out
 
 
@@ -244,7 +303,7 @@ class ChannelStore:
     def _check_destinations(self, config: Mapping[str, Any]) -> None:
         """A URL that names a refused address is a clear 400 now (names are checked on every
         connect, where rebinding cannot pass: orchestrator/channels/_egress.py)."""
-        for key in ("webhook_url", "callback_url"):
+        for key in ("webhook_url", "callback_url", "service_url"):
             url = config.get(key)
             if isinstance(url, str) and self._egress.literal_refused(url):
                 raise _bad(

@@ -294,6 +294,14 @@ class Settings(BaseSettings):
         "step) waits for a decision unless its step gives approval_timeout_s; then it is "
         "rejected with the reason `expired`",
     )
+    public_url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+        description="The service's public base URL (e.g. https://orch.example.com): the base of "
+        "the signed approve/reject links a generic webhook channel's questions carry; "
+        "without it those questions carry no links",
+    )
     tool_result_max_bytes: int = Field(
         65_536,
         ge=1024,

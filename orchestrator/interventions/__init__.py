@@ -6,6 +6,7 @@ step's approvers, or a channel's approvers on its platform) approves or rejects 
 undecided past its `expires_at`, the engines' sweep rejects it as `expired`. The decided
 intervention is then taken, once, by the driver that resumes the step."""
 
+from orchestrator.interventions._links import Link, LinkRefused, LinkSigner, link_key
 from orchestrator.interventions._model import (
     ID_PATTERN,
     KINDS,
@@ -38,6 +39,10 @@ __all__ = [
     "Intervention",
     "InterventionStore",
     "Kind",
+    "Link",
+    "LinkRefused",
+    "LinkSigner",
     "Resume",
     "Status",
+    "link_key",
 ]

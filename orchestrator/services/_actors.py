@@ -144,6 +144,7 @@ class AgentWorkerServices(Core):
     memory: MemoryStore
     tool_clients: AgentToolClients
     runner: AgentRunner
+    interventions: InterventionStore  # where a task step parks a call under `ask` (issue 32)
 
     @classmethod
     async def _build(
@@ -157,9 +158,11 @@ class AgentWorkerServices(Core):
 
         from orchestrator.agents import AgentRunner
         from orchestrator.inference import ready_endpoints
+        from orchestrator.interventions import InterventionStore
         from orchestrator.marketplace import Marketplace
         from orchestrator.memory import MemoryStore
         from orchestrator.providers import Gateway
+        from orchestrator.secret_box import configured_box
         from orchestrator.toolset import AgentToolClients
         from orchestrator.workspace import Workspace
 
@@ -183,6 +186,7 @@ class AgentWorkerServices(Core):
         stack.push_async_callback(memory.settle)
         tool_clients = AgentToolClients(s)
         stack.push_async_callback(tool_clients.aclose)
+        interventions = InterventionStore(pool, events, default_timeout_s=s.intervention_timeout_s)
         runner = AgentRunner(
             s,
             gateway,
@@ -195,6 +199,8 @@ class AgentWorkerServices(Core):
                 "workspace": Workspace(s),
                 "marketplace": Marketplace.of(pool, s),
             },
+            interventions=interventions,
+            box=configured_box(s),
         )
         return cls(
             **_fields(core),
@@ -202,4 +208,5 @@ class AgentWorkerServices(Core):
             memory=memory,
             tool_clients=tool_clients,
             runner=runner,
+            interventions=interventions,
         )

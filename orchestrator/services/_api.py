@@ -20,7 +20,13 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
     from orchestrator.auth import Authenticator, FailedAuthThrottle, RateLimiter, TokenStore
-    from orchestrator.channels import ChannelRunner, ChannelStore, InboundLimits, TeamsVerifiers
+    from orchestrator.channels import (
+        ChannelRunner,
+        ChannelStore,
+        InboundLimits,
+        InterventionDesk,
+        TeamsVerifiers,
+    )
     from orchestrator.events import Event, Fanout
     from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, LocalInference
@@ -128,6 +134,7 @@ class ApiServices(Core):
     channels: ChannelStore
     channel_runner: ChannelRunner
     channel_limits: InboundLimits
+    intervention_desk: InterventionDesk  # presses and signed links from channels (issue 32)
     teams_verifiers: TeamsVerifiers
     fanout: Fanout
     worker_pool: int  # AgentWorker actors (for /health workers.idle)
@@ -175,14 +182,17 @@ async def _api(
         ChannelStore,
         EgressPolicy,
         InboundLimits,
+        InterventionDesk,
+        InterventionPoster,
         LocalChannels,
+        PostStore,
         TeamsVerifiers,
         channel_egress,
     )
     from orchestrator.events import EventServices, Fanout
     from orchestrator.idempotency import IdempotencyStore
     from orchestrator.inference import InferenceService, ready_endpoints
-    from orchestrator.interventions import InterventionStore
+    from orchestrator.interventions import InterventionStore, LinkSigner, link_key
     from orchestrator.marketplace import Marketplace
     from orchestrator.memory import MemoryStore, make_embedder
     from orchestrator.memory._embed import EmbeddingLimits
@@ -243,6 +253,7 @@ async def _api(
     tool_clients = AgentToolClients(s)
     stack.push_async_callback(tool_clients.aclose)
     tool_catalog = tool_clients.catalog(db.pool, tool_store)
+    interventions = InterventionStore(db.pool, events, default_timeout_s=s.intervention_timeout_s)
     agents = AgentRunner(
         s,
         gateway,
@@ -255,10 +266,11 @@ async def _api(
             "workspace": workspace,
             "marketplace": marketplace,
         },
+        interventions=interventions,
+        box=box,
     )
     dispatcher = LocalDispatcher(agents, on_busy=recorder.active_workers)
     workflows = WorkflowStore(db.pool, events)
-    interventions = InterventionStore(db.pool, events, default_timeout_s=s.intervention_timeout_s)
     jobs = JobStore(db.pool, events)
     scheduler: SchedulerService | None = None
     if peers.run_scheduler:
@@ -282,13 +294,29 @@ async def _api(
         teams_audience=s.teams_audience,
         egress=EgressPolicy(s.outbound_allowed_cidrs),
     )
+    # Channel calls from this process: deliveries and questions without Ray, and answers to
+    # a Slack press (its response_url) either way.
+    egress = channel_egress(s)
+    stack.push_async_callback(egress.aclose)
+    signer = LinkSigner(link_key(s))
     channel_runner = peers.channel_runner
     if channel_runner is None:
-        egress = channel_egress(s)
-        stack.push_async_callback(egress.aclose)
         relay = ChannelRelay(channels, dispatcher, s, egress)
-        channel_runner = LocalChannels(relay, supervisor)
+        poster = InterventionPoster(
+            PostStore(db.pool), interventions, channels, s, egress, signer=signer
+        )
+        channel_runner = LocalChannels(relay, supervisor, poster)
     stack.push_async_callback(channel_runner.close)
+    desk = InterventionDesk(
+        interventions,
+        channels,
+        runner,
+        egress,
+        signer,
+        bases=s.channel_api_base_urls,
+        on_decided=channel_runner.wake_posts,
+    )
+    stack.push_async_callback(desk.close)
     pusher = MetricsPusher(recorder, peers.metrics)
 
     async def last_flush() -> None:
@@ -347,6 +375,7 @@ async def _api(
         "channels": channels,
         "channel_runner": channel_runner,
         "channel_limits": InboundLimits(redis, s),
+        "intervention_desk": desk,
         "teams_verifiers": TeamsVerifiers(s.teams_jwks_url, s.teams_issuer),
         "fanout": fanout,
         "worker_pool": worker_pool,

@@ -16,7 +16,9 @@ __all__ = [
     "WorkflowCancelled",
     "WorkflowCreated",
     "WorkflowDeleted",
+    "WorkflowOverridden",
     "WorkflowPage",
+    "WorkflowRerun",
     "WorkflowStep",
     "WorkflowSummary",
     "WorkflowTemplate",
@@ -83,6 +85,12 @@ class WorkflowStep(ApiModel):
         description="Unix ms: an attempt failed and the next is due then (the step is running)",
         exclude_if=left_out_when_none,
     )
+    intervention: dict[str, Any] | None = Field(
+        None,
+        description="The running step waits for a person: {id, kind, status, tool?}"
+        " (GET /interventions/{id})",
+        exclude_if=left_out_when_none,
+    )
 
 
 class Workflow(ApiModel):
@@ -95,6 +103,11 @@ class Workflow(ApiModel):
     created_at: int = Field(description="Unix ms")
     updated_at: int = Field(description="Unix ms")
     error: str | None = Field(None, description="Why the workflow failed or was cancelled")
+    rerun_of: str | None = Field(
+        None,
+        description="The workflow this one re-runs (POST /workflows/{id}/rerun)",
+        exclude_if=left_out_when_none,
+    )
 
     @property
     def finished(self) -> bool:
@@ -122,6 +135,26 @@ class WorkflowCancelled(ApiModel):
     ok: bool = True
     id: str
     status: str
+
+
+class WorkflowOverridden(ApiModel):
+    """A retry, skip or resume done (issue 32): the workflow runs again from `step`."""
+
+    ok: bool = True
+    id: str
+    status: str = Field(description="`running`: its driver goes on from the step")
+    action: str = Field(description="retry, skip or resume")
+    step: str = Field(description="The step acted on (resume: the one it stopped at)")
+
+
+class WorkflowRerun(ApiModel):
+    """A re-run created (issue 32): a new workflow `id`, linked to `rerun_of`."""
+
+    ok: bool = True
+    id: str
+    status: str
+    rerun_of: str
+    from_step: str
 
 
 class WorkflowDeleted(ApiModel):

@@ -2,6 +2,7 @@
 the engine. No Ray here: `actors/workflow_shard.py` hosts engines in shards."""
 
 from orchestrator.workflows._engine import WorkflowEngine
+from orchestrator.workflows._overrides import Override, WorkflowOverrides
 from orchestrator.workflows._resolve import resolve_request, tool_steps, tree_size
 from orchestrator.workflows._retry import RetryPolicy
 from orchestrator.workflows._skills import SkillSource, pin_skills
@@ -40,6 +41,7 @@ __all__ = [
     "WORKFLOW_TRANSITIONS",
     "BranchRule",
     "Condition",
+    "Override",
     "RetryPolicy",
     "SkillSource",
     "SpecLimits",
@@ -47,6 +49,7 @@ __all__ = [
     "StepSpec",
     "StepState",
     "WorkflowEngine",
+    "WorkflowOverrides",
     "WorkflowRecord",
     "WorkflowSpec",
     "WorkflowState",

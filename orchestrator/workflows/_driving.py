@@ -32,6 +32,16 @@ the listener, retries of infrastructure failures and shutdown.
   `workflow.compensating` event naming it; a failing compensation is recorded there and the
   others still run), then workflow.failed. Cancel: the running step is abandoned (skipped),
   descendants are cancelled, compensation, workflow.cancelled.
+- Waiting for a person (issue 32) holds nothing: a task whose tool call needs approval
+  returns `waiting`; an approval step starts by asking. The driver records the wait
+  (`waiting_for`, `park`) and ends, releasing the claim; the sweep skips the workflow. The
+  decision (or the sweep's expiry) clears `waiting_for` and starts it again; the driver
+  then finds the attempt's decided intervention (`for_attempt`) and takes its continuation
+  once (`take_resume`): a task resumes its conversation under the same attempt key; an
+  approval step completes (approved) or fails (rejected, expired: compensation runs, never
+  a retry). A continuation lost with its worker or driver is never sent again: the step
+  starts a new attempt (the lost one recorded), as after any crash. A cancel closes the
+  pending intervention (`begin_ending`).
 """
 
 from __future__ import annotations
@@ -41,7 +51,8 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.agents import AgentTask, TaskDispatcher
 from orchestrator.config import Settings
@@ -56,19 +67,30 @@ from orchestrator.workflows._spec import (
     StepSpec,
     branch_uses_patterns,
     choose_branch,
+    fill_refs,
 )
 from orchestrator.workflows._states import StepState, WorkflowState
 from orchestrator.workflows._store import LiveLockBusy, WorkflowRecord, WorkflowStore
 from orchestrator.workflows._tasks import announcer, chainable, step_task
 
+if TYPE_CHECKING:
+    from orchestrator.events import EventTransaction
+    from orchestrator.interventions import Intervention, InterventionStore
+
 T = TypeVar("T")
 Starter = Callable[[str], Awaitable[None]]
+
+
+class _Parked(Exception):
+    """The workflow waits for a person's decision (issue 32): its driver ends, holding no
+    claim and no slot; the decision starts it again."""
 
 
 class WorkflowDriving:
     """The steps of a driven workflow; the engine's state it reads is declared here."""
 
     _store: WorkflowStore
+    _interventions: InterventionStore | None
     _dispatcher: TaskDispatcher
     _settings: Settings
     _starter: Starter
@@ -96,6 +118,8 @@ class WorkflowDriving:
             record = await self._store.load(workflow_id)  # it waited: read it as it is now
         if record is None or record.finished or self._draining:
             return
+        if record.waiting_for is not None and record.ending is None:
+            raise _Parked(record.waiting_for)  # started while it waits: nothing to drive
         if record.ending is not None:
             self._knows_ending.add(workflow_id)  # compensating: a late cancel NOTIFY is old
         if record.status == WorkflowState.PENDING and record.ending is None:
@@ -154,23 +178,41 @@ class WorkflowDriving:
             await self._branch(record, idx, spec, fence)
         elif spec.type == "spawn":
             await self._spawn(record, idx, spec, fence)
+        elif spec.type == "approval":
+            await self._approval(record, idx, spec, fence)
         else:
             await self._task(record, idx, spec, fence)
 
     async def _task(self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence) -> None:
-        due = record.steps[idx].retry_at if record.steps[idx].waiting else None
-        if due is not None and not await self._until_due(record.id, due):
-            return  # draining: the wait goes on where the workflow is resumed
+        step = record.steps[idx]
         tasks: list[AgentTask] = []
-        # The task's task.created commits with the step's start: one transaction, not two,
-        # and under the fence: a driver that lost the claim never dispatches this attempt.
-        _, key = await self._store.start_step(
-            record.id, idx, announcer(record, spec, tasks, self._settings), fence
-        )
+        key = step.key if step.status == StepState.RUNNING and not step.waiting else None
+        # A running attempt parked on a person's decision: resume it, once (issue 32).
+        continuation = None if key is None else await self._continuation(record.id, idx, key, fence)
+        if continuation is not None and key is not None:
+            tasks.append(continuation)
+        else:
+            due = step.retry_at if step.waiting else None
+            if due is not None and not await self._until_due(record.id, due):
+                return  # draining: the wait goes on where the workflow is resumed
+            # The task's task.created commits with the step's start: one transaction, not
+            # two, and under the fence: a driver that lost the claim never dispatches this
+            # attempt.
+            _, key = await self._store.start_step(
+                record.id, idx, announcer(record, spec, tasks, self._settings), fence
+            )
         while True:
             task = tasks[-1]
             async with self._admission.away(record.id):
                 result = await self._dispatcher.run(task)
+            if result.status == "waiting":
+                # Parked at a call that needs a person: the driver ends here (_Parked),
+                # unless it was decided already, then its continuation goes at once.
+                resumed = await self._continuation(record.id, idx, key, fence)
+                if resumed is None:
+                    return  # taken elsewhere: the drive loop starts a new attempt
+                tasks.append(resumed)
+                continue
             if result.ok:
                 # The result and the next task step's start in one commit.
                 _, following = await self._store.finish_and_start_next(
@@ -203,6 +245,95 @@ class WorkflowDriving:
             # "retrying": the drive loop comes back to the step, which waits for its next
             # attempt (_until_due) and starts it.
             return
+
+    async def _continuation(
+        self, workflow_id: str, idx: int, key: str, fence: Fence
+    ) -> AgentTask | None:
+        """Attempt `key` of task step `idx` waits for a person: park the workflow (raises
+        _Parked) while the intervention is pending; once decided, the task that continues
+        the attempt, taken once (None: it waits for nothing, or its continuation was sent
+        before and is lost: the caller starts a new attempt)."""
+        if self._interventions is None:
+            return None
+        held = await self._interventions.for_attempt(key)
+        if held is None:
+            return None
+        if held.pending and await self._store.park(workflow_id, held.id, fence):
+            raise _Parked(held.id)
+        # Decided (before or just now): whoever takes it sends it, once.
+        if not await self._interventions.take_resume(held.id, fence):
+            return None
+        record = await self._store.load(workflow_id)  # as it is now (a chained step's)
+        assert record is not None
+        spec = record.spec.steps[idx]
+        assert spec.prompt is not None
+        task = step_task(record, spec, key, spec.prompt)
+        return replace(task, resume=held.id, announced=True)
+
+    async def _approval(
+        self, record: WorkflowRecord, idx: int, spec: StepSpec, fence: Fence
+    ) -> None:
+        """An approval step: ask (the attempt's start, its intervention and the park in one
+        transaction) and end the driver; once decided, complete or fail the step."""
+        step = record.steps[idx]
+        store = self._interventions
+        if store is None:
+            _, key = await self._store.start_step(record.id, idx, fence=fence)
+            await self._fail_step(record, idx, key, "no one can be asked here", fence)
+            return
+        if step.status == StepState.RUNNING and step.key:
+            held = await store.for_attempt(step.key)
+            if held is not None:
+                if held.pending:
+                    if await self._store.park(record.id, held.id, fence):
+                        raise _Parked(held.id)
+                    decided = await store.load(held.id)
+                    assert decided is not None
+                    held = decided
+                await self._decided(record, idx, step.key, held, fence)
+                return
+        question = fill_refs(spec.prompt or "", record.lookup)
+
+        async def ask(tx: EventTransaction, key: str) -> Intervention:
+            return await store.create_in(
+                tx,
+                task_id=key,
+                workflow_id=record.id,
+                step=spec.name,
+                user_uuid=record.user_uuid,
+                kind="approval",
+                question=question,
+                deciders=spec.approvers,
+                notify_channel=spec.notify or record.spec.notify,
+                timeout_s=spec.approval_timeout_s,
+            )
+
+        raise _Parked(await self._store.start_and_ask(record.id, idx, ask, fence))
+
+    async def _decided(
+        self, record: WorkflowRecord, idx: int, key: str, held: Intervention, fence: Fence
+    ) -> None:
+        """An approval step's outcome, as its intervention was decided (recorded once)."""
+        who = held.decided_by_label or "the service"
+        waited = max(0, (held.decided_at or held.created_at) - held.created_at)
+        if held.status == "approved":
+            await self._store.finish_step(
+                record.id,
+                idx,
+                key,
+                ok=True,
+                result=f"approved by {who}" + (f": {held.note}" if held.note else ""),
+                error=None,
+                duration_ms=waited,
+                next_cursor=idx + 1,
+                fence=fence,
+            )
+            return
+        if held.status == "expired":
+            error = "approval expired: nobody decided in time"
+        else:
+            error = f"approval rejected by {who}: {held.reason or 'no reason given'}"
+        await self._fail_step(record, idx, key, error, fence)
 
     async def _until_due(self, workflow_id: str, due_ms: int) -> bool:
         """Wait, without the workflow's database slot, until a step's next attempt is due
@@ -376,6 +507,7 @@ class WorkflowDriving:
             elif isinstance(action, str):
                 spec = record.spec.steps[step.idx]
                 task = step_task(record, spec, f"{step.key or record.id}:compensate", action)
+                task = replace(task, can_wait=False)  # nobody is asked while undoing
                 async with self._admission.away(record.id):
                     result = await self._dispatcher.run(task)
                 ok = result.ok

@@ -40,7 +40,7 @@ from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.claims import ClaimStore, Fence, StaleClaim
 from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 from orchestrator.workflows._admission import DriverAdmission
-from orchestrator.workflows._driving import Starter, WorkflowDriving
+from orchestrator.workflows._driving import Starter, WorkflowDriving, _Parked
 from orchestrator.workflows._patterns import PatternRunner
 from orchestrator.workflows._states import FINISHED, WorkflowState
 from orchestrator.workflows._store import (
@@ -281,6 +281,17 @@ class WorkflowEngine(WorkflowDriving):
         if what == "done":
             for event in self._waiters.get(workflow_id, ()):
                 event.set()
+        elif what == "override":
+            # An override (_overrides.py) revoked the claim at this epoch: stop the driver
+            # holding it and drive again (a driver under a newer claim is not concerned).
+            workflow_id, _, epoch = workflow_id.partition(":")
+            fence = self._fences.get(workflow_id)
+            if fence is not None and epoch.isdigit() and fence.epoch <= int(epoch):
+                self._sup.spawn(
+                    f"{_INTERRUPT}{workflow_id} {uuid.uuid4().hex[:6]}",
+                    lambda: self._interrupt(workflow_id),
+                    restart=False,
+                )
         elif (
             what == "cancel"
             and self._driver(workflow_id) is not None
@@ -350,6 +361,8 @@ class WorkflowEngine(WorkflowDriving):
             log.warning("workflow %s: no longer ours, stopping (%s)", workflow_id, exc)
         except _Drained:
             log.info("workflow %s: handed over (draining)", workflow_id)
+        except _Parked as parked:
+            log.info("workflow %s: waits for %s, parked", workflow_id, parked)
         finally:
             # Everything synchronous before the first await: a second cancel (a cancel
             # request and an interrupt, or shutdown) landing on that await must not skip it
@@ -397,7 +410,7 @@ class WorkflowEngine(WorkflowDriving):
             try:
                 await self._drive(workflow_id, fence)
                 return
-            except (asyncio.CancelledError, StaleClaim, _Drained):
+            except (asyncio.CancelledError, StaleClaim, _Drained, _Parked):
                 raise
             except Exception as exc:
                 now = self._progress.get(workflow_id, 0)

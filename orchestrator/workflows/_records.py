@@ -100,6 +100,9 @@ class WorkflowRecord:
     created_at: int
     updated_at: int
     steps: tuple[StepRecord, ...]
+    # The pending intervention the running step waits for (issue 32): nobody drives the
+    # workflow meanwhile (the sweep skips it); cleared by the decision, an expiry or a cancel.
+    waiting_for: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -126,6 +129,7 @@ class WorkflowRecord:
 _SELECT = (
     "SELECT w.id, w.user_uuid, w.name, w.status, w.spec::text AS spec, w.parent_id,"
     " w.parent_step, w.cursor, w.executed, w.ending, w.error, w.created_at, w.updated_at,"
+    " w.waiting_for,"
     " (SELECT json_agg(json_build_array(s.idx, s.name, s.status, s.attempt,"
     " s.idempotency_key, s.result, s.error, s.compensated, s.started_at, s.finished_at,"
     " s.retry_at, s.attempts) ORDER BY s.idx)"
@@ -188,6 +192,7 @@ def _record(row: asyncpg.Record) -> WorkflowRecord:
         error=row["error"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        waiting_for=row["waiting_for"],
         steps=tuple(
             StepRecord(
                 idx=idx,

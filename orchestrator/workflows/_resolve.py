@@ -94,7 +94,14 @@ async def _resolve(
         if variables:
             steps = fill_template(steps, variables, max_chars=room)
         name = body.get("name")
-    spec = WorkflowSpec.parse(name, steps, model=body.get("model"), where=where, limits=limits)
+    spec = WorkflowSpec.parse(
+        name,
+        steps,
+        model=body.get("model"),
+        where=where,
+        limits=limits,
+        notify=body.get("notify"),
+    )
     if limits is not None:
         tally.chars += len(spec.name) + _own_chars(steps)
         if tally.chars > limits.max_chars:

@@ -7,6 +7,8 @@ the step is compensated, or `{notify: text}` recorded as an event), `skills` (ta
 marketplace skill references, `name[@<version>]` or `<author>/name[@<version>]`, replaced by
 the version they name, `{name, author, version, body}`, when the workflow is created: see
 _skills.py), `retry` (task steps: `{max_attempts, backoff_ms, max_backoff_ms}`, _retry.py).
+Asking people (issue 32, _approval.py): `type: approval` steps (`prompt`, `approvers`),
+`approval_timeout_s` and `notify: {channel_id}` (on steps and on the workflow).
 
 Placeholders. `{{var}}` (no dot) is a template variable, filled when the workflow is created
 from `variables`; a variable without a value is a 400. `{{<step>.result}}` and
@@ -56,6 +58,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.workflows._approval import (
+    check_approval_step,
+    parse_approval_timeout,
+    parse_approvers,
+    parse_notify,
+)
+from orchestrator.workflows._conditions import MAX_CONDITION_DEPTH as MAX_CONDITION_DEPTH
+from orchestrator.workflows._conditions import REF as REF
+from orchestrator.workflows._conditions import Condition as Condition
+from orchestrator.workflows._conditions import Lookup as Lookup
+from orchestrator.workflows._conditions import evaluate_condition as evaluate_condition
+from orchestrator.workflows._conditions import truthy
 from orchestrator.workflows._invalid import _bad as _bad  # _resolve.py imports it from here
 from orchestrator.workflows._patterns import PatternError, Search, check_pattern, pattern_found
 from orchestrator.workflows._retry import NO_RETRY, RetryPolicy, parse_retry
@@ -70,10 +84,9 @@ if TYPE_CHECKING:
     from orchestrator.config import Settings
 
 MODES = ("build", "plan", "explore", "review", "general", "coordinate")
-STEP_TYPES = ("task", "branch", "spawn")
+STEP_TYPES = ("task", "branch", "spawn", "approval")
 STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
-REF = re.compile(r"\{\{\s*([A-Za-z0-9_][A-Za-z0-9_.\-]*?)\.(result|status)\s*\}\}")
 MAX_TEXT = 100_000
 
 
@@ -141,11 +154,21 @@ class StepSpec:
     # {name, author, version, body} (dicts, as stored).
     skills: tuple[Any, ...] = ()
     retry: RetryPolicy = NO_RETRY  # as admitted (_retry.py)
+    # Asking people (issue 32, _approval.py).
+    approvers: tuple[str, ...] | None = None  # approval steps: who decides (None: owner)
+    approval_timeout_s: int | None = None  # None: settings.intervention_timeout_s
+    notify: str | None = None  # a channel id; None: the workflow's
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "type": self.type, "mode": self.mode}
         if self.retry.retries:
             out["retry"] = self.retry.to_json()
+        if self.approvers is not None:
+            out["approvers"] = list(self.approvers)
+        if self.approval_timeout_s is not None:
+            out["approval_timeout_s"] = self.approval_timeout_s
+        if self.notify is not None:
+            out["notify"] = {"channel_id": self.notify}
         for key in ("prompt", "timeout", "condition", "compensate", "model"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -177,6 +200,7 @@ class WorkflowSpec:
     steps: tuple[StepSpec, ...]
     model: str | None = None
     step_index: dict[str, int] = field(default_factory=dict, compare=False)
+    notify: str | None = None  # the channel questions go to, unless a step names its own
 
     @classmethod
     def parse(
@@ -187,6 +211,7 @@ class WorkflowSpec:
         model: Any = None,
         where: str = "",
         limits: SpecLimits | None = None,
+        notify: Any = None,
     ) -> WorkflowSpec:
         """Check a workflow given inline (after template filling); with `limits` (admission),
         also its size limits."""
@@ -216,17 +241,22 @@ class WorkflowSpec:
         parsed = tuple(
             _parse_step(raw, f"{where}steps[{i}]", names, i, limits) for i, raw in enumerate(steps)
         )
-        return cls(name.strip(), parsed, model, {s.name: i for i, s in enumerate(parsed)})
+        channel = parse_notify(notify, where)
+        return cls(name.strip(), parsed, model, {s.name: i for i, s in enumerate(parsed)}, channel)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "steps": [s.to_json() for s in self.steps]}
         if self.model:
             out["model"] = self.model
+        if self.notify:
+            out["notify"] = {"channel_id": self.notify}
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WorkflowSpec:
-        return cls.parse(data["name"], data["steps"], model=data.get("model"))
+        return cls.parse(
+            data["name"], data["steps"], model=data.get("model"), notify=data.get("notify")
+        )
 
 
 def _parse_step(
@@ -247,13 +277,23 @@ def _parse_step(
         "model",
         "skills",
         "retry",
+        "approvers",
+        "approval_timeout_s",
+        "notify",
     }
     for key in raw:
         if key not in known:
             raise _bad(f"{where}.{key}", "unknown step field")
     kind = raw.get("type") or "task"
     if kind not in STEP_TYPES:
-        raise _bad(f"{where}.type", "one of branch, spawn (or omitted for a task step)")
+        raise _bad(f"{where}.type", "one of branch, spawn, approval (or omitted for a task step)")
+    if kind == "approval":
+        check_approval_step(raw, where)
+    approvers = parse_approvers(raw.get("approvers"), where, kind)
+    approval_timeout = parse_approval_timeout(raw.get("approval_timeout_s"), where, kind)
+    notify = parse_notify(raw.get("notify"), where)
+    if notify is not None and kind not in ("task", "approval"):
+        raise _bad(f"{where}.notify", "only task and approval steps ask people")
     prompt = raw.get("prompt")
     if kind == "task":
         if not isinstance(prompt, str) or not prompt.strip():
@@ -346,6 +386,9 @@ def _parse_step(
         model=model,
         skills=skills,
         retry=retry,
+        approvers=approvers,
+        approval_timeout_s=approval_timeout,
+        notify=notify,
     )
 
 
@@ -475,205 +518,6 @@ def fill_refs(text: str, lookup: Callable[[str, str], str]) -> str:
     return REF.sub(lambda m: lookup(m.group(1), m.group(2)), text)
 
 
-# --- conditions -----------------------------------------------------------------------------
-
-_TOKEN = re.compile(
-    r"""\s*(?:
-        (?P<ref>\{\{\s*[A-Za-z0-9_][A-Za-z0-9_.\-]*?\.(?:result|status)\s*\}\})
-      | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
-      | (?P<num>-?\d+(?:\.\d+)?)
-      | (?P<op>==|!=|<=|>=|<|>|\(|\))
-      | (?P<word>[A-Za-z_]+)
-    )""",
-    re.VERBOSE,
-)
-_WORD_OPS = {"contains", "matches"}
-_KEYWORDS = {"and", "or", "not", "true", "false"} | _WORD_OPS
-_COMPARE = {"==", "!=", "<", "<=", ">", ">=", "contains", "matches"}
-
-Lookup = Callable[[str, str], str]
-MAX_CONDITION_DEPTH = 32  # parentheses and `not`s: the parser and evaluator recurse on them
-
-
-class Condition:
-    """A parsed condition; `evaluate(lookup)` with `lookup(step, "result"|"status")`.
-    `max_program` (admission) bounds the RE2 program of each `matches` pattern."""
-
-    def __init__(
-        self, text: str, step_names: list[str] | None = None, *, max_program: int | None = None
-    ) -> None:
-        if len(text) > 2000:
-            raise ValueError("condition too long (2000 characters at most)")
-        self.text = text
-        self._tokens = self._lex(text)
-        self._pos = 0
-        self._depth = 0
-        self._names = step_names
-        self._max_program = max_program
-        self.uses_patterns = False  # any `matches`: evaluated off the shard's event loop
-        self._tree = self._or()
-        if self._pos != len(self._tokens):
-            raise ValueError(f"unexpected {self._tokens[self._pos][1]!r}")
-
-    @staticmethod
-    def _lex(text: str) -> list[tuple[str, str]]:
-        tokens, pos = [], 0
-        while pos < len(text):
-            if text[pos:].strip() == "":
-                break
-            found = _TOKEN.match(text, pos)
-            if found is None or found.end() == pos:
-                raise ValueError(f"cannot read the condition at {text[pos : pos + 20]!r}")
-            kind = found.lastgroup or ""
-            value = found.group(kind)
-            if kind == "word" and value not in _KEYWORDS:
-                raise ValueError(f"unknown word {value!r} (strings are quoted)")
-            tokens.append((kind, value))
-            pos = found.end()
-        if not tokens:
-            raise ValueError("empty condition")
-        return tokens
-
-    def _peek(self) -> tuple[str, str] | None:
-        return self._tokens[self._pos] if self._pos < len(self._tokens) else None
-
-    def _take(self) -> tuple[str, str]:
-        token = self._peek()
-        if token is None:
-            raise ValueError("the condition ends too early")
-        self._pos += 1
-        return token
-
-    def _or(self) -> Any:
-        node = self._and()
-        while self._peek() == ("word", "or"):
-            self._take()
-            node = ("or", node, self._and())
-        return node
-
-    def _and(self) -> Any:
-        node = self._unary()
-        while self._peek() == ("word", "and"):
-            self._take()
-            node = ("and", node, self._unary())
-        return node
-
-    def _nested(self) -> None:
-        self._depth += 1
-        if self._depth > MAX_CONDITION_DEPTH:
-            raise ValueError(f"condition nested too deeply ({MAX_CONDITION_DEPTH} levels at most)")
-
-    def _unary(self) -> Any:
-        if self._peek() == ("word", "not"):
-            self._take()
-            self._nested()
-            node = self._unary()
-            self._depth -= 1
-            return ("not", node)
-        left = self._operand()
-        token = self._peek()
-        if token is not None and token[1] in _COMPARE:
-            self._take()
-            right = self._operand()
-            if token[1] == "matches":
-                if right[0] != "lit":
-                    raise ValueError("matches takes a quoted regular expression")
-                check_pattern(str(right[1]), self._max_program)  # PatternError: a ValueError
-                self.uses_patterns = True
-            return ("cmp", token[1], left, right)
-        return ("truthy", left)
-
-    def _operand(self) -> Any:
-        kind, value = self._take()
-        if kind == "op" and value == "(":
-            self._nested()
-            node = self._or()
-            if self._take() != ("op", ")"):
-                raise ValueError("missing )")
-            self._depth -= 1
-            return ("expr", node)
-        if kind == "str":
-            return ("lit", _unquote(value))
-        if kind == "num":
-            return ("lit", value)
-        if kind == "word" and value in ("true", "false"):
-            return ("lit", value)
-        if kind == "ref":
-            found = REF.fullmatch(value)
-            assert found is not None
-            step, attr = found.group(1), found.group(2)
-            if self._names is not None and step not in self._names:
-                raise ValueError(f"{value} names no step of this workflow")
-            return ("ref", step, attr)
-        raise ValueError(f"expected a value, got {value!r}")
-
-    def evaluate(self, lookup: Lookup, search: Search = pattern_found) -> bool:
-        """`search(pattern, text)` runs `matches` (a metered one in the engine)."""
-        return bool(self._eval(self._tree, lookup, search))
-
-    def _value(self, node: Any, lookup: Lookup, search: Search) -> Any:
-        if node[0] == "lit":
-            return node[1]
-        if node[0] == "ref":
-            return lookup(node[1], node[2])
-        return self._eval(node[1], lookup, search)
-
-    def _eval(self, node: Any, lookup: Lookup, search: Search) -> bool:
-        op = node[0]
-        if op == "or":
-            return self._eval(node[1], lookup, search) or self._eval(node[2], lookup, search)
-        if op == "and":
-            return self._eval(node[1], lookup, search) and self._eval(node[2], lookup, search)
-        if op == "not":
-            return not self._eval(node[1], lookup, search)
-        if op == "truthy":
-            return _truthy(self._value(node[1], lookup, search))
-        _, cmp, left_node, right_node = node
-        left = self._value(left_node, lookup, search)
-        right = self._value(right_node, lookup, search)
-        if cmp == "==":
-            return _text(left) == _text(right)
-        if cmp == "!=":
-            return _text(left) != _text(right)
-        if cmp == "contains":
-            return _text(right) in _text(left)
-        if cmp == "matches":
-            return search(_text(right), _text(left))
-        a, b = _number(left), _number(right)
-        if a is None or b is None:
-            return False
-        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[cmp]
-
-
-def _unquote(token: str) -> str:
-    # Only quotes and backslashes are escapes: `\d` stays for regular expressions.
-    return re.sub(r"\\([\"'\\])", r"\1", token[1:-1])
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value).strip()
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip()
-    return bool(text) and text.lower() not in ("false", "0")
-
-
-def _number(value: Any) -> float | None:
-    try:
-        return float(str(value).strip())
-    except ValueError:
-        return None
-
-
-def evaluate_condition(expression: str, lookup: Lookup) -> bool:
-    return Condition(expression).evaluate(lookup)
-
-
 def branch_uses_patterns(step: StepSpec) -> bool:
     return any(rule.pattern is not None for rule in step.conditions)
 
@@ -690,7 +534,7 @@ def choose_branch(
             continue
         value = lookup(rule.match, "result")
         if rule.pattern is None:
-            if _truthy(value):
+            if truthy(value):
                 return rule
         elif search(rule.pattern, value):
             return rule

@@ -76,6 +76,10 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
     def pool(self) -> asyncpg.Pool:
         return self._pool
 
+    @property
+    def events(self) -> EventStore:
+        return self._events
+
     # --- creating and reading ---------------------------------------------------------------
 
     async def check_live_room(
@@ -209,16 +213,31 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
 
     async def detail(self, workflow_id: str, principal: Principal) -> dict[str, Any]:
         record = await self.get(workflow_id, principal)
-        children = await self._pool.fetch(
-            "SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number", workflow_id
+        # Its children and what it re-runs (migration 0028) in one round trip.
+        row = await self._pool.fetchrow(
+            "SELECT array(SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number)"
+            " AS children, (SELECT rerun_of FROM workflows WHERE id = $1) AS rerun_of",
+            workflow_id,
         )
+        steps = [_step_wire(s, record.spec) for s in record.steps]
+        if record.waiting_for is not None:
+            # The running step waits for a person (issue 32): which decision, shown on it.
+            held = await self._pool.fetchrow(
+                "SELECT id, kind, status, tool, step FROM interventions WHERE id = $1",
+                record.waiting_for,
+            )
+            index = record.spec.step_index.get(held["step"]) if held is not None else None
+            if held is not None and index is not None:
+                shown = {k: held[k] for k in ("id", "kind", "status", "tool") if held[k]}
+                steps[index]["intervention"] = shown
         return {
             "id": record.id,
             "name": record.name,
             "status": str(record.status),
-            "steps": [_step_wire(s, record.spec) for s in record.steps],
+            "steps": steps,
             "parent_id": record.parent_id,
-            "children": [r["id"] for r in children],
+            "children": list(row["children"]),
+            "rerun_of": row["rerun_of"],
             "created_at": record.created_at,
             "updated_at": record.updated_at,
             "error": record.error,
@@ -326,13 +345,15 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
     ) -> list[str]:
         """Unfinished workflows nobody else drives (no live claim but `owner`'s): never
         started, their driver dead, an old shard layout's, or `owner`'s previous
-        incarnation's. This shard's own (`number % shards`) first; within each, round-robin
+        incarnation's; not those parked waiting for a person (`waiting_for`: the decision
+        starts them). This shard's own (`number % shards`) first; within each, round-robin
         by user (each user's oldest, then each one's second oldest, ...): after a restart,
         another user's workflow does not wait behind every older one of a user's backlog."""
         rows = await self._pool.fetch(
             "SELECT id FROM (SELECT id, number, number % $1 = $2 AS own, row_number() OVER"
             " (PARTITION BY number % $1 = $2, user_uuid ORDER BY number) AS turn"
-            " FROM workflows w WHERE status IN ('pending', 'running') AND "
+            " FROM workflows w WHERE status IN ('pending', 'running')"
+            " AND w.waiting_for IS NULL AND "
             + ClaimStore.unclaimed_sql(CLAIM_KIND, "w.id", "$4")
             + ") t ORDER BY own DESC, turn, number LIMIT $3",
             max(1, shards),

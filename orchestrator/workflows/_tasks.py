@@ -23,7 +23,9 @@ Announcer = Callable[[str], list[NewEvent]]
 def step_task(record: WorkflowRecord, spec: StepSpec, task_id: str, prompt: str) -> AgentTask:
     """The agent task running `prompt` for step `spec`: the creator's user, the step's or
     the workflow's model; context: the original prompt (the first step's) and every earlier
-    completed result; the skills pinned for the step."""
+    completed result; the skills pinned for the step. It can wait for a person (a call
+    under an `ask` rule parks it: issue 32), asking in the step's or the workflow's `notify`
+    channel; a compensation's task is made to not wait (`replace(..., can_wait=False)`)."""
     context: list[tuple[str, str]] = []
     first = record.spec.steps[0]
     if spec is not first and first.prompt:
@@ -44,6 +46,9 @@ def step_task(record: WorkflowRecord, spec: StepSpec, task_id: str, prompt: str)
         step=spec.name,
         idempotency_key=task_id,
         skills=pinned_skills(spec),
+        can_wait=True,
+        notify_channel=spec.notify or record.spec.notify,
+        approval_timeout_s=spec.approval_timeout_s,
     )
 
 
@@ -89,7 +94,7 @@ def chainable(
         return None
     spec = record.spec.steps[idx]
     if (
-        spec.type in ("branch", "spawn")
+        spec.type in ("branch", "spawn", "approval")
         or spec.condition is not None
         or record.steps[idx].status != StepState.PENDING
     ):

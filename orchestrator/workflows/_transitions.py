@@ -8,9 +8,9 @@ to drivers, by `NOTIFY orch_workflows` in the same transaction. Mixed into
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -26,6 +26,12 @@ from orchestrator.workflows._records import (
 )
 from orchestrator.workflows._states import StepState, WorkflowState, check_transition
 
+if TYPE_CHECKING:
+    from orchestrator.interventions import Intervention, InterventionStore
+
+# Creates a step attempt's intervention in the transaction that starts the attempt (its key).
+Asker = Callable[[EventTransaction, str], Awaitable["Intervention"]]
+
 # Drivers hear of a workflow's end (`done:<id>`: a parent waiting for its children, a
 # cancel waiting for compensation) and of a cancel (`cancel:<id>`: its driver stops the
 # running step) on this channel, sent by the transaction that commits the change.
@@ -39,6 +45,11 @@ LOST = "lost: no answer came (its worker or the workflow's driver stopped); not 
 class WorkflowTransitions:
     _pool: asyncpg.Pool
     _events: EventStore
+
+    def _interventions_of(self) -> InterventionStore:
+        from orchestrator.interventions import InterventionStore
+
+        return InterventionStore(self._pool, self._events)
 
     async def _tx_load(
         self, tx: EventTransaction, workflow_id: str, fence: Fence | None
@@ -229,6 +240,36 @@ class WorkflowTransitions:
             *(with_events(key) if with_events is not None else ()),
         ]
         return attempt, key, events
+
+    async def start_and_ask(
+        self, workflow_id: str, idx: int, ask: Asker, fence: Fence | None = None
+    ) -> str:
+        """An approval step's start (issue 32): its new attempt, the intervention `ask`
+        creates for it (after the step row is running, as `create_in` requires) and the
+        workflow parked on it (`waiting_for`), in one transaction; the intervention's id."""
+        async with self._events.transaction() as tx:
+            record = await self._tx_load(tx, workflow_id, fence)
+            _, key, events = await self._start_in(tx, record, idx, None)
+            await tx.append(events)
+            iv = await ask(tx, key)
+            await tx.conn.execute(
+                "UPDATE workflows SET waiting_for = $2 WHERE id = $1", workflow_id, iv.id
+            )
+        return iv.id
+
+    async def park(self, workflow_id: str, intervention_id: str, fence: Fence | None) -> bool:
+        """The workflow waits for intervention `intervention_id` (issue 32): nobody drives it
+        until that is decided. False, and nothing written, when it was decided meanwhile
+        (the decision locks the workflow row first too, so one of the two sees the other)."""
+        async with self._events.transaction() as tx:
+            await self._tx_load(tx, workflow_id, fence)
+            parked = await tx.conn.fetchval(
+                "UPDATE workflows SET waiting_for = $2 WHERE id = $1 AND EXISTS (SELECT 1"
+                " FROM interventions WHERE id = $2 AND status = 'pending') RETURNING 1",
+                workflow_id,
+                intervention_id,
+            )
+        return parked is not None
 
     async def ms_until(self, due_ms: int) -> int:
         """Milliseconds from now to `due_ms`, both by the database's clock (a step's
@@ -497,6 +538,9 @@ class WorkflowTransitions:
                             error="cancelled" if ending == "cancelled" else s.error,
                         )
                 await self._set_workflow(tx, record, ending=ending, error=reason)
+                # A person's pending decision is moot now: closed (via `cancel`), and the
+                # workflow no longer waits for it.
+                await self._interventions_of().close_pending_in(tx, workflow_id, reason)
                 to_compensate = [
                     s.name for s in reversed(record.steps) if s.status == StepState.COMPLETED
                 ]

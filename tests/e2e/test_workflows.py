@@ -3,7 +3,8 @@ AgentWorker actors, embedded Postgres), against a loopback OpenAI-format model: 
 kill -9 of the shards and of an agent worker while 20 workflows run (all complete, each step
 result recorded once, per-aggregate seq gapless), kill -9 of the worker running a step's
 attempt (that attempt is never sent again, the next one is), and a full service restart that
-resumes unfinished workflows."""
+resumes unfinished workflows; overrides (issue 32): a failed step retried, a stuck running
+step retried from the API while a shard drives it, a re-run from a later step."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ import yaml
 
 from tests.conftest import free_port
 from tests.e2e.test_serve import ROOT, _wait_for_ready_line
-from tests.fakes.agent_llm import agent_reply
-from tests.fakes.openai_server import OpenAIFake
+from tests.fakes.agent_llm import agent_reply, task_prompt
+from tests.fakes.openai_server import FakeReply, OpenAIFake
 
 pytestmark = pytest.mark.e2e
 MODEL = "fake-agent"
@@ -93,9 +94,33 @@ class Orchestrator:
 JWT_SECRET = "jwt-secret-" + "w" * 32
 
 
+class FirstTimeOnly:
+    """agent_reply (tests/fakes/agent_llm.py), except the first time a step's own prompt
+    holding `[fail-once KEY]` (an OpenAI 400: the step fails) or `[stuck-once KEY]` (the
+    answer comes after STUCK_S) is asked for KEY (issue 32's overrides: a retry's new
+    attempt then answers at once)."""
+
+    STUCK_S = 25.0
+    ONCE = re.compile(r"\[(fail|stuck)-once (\S+)\]")
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, body: Any) -> FakeReply:
+        found = self.ONCE.search(task_prompt(body))
+        if found is not None and found[2] not in self.seen:
+            self.seen.add(found[2])
+            if found[1] == "fail":
+                return FakeReply(
+                    status=400, error={"message": "scripted", "type": "invalid_request_error"}
+                )
+            return FakeReply(text=agent_reply(body).text, delay_s=self.STUCK_S)
+        return agent_reply(body)
+
+
 @pytest.fixture(scope="module")
 def llm() -> Iterator[OpenAIFake]:
-    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
+    with OpenAIFake(api_key="sk-agent", default_reply=FirstTimeOnly()) as server:
         yield server
 
 
@@ -529,3 +554,74 @@ def test_concurrent_creates_with_one_idempotency_key_make_one_workflow(
         page = c.get("/workflows", headers={"Authorization": who["Authorization"]}).json()
         assert page["total"] == 1
         assert _wait_all(c, list(ids), 60)[ids.pop()]["status"] == "completed"
+
+
+def test_overrides_retry_a_failed_and_a_stuck_step_and_rerun(
+    service: Orchestrator, llm: OpenAIFake
+) -> None:
+    """Issue 32, item 4, through Serve and the WorkflowShard actors: a workflow fails on a
+    step (the model refuses it once); POST .../steps/{name}/retry: the new attempt answers and
+    the workflow completes, with audit.workflow_override. A step stuck on a slow model is
+    retried while a shard drives it: the shard's driver is stopped (its claim revoked, the
+    NOTIFY), the next attempt runs at once. A re-run from the last step keeps the earlier
+    results: the model is not asked for them again."""
+    tag = uuid.uuid4().hex[:8]
+
+    def asked(marker: str) -> int:
+        return sum(marker in task_prompt(r.json) for r in llm.chat_requests)
+
+    with service.client() as c:
+        who = _as(c, f"over-{tag}")
+        steps = [
+            {"name": "plan", "prompt": f"[answer PLAN] plan-{tag}"},
+            {"name": "act", "prompt": f"[fail-once act-{tag}] [answer ACTED] act-{tag}"},
+            {"name": "report", "prompt": f"report-{tag} on {{{{act.result}}}}"},
+        ]
+        wid = c.post("/workflows", headers=who, json={"name": "o", "steps": steps}).json()["id"]
+        failed = _wait_all(c, [wid], 60)[wid]
+        assert failed["status"] == "failed", failed
+        assert c.get(f"/workflows/{wid}", headers=_as(c, f"other-{tag}")).status_code == 404
+        r = c.post(f"/workflows/{wid}/steps/act/retry", headers=who)
+        assert r.status_code == 200 and r.json()["status"] == "running", r.text
+        body = _wait_all(c, [wid], 60)[wid]
+        assert body["status"] == "completed", body
+        assert [s["result"] for s in body["steps"]] == [
+            "PLAN",
+            "ACTED",
+            f"done: report-{tag} on ACTED",
+        ]
+        assert body["steps"][1]["attempt"] == 2
+        got = _events(c, wid)
+        assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
+        (override,) = [e["data"] for e in got if e["type"] == "audit.workflow_override"]
+        assert override["action"] == "retry" and override["step"] == "act"
+        assert override["user_uuid"] == f"over-{tag}"
+
+        # Re-run from the last step: plan and act keep their results, not asked again.
+        r = c.post(f"/workflows/{wid}/rerun", headers=who, json={"from_step": "report"})
+        assert r.status_code == 200, r.text
+        again = r.json()["id"]
+        rerun = _wait_all(c, [again], 60)[again]
+        assert rerun["status"] == "completed" and rerun["rerun_of"] == wid, rerun
+        assert [s["result"] for s in rerun["steps"]] == [s["result"] for s in body["steps"]]
+        assert (asked(f"plan-{tag}"), asked(f"act-{tag}"), asked(f"report-{tag}")) == (1, 2, 2)
+
+        # A step stuck on the model, retried while a shard drives it.
+        slow = [{"name": "slow", "prompt": f"[stuck-once slow-{tag}] [answer FREED]"}]
+        wid = c.post("/workflows", headers=who, json={"name": "s", "steps": slow}).json()["id"]
+        deadline = time.monotonic() + 60
+        while not asked(f"slow-{tag}"):  # the model is answering the first attempt
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        retried = time.monotonic()
+        r = c.post(f"/workflows/{wid}/steps/slow/retry", headers=who)
+        assert r.status_code == 200, r.text
+        body = _wait_all(c, [wid], 60)[wid]
+        assert time.monotonic() - retried < FirstTimeOnly.STUCK_S - 5, body
+        step = body["steps"][0]
+        assert body["status"] == "completed" and step["result"] == "FREED", body
+        assert [(a["attempt"], a.get("lost", False)) for a in step["attempts"]] == [
+            (1, True),
+            (2, False),
+        ]
+        assert "abandoned by an override" in step["attempts"][0]["error"]

@@ -28,6 +28,18 @@ error code as text.
 `sign(secret, body, timestamp)` returns the headers Slack sends with an Events API request;
 `url_verification`, `message_event`, `app_mention_event` and `bot_message_event` build its
 documented JSON bodies.
+
+Interactivity (issue 32; api.slack.com/interactivity/handling, docs.slack.dev
+reference/interaction-payloads/block_actions-payload, api.slack.com/methods/chat.update):
+- `POST /api/chat.update` (bearer as chat.postMessage): `channel` and `ts` of a message this
+  fake posted, else `channel_not_found` / `message_not_found`; `{"ok": true, "channel", "ts",
+  "text", "message"}`. Accepted bodies in `updated`.
+- `POST /actions/<team>/<id>/<token>` (a `response_url`, `slack.response_url()`): JSON
+  `{"response_type", "replace_original", "text"}` recorded in `responses`, answered
+  `{"ok": true}`.
+- `block_actions(action_id, value, user=, ...)` builds a `block_actions` payload as Slack
+  sends it; `interaction_body(payload)` the form body (`payload=<JSON>`, URL-encoded);
+  `sign_form(secret, body)` its headers (the same v0 signature, form content type).
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ import itertools
 import json
 import time
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 from tests.fakes._channel_fake import ChannelFake, Failure
 from tests.fakes._loopback import RecordedRequest, Send
@@ -47,9 +59,12 @@ __all__ = [
     "BOT_USER",
     "SlackFake",
     "app_mention_event",
+    "block_actions",
     "bot_message_event",
+    "interaction_body",
     "message_event",
     "sign",
+    "sign_form",
     "url_verification",
 ]
 
@@ -79,6 +94,66 @@ def sign(
         headers["X-Slack-Retry-Num"] = str(retry_num)
         headers["X-Slack-Retry-Reason"] = "http_timeout"
     return headers
+
+
+def sign_form(secret: str, body: bytes, timestamp: int | str | None = None) -> dict[str, str]:
+    """The headers of a signed interaction request (form-encoded, signed like the rest)."""
+    headers = sign(secret, body, timestamp)
+    headers["Content-Type"] = "application/x-www-form-urlencoded"
+    return headers
+
+
+def interaction_body(payload: Any) -> bytes:
+    """`payload=<JSON>`, URL-encoded, as Slack posts an interaction."""
+    return urlencode({"payload": json.dumps(payload)}).encode()
+
+
+_actions = itertools.count(1)
+
+
+def block_actions(
+    action_id: str,
+    value: str,
+    *,
+    user: str = "U0USER0001",
+    channel: str = "C0CHAN0001",
+    message_ts: str = "1700000000.000100",
+    response_url: str = "https://hooks.slack.com/actions/T0TEAM0001/1/x",
+    action_ts: str | None = None,
+) -> Any:
+    """A `block_actions` payload: a button of a message pressed."""
+    stamp = action_ts or f"{int(time.time())}.{next(_actions):06d}"
+    return {
+        "type": "block_actions",
+        "user": {"id": user, "username": "megan", "name": "megan", "team_id": TEAM},
+        "api_app_id": APP,
+        "token": "Shh_its_a_seekrit",
+        "container": {
+            "type": "message",
+            "message_ts": message_ts,
+            "channel_id": channel,
+            "is_ephemeral": False,
+        },
+        "trigger_id": "12466734323.1395872398.7ad2ec6cf5a2ef3b7fbd32de0d5f1e8a",
+        "team": {"id": TEAM, "domain": "example"},
+        "enterprise": None,
+        "is_enterprise_install": False,
+        "channel": {"id": channel, "name": "ops"},
+        "message": {"type": "message", "ts": message_ts, "bot_id": BOT_ID, "text": "..."},
+        "state": {"values": {}},
+        "response_url": response_url,
+        "actions": [
+            {
+                "action_id": action_id,
+                "block_id": value,
+                "text": {"type": "plain_text", "text": action_id.title(), "emoji": True},
+                "value": value,
+                "style": "primary" if action_id == "approve" else "danger",
+                "type": "button",
+                "action_ts": stamp,
+            }
+        ],
+    }
 
 
 def url_verification(
@@ -206,16 +281,36 @@ class SlackFake(ChannelFake):
         self.webhook_url = f"{self.url}{WEBHOOK_PATH}"
         self.api_url = f"{self.url}/api"
         self.posted: list[dict[str, Any]] = []
+        self.updated: list[dict[str, Any]] = []
+        self.responses: list[dict[str, Any]] = []
+        self._messages: set[tuple[str, str]] = set()
+
+    def response_url(self, n: int = 1) -> str:
+        return f"{self.url}/actions/{TEAM}/{n}/resp0nse-t0ken"
 
     def reset(self) -> None:
         super().reset()
         self.posted.clear()
+        self.updated.clear()
+        self.responses.clear()
 
     async def handle(self, request: RecordedRequest, send: Send) -> None:
         if request.method == "POST" and request.path.startswith("/services/"):
             await self._webhook(request, send)
         elif request.method == "POST" and request.path == "/api/chat.postMessage":
             await self._post_message(request, send)
+        elif request.method == "POST" and request.path == "/api/chat.update":
+            await self._update(request, send)
+        elif request.method == "POST" and request.path.startswith("/actions/"):
+            try:
+                body = request.json
+            except ValueError:
+                body = None
+            if not isinstance(body, dict) or not (body.get("text") or body.get("blocks")):
+                await self._text(send, 400, "no_text")
+                return
+            self.responses.append(body)
+            await self.send_json(send, 200, {"ok": True})
         else:
             await self.send_json(send, 404, {"ok": False, "error": "unknown_method"})
 
@@ -281,8 +376,52 @@ class SlackFake(ChannelFake):
         }
         if body.get("thread_ts"):
             message["thread_ts"] = body["thread_ts"]
+        if body.get("blocks"):
+            message["blocks"] = body["blocks"]
+        self._messages.add((body["channel"], ts))
         await self.send_json(
             send, 200, {"ok": True, "channel": body["channel"], "ts": ts, "message": message}
+        )
+
+    async def _update(self, request: RecordedRequest, send: Send) -> None:
+        failure = await self.next_failure()
+        if failure is not None:
+            error = failure.error or ("ratelimited" if failure.status == 429 else "internal_error")
+            await self.send_json(
+                send, failure.status, {"ok": False, "error": error}, _after(failure)
+            )
+            return
+        auth = request.headers.get("authorization")
+        if auth != f"Bearer {self.bot_token}":
+            await self.send_json(
+                send, 200, {"ok": False, "error": "not_authed" if not auth else "invalid_auth"}
+            )
+            return
+        body = json.loads(request.raw or b"{}")
+        channel, ts = body.get("channel"), body.get("ts")
+        if not channel:
+            await self.send_json(send, 200, {"ok": False, "error": "channel_not_found"})
+            return
+        if (channel, ts) not in self._messages:
+            await self.send_json(send, 200, {"ok": False, "error": "message_not_found"})
+            return
+        if not body.get("text") and not body.get("blocks"):
+            await self.send_json(send, 200, {"ok": False, "error": "no_text"})
+            return
+        self.updated.append(body)
+        message = {"text": body.get("text", ""), "user": BOT_USER, "bot_id": BOT_ID}
+        if body.get("blocks"):
+            message["blocks"] = body["blocks"]
+        await self.send_json(
+            send,
+            200,
+            {
+                "ok": True,
+                "channel": channel,
+                "ts": ts,
+                "text": body.get("text", ""),
+                "message": message,
+            },
         )
 
 

@@ -27,15 +27,33 @@ returned HTTP error 429 ...`.
 `mint(claims, kid=, key=, algorithm=)` signs a token with Bot Framework's claims (iss, aud =
 app id, serviceurl, nbf, exp) merged with `claims` (a None value removes a claim);
 `message_activity(text, ...)` builds a Bot Framework message Activity as Teams sends it.
+
+The bot's side of the Bot Connector (issue 32; learn.microsoft.com
+bot-framework-rest-connector-authentication and -api-reference):
+- `POST /botframework.com/oauth2/v2.0/token` (`login_url` is the base): form
+  `grant_type=client_credentials&client_id=<app id>&client_secret=<app_password>&scope=
+  https://api.botframework.com/.default` -> `{"token_type": "Bearer", "expires_in": 3599,
+  "ext_expires_in": 3599, "access_token"}`; a wrong client or secret `401 {"error":
+  "invalid_client", ...}`. `tokens_issued` counts them.
+- `POST /v3/conversations/<id>/activities` and `PUT .../activities/<activityId>` (`url` is the
+  `service_url`): only with `Authorization: Bearer <a token it issued>` (else `401
+  {"message": "Authorization has been denied for this request."}`); a POST answers `201
+  {"id"}` and records the activity in `activities`, a PUT of an activity it holds answers
+  `200 {"id"}` and records it in `updates` (unknown: `404`).
+- `submit_activity(data)` is the `message` activity an `Action.Submit` sends (`value` = the
+  action's data); `invoke_activity(data)` the Universal Actions `invoke`
+  (`name: adaptiveCard/action`).
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -50,8 +68,10 @@ __all__ = [
     "SERVICE_URL",
     "TENANT",
     "TeamsFake",
+    "invoke_activity",
     "message_activity",
     "rsa_key",
+    "submit_activity",
 ]
 
 ISSUER = "https://api.botframework.com"
@@ -133,6 +153,44 @@ def message_activity(
     }
 
 
+AAD_USER = "6b4ff4f4-6a8d-4f39-9f5e-2bb2b7a8c1d0"
+
+
+def _card_activity(kind: str, value: Any, activity_id: str | None, aad: str | None) -> Any:
+    base = message_activity("", activity_id=activity_id)
+    base.pop("text", None)
+    base.pop("textFormat", None)
+    base["type"] = kind
+    base["from"] = {"id": USER_ID, "name": "Megan Bowen"}
+    if aad is not None:
+        base["from"]["aadObjectId"] = aad
+    base["replyToId"] = "1:1nQ9d5YcOa2-7XbD7uLkZg"
+    base["value"] = value
+    return base
+
+
+def submit_activity(
+    data: Any, *, activity_id: str | None = None, aad_object_id: str | None = AAD_USER
+) -> Any:
+    """The `message` activity an Adaptive Card `Action.Submit` posts: no text, `value` is the
+    action's `data`."""
+    return _card_activity("message", data, activity_id, aad_object_id)
+
+
+def invoke_activity(
+    data: Any, *, activity_id: str | None = None, aad_object_id: str | None = AAD_USER
+) -> Any:
+    """A Universal Actions `invoke` (`adaptiveCard/action`) carrying `data`."""
+    activity = _card_activity(
+        "invoke",
+        {"action": {"type": "Action.Execute", "verb": "decide", "data": data}, "trigger": "manual"},
+        activity_id,
+        aad_object_id,
+    )
+    activity["name"] = "adaptiveCard/action"
+    return activity
+
+
 class TeamsFake(ChannelFake):
     label = "Teams"
 
@@ -140,6 +198,7 @@ class TeamsFake(ChannelFake):
         self,
         *,
         app_id: str = "4f2b6c1e-5a7d-4e3b-9c8f-0a1b2c3d4e5f",
+        app_password: str = "bot~Pa55w0rd.secret",
         kid: str = "bf-key-1",
         key: rsa.RSAPrivateKey | None = None,
     ) -> None:
@@ -155,10 +214,19 @@ class TeamsFake(ChannelFake):
         self.webhook_url = f"{self.url}{WEBHOOK_PATH}"
         self.workflow_url = f"{self.url}{WORKFLOW_PATH}?api-version=2016-06-01&sp=%2Ftriggers"
         self.posted: list[dict[str, Any]] = []
+        self.app_password = app_password
+        self.login_url = self.url
+        self.tokens_issued = 0
+        self._tokens: set[str] = set()
+        self.activities: list[tuple[str, dict[str, Any]]] = []  # (conversation id, activity)
+        self.updates: list[tuple[str, str, dict[str, Any]]] = []  # (conversation, id, activity)
+        self._activity_ids: set[tuple[str, str]] = set()
 
     def reset(self) -> None:
         super().reset()
         self.posted.clear()
+        self.activities.clear()
+        self.updates.clear()
 
     def jwks(self) -> dict[str, Any]:
         return {
@@ -207,6 +275,10 @@ class TeamsFake(ChannelFake):
             await self._connector(request, send)
         elif request.method == "POST" and request.path == WORKFLOW_PATH:
             await self._workflow(request, send)
+        elif request.method == "POST" and request.path == "/botframework.com/oauth2/v2.0/token":
+            await self._token(request, send)
+        elif request.path.startswith("/v3/conversations/"):
+            await self._connector_api(request, send)
         else:
             await self.send_body(send, 404, b"Not Found", [("content-type", "text/plain")])
 
@@ -250,6 +322,82 @@ class TeamsFake(ChannelFake):
             return
         self.posted.append(body)
         await self._text(send, 200, "1")
+
+    async def _token(self, request: RecordedRequest, send: Send) -> None:
+        form = dict(parse_qsl(request.raw.decode()))
+        if form.get("grant_type") != "client_credentials":
+            await self.send_json(send, 400, {"error": "unsupported_grant_type"})
+            return
+        if (
+            form.get("client_id") != self.app_id
+            or form.get("client_secret") != self.app_password
+            or form.get("scope") != "https://api.botframework.com/.default"
+        ):
+            await self.send_json(
+                send,
+                401,
+                {
+                    "error": "invalid_client",
+                    "error_description": "AADSTS7000215: Invalid client secret provided.",
+                    "error_codes": [7000215],
+                },
+            )
+            return
+        token = "eyJ0eXAiOiJKV1Qi." + secrets.token_urlsafe(24)
+        self._tokens.add(token)
+        self.tokens_issued += 1
+        await self.send_json(
+            send,
+            200,
+            {
+                "token_type": "Bearer",
+                "expires_in": 3599,
+                "ext_expires_in": 3599,
+                "access_token": token,
+            },
+        )
+
+    async def _connector_api(self, request: RecordedRequest, send: Send) -> None:
+        # /v3/conversations/{conversationId}/activities[/{activityId}], ids percent-encoded.
+        parts = request.raw_path.split("?")[0].split("/")
+        bearer = request.headers.get("authorization", "")
+        if not bearer.startswith("Bearer ") or bearer[7:] not in self._tokens:
+            await self.send_json(
+                send, 401, {"message": "Authorization has been denied for this request."}
+            )
+            return
+        if len(parts) not in (5, 6) or parts[4] != "activities":
+            await self.send_body(send, 404, b"Not Found", [("content-type", "text/plain")])
+            return
+        conversation = unquote(parts[3])
+        failure = await self.next_failure()
+        if failure is not None:
+            await self.send_json(
+                send, failure.status, {"error": {"code": "ServiceError", "message": "failed"}}
+            )
+            return
+        body = request.json
+        if not isinstance(body, dict) or body.get("type") != "message":
+            await self.send_json(
+                send, 400, {"error": {"code": "BadArgument", "message": "invalid activity"}}
+            )
+            return
+        if request.method == "POST" and len(parts) == 5:
+            activity_id = f"1:{secrets.token_urlsafe(16)}"
+            self._activity_ids.add((conversation, activity_id))
+            self.activities.append((conversation, body))
+            await self.send_json(send, 201, {"id": activity_id})
+        elif request.method == "PUT" and len(parts) == 6:
+            activity_id = unquote(parts[5])
+            if (conversation, activity_id) not in self._activity_ids:
+                await self.send_json(
+                    send, 404, {"error": {"code": "ActivityNotFoundInConversation"}}
+                )
+                return
+            self.updates.append((conversation, activity_id, body))
+            await self.send_json(send, 200, {"id": activity_id})
+        else:
+            await self.send_body(send, 405, b"", [])
 
     async def _workflow(self, request: RecordedRequest, send: Send) -> None:
         if await self._failed(send):

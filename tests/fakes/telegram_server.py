@@ -18,6 +18,14 @@ fail with Telegram's error body (`error` as description); 429 carries
 
 `text_update(text, ...)` builds an `Update` with a text message; `photo_update` and
 `edited_update` build updates without a new text message.
+
+Buttons (issue 32; core.telegram.org/bots/api#inlinekeyboardmarkup, #callbackquery,
+#editmessagetext, #answercallbackquery): sendMessage keeps `reply_markup` (an
+`inline_keyboard` whose `callback_data` is over 64 bytes is `400 Bad Request:
+BUTTON_DATA_INVALID`) and returns it in the message; `editMessageText` edits a message this
+fake sent (`400 Bad Request: message to edit not found` otherwise), recorded in `edited`;
+`answerCallbackQuery` (`callback_query_id` required) answers `true`, recorded in `answered`.
+`callback_update(data, ...)` builds an `Update` with the `callback_query` of a press.
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ from urllib.parse import parse_qsl
 from tests.fakes._channel_fake import ChannelFake
 from tests.fakes._loopback import RecordedRequest, Send
 
-__all__ = ["TOKEN", "TelegramFake", "edited_update", "photo_update", "text_update"]
+__all__ = [
+    "TOKEN",
+    "TelegramFake",
+    "callback_update",
+    "edited_update",
+    "photo_update",
+    "text_update",
+]
 
 TOKEN = "110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
 _updates = itertools.count(10000)
@@ -109,6 +124,42 @@ def edited_update(text: str, *, chat_id: int = 1111111) -> Any:
     return {"update_id": next(_updates), "edited_message": message}
 
 
+def callback_update(
+    data: str,
+    *,
+    user_id: int = 1111111,
+    chat_id: int = -1001234567890,
+    message_id: int = 77,
+    query_id: str | None = None,
+) -> Any:
+    """An Update with the `callback_query` of a pressed inline button (`data` its
+    callback_data) on the bot's message `message_id`."""
+    message = _message("Approval needed", chat_id, "supergroup", 0)
+    message["message_id"] = message_id
+    message["from"] = {
+        "id": int(TOKEN.split(":")[0]),
+        "is_bot": True,
+        "first_name": "Test Bot",
+        "username": "test_orchestrator_bot",
+    }
+    return {
+        "update_id": next(_updates),
+        "callback_query": {
+            "id": query_id or str(4382000000000000000 + next(_updates)),
+            "from": {
+                "id": user_id,
+                "is_bot": False,
+                "first_name": "Test",
+                "username": "testuser",
+                "language_code": "en",
+            },
+            "message": message,
+            "chat_instance": "-5286126371829379821",
+            "data": data,
+        },
+    }
+
+
 def _units(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
@@ -125,10 +176,15 @@ class TelegramFake(ChannelFake):
         self.bot_token = bot_token
         self.bot_id = int(bot_token.split(":", 1)[0])
         self.sent: list[dict[str, Any]] = []
+        self.edited: list[dict[str, Any]] = []
+        self.answered: list[dict[str, Any]] = []
+        self._messages: set[tuple[str, int]] = set()
 
     def reset(self) -> None:
         super().reset()
         self.sent.clear()
+        self.edited.clear()
+        self.answered.clear()
 
     @classmethod
     async def _error(cls, send: Send, code: int, description: str, **parameters: Any) -> None:
@@ -148,6 +204,15 @@ class TelegramFake(ChannelFake):
             await self._error(send, 401, "Unauthorized")
         elif method == "sendMessage":
             await self._send_message(request, send)
+        elif method == "editMessageText":
+            await self._edit(request, send)
+        elif method == "answerCallbackQuery":
+            body = self._body(request)
+            if not body.get("callback_query_id"):
+                await self._error(send, 400, "Bad Request: query is too old or query ID is invalid")
+                return
+            self.answered.append(body)
+            await self.send_json(send, 200, {"ok": True, "result": True})
         else:
             await self._error(send, 404, "Not Found")
 
@@ -163,10 +228,7 @@ class TelegramFake(ChannelFake):
             else:
                 await self._error(send, failure.status, failure.error or "Internal Server Error")
             return
-        if request.headers.get("content-type", "").startswith("application/json"):
-            body = json.loads(request.raw or b"{}")
-        else:
-            body = dict(parse_qsl(request.raw.decode()))
+        body = self._body(request)
         chat_id, text = body.get("chat_id"), body.get("text")
         if chat_id in (None, ""):
             await self._error(send, 400, "Bad Request: chat_id is empty")
@@ -176,6 +238,9 @@ class TelegramFake(ChannelFake):
             return
         if _units(text) > 4096:
             await self._error(send, 400, "Bad Request: message is too long")
+            return
+        if not _markup_ok(body.get("reply_markup")):
+            await self._error(send, 400, "Bad Request: BUTTON_DATA_INVALID")
             return
         self.sent.append(body)
         chat_type = "private" if int(chat_id) > 0 else "supergroup"
@@ -197,4 +262,53 @@ class TelegramFake(ChannelFake):
                 "chat": _chat(int(chat_id), chat_type),
                 "date": int(time.time()) - 1,
             }
+        if body.get("reply_markup"):
+            result["reply_markup"] = body["reply_markup"]
+        self._messages.add((str(chat_id), result["message_id"]))
         await self.send_json(send, 200, {"ok": True, "result": result})
+
+    @staticmethod
+    def _body(request: RecordedRequest) -> dict[str, Any]:
+        if request.headers.get("content-type", "").startswith("application/json"):
+            body: dict[str, Any] = json.loads(request.raw or b"{}")
+            return body
+        return dict(parse_qsl(request.raw.decode()))
+
+    async def _edit(self, request: RecordedRequest, send: Send) -> None:
+        failure = await self.next_failure()
+        if failure is not None:
+            await self._error(send, failure.status, failure.error or "Internal Server Error")
+            return
+        body = self._body(request)
+        key = (str(body.get("chat_id")), body.get("message_id"))
+        if key not in self._messages:
+            await self._error(send, 400, "Bad Request: message to edit not found")
+            return
+        text = body.get("text")
+        if not isinstance(text, str) or not text.strip():
+            await self._error(send, 400, "Bad Request: message text is empty")
+            return
+        self.edited.append(body)
+        result: dict[str, Any] = {
+            "message_id": body["message_id"],
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Test Bot"},
+            "chat": _chat(int(body["chat_id"]), "supergroup"),
+            "date": int(time.time()) - 5,
+            "edit_date": int(time.time()),
+            "text": text,
+        }
+        if (body.get("reply_markup") or {}).get("inline_keyboard"):
+            result["reply_markup"] = body["reply_markup"]
+        await self.send_json(send, 200, {"ok": True, "result": result})
+
+
+def _markup_ok(markup: Any) -> bool:
+    """Every inline button's callback_data within Telegram's 1-64 bytes."""
+    if not isinstance(markup, dict):
+        return True
+    for row in markup.get("inline_keyboard") or []:
+        for button in row:
+            data = button.get("callback_data")
+            if data is not None and not 1 <= len(str(data).encode()) <= 64:
+                return False
+    return True

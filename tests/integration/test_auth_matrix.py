@@ -124,6 +124,10 @@ async def test_other_users_objects_are_not_there(
     checks = [
         ("GET", f"{api}/workflows/{wid}", None),
         ("POST", f"{api}/workflows/{wid}/cancel", None),
+        ("POST", f"{api}/workflows/{wid}/steps/a/retry", None),
+        ("POST", f"{api}/workflows/{wid}/steps/a/skip", None),
+        ("POST", f"{api}/workflows/{wid}/resume", None),
+        ("POST", f"{api}/workflows/{wid}/rerun", {"from_step": "a"}),
         ("DELETE", f"{api}/workflows/{wid}", None),
         ("GET", f"{api}/memory/default/k", None),
         ("DELETE", f"{api}/memory/default/k", None),

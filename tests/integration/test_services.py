@@ -52,7 +52,7 @@ async def _other_connections(dsn: str) -> int:
         (WorkflowShardServices, 8, {"workflows", "interventions"}),
         (SchedulerServices, 6, {"jobs", "run_jobs"}),
         (ChannelHubServices, 4, {"channels", "egress"}),
-        (AgentWorkerServices, 8, {"gateway", "memory", "tool_clients", "runner"}),
+        (AgentWorkerServices, 8, {"gateway", "memory", "tool_clients", "runner", "interventions"}),
     ],
 )
 async def test_an_actor_role_gets_only_its_services_frozen_and_closed_with_its_stack(

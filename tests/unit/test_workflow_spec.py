@@ -369,3 +369,124 @@ def test_declared_sizes_are_limited_at_admission_only(
     # A spec read back from the database (admitted under other settings) still loads.
     stored = WorkflowSpec.parse("w", steps)
     assert WorkflowSpec.from_json(stored.to_json()) == stored
+
+
+# --- asking people (issue 32): approval steps, notify, approval_timeout_s -------------------
+
+APPROVAL = {"name": "ok", "type": "approval", "prompt": "Ship {{a.result}}?"}
+
+
+@pytest.mark.parametrize(
+    ("step", "field"),
+    [
+        ({**APPROVAL, "prompt": " "}, "steps[1].prompt"),
+        ({"name": "ok", "type": "approval"}, "steps[1].prompt"),
+        ({**APPROVAL, "tools": ["calculate"]}, "steps[1].tools"),
+        ({**APPROVAL, "model": "m"}, "steps[1].model"),
+        ({**APPROVAL, "retry": {"max_attempts": 2}}, "steps[1].retry"),
+        ({**APPROVAL, "approvers": []}, "steps[1].approvers"),
+        ({**APPROVAL, "approvers": ["ann", 3]}, "steps[1].approvers"),
+        ({**APPROVAL, "approval_timeout_s": 0}, "steps[1].approval_timeout_s"),
+        ({**APPROVAL, "approval_timeout_s": 2_592_001}, "steps[1].approval_timeout_s"),
+        ({**APPROVAL, "approval_timeout_s": 1.5}, "steps[1].approval_timeout_s"),
+        ({**APPROVAL, "notify": "ch-1"}, "steps[1].notify"),
+        ({**APPROVAL, "notify": {}}, "steps[1].notify.channel_id"),
+        ({**APPROVAL, "notify": {"channel_id": "c", "x": 1}}, "steps[1].notify.x"),
+        ({"name": "t", "prompt": "x", "approvers": ["ann"]}, "steps[1].approvers"),
+        (
+            {"name": "b", "type": "branch", "conditions": {"x": {"then": "a"}}, "notify": {}},
+            "steps[1].notify.channel_id",
+        ),
+        (
+            {
+                "name": "b",
+                "type": "branch",
+                "conditions": {"x": {"then": "a"}},
+                "notify": {"channel_id": "c"},
+            },
+            "steps[1].notify",
+        ),
+    ],
+)
+def test_approval_and_notify_errors_name_the_field(step: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        spec([{"name": "a", "prompt": "x"}, step])
+    assert caught.value.message.startswith(f"{field}:"), caught.value.message
+
+
+def test_approval_steps_and_notify_round_trip_through_json() -> None:
+    steps = [
+        {"name": "a", "prompt": "x", "approval_timeout_s": 60, "notify": {"channel_id": "c1"}},
+        {**APPROVAL, "approvers": ["ann", "bob", "ann"], "approval_timeout_s": 3},
+    ]
+    parsed = WorkflowSpec.parse("w", steps, notify={"channel_id": "c0"})
+    assert parsed.notify == "c0"
+    task, approval = parsed.steps
+    assert (task.notify, task.approval_timeout_s) == ("c1", 60)
+    assert approval.type == "approval" and approval.approvers == ("ann", "bob")
+    assert WorkflowSpec.from_json(parsed.to_json()) == parsed
+    with pytest.raises(ValidationFailed) as caught:
+        WorkflowSpec.parse("w", steps, notify={"channel": "c0"})
+    assert caught.value.message.startswith("notify.channel:")
+
+
+def test_notify_fields_walk_the_tree() -> None:
+    from orchestrator.workflows._approval import notify_fields
+
+    parsed = WorkflowSpec.parse(
+        "w",
+        [
+            {"name": "a", "prompt": "x"},
+            {**APPROVAL, "notify": {"channel_id": "c2"}},
+            {
+                "name": "kids",
+                "type": "spawn",
+                "workflows": [
+                    {
+                        "name": "k",
+                        "steps": [{"name": "s", "prompt": "p"}],
+                        "notify": {"channel_id": "c3"},
+                    }
+                ],
+            },
+        ],
+        notify={"channel_id": "c1"},
+    )
+    assert notify_fields(parsed) == [
+        ("notify.channel_id", "c1"),
+        ("steps[1].notify.channel_id", "c2"),
+        ("steps[2].workflows[0].notify.channel_id", "c3"),
+    ]
+
+
+def test_an_approval_step_is_not_chained_after_a_task_step() -> None:
+    """A task step's result and the next step's start share a commit only when the next is
+    a plain task step: an approval step asks in its own (orchestrator/workflows/_tasks.py)."""
+    from orchestrator.config import Settings
+    from orchestrator.workflows import StepRecord, StepState, WorkflowRecord, WorkflowState
+    from orchestrator.workflows._tasks import chainable
+
+    parsed = spec([{"name": "a", "prompt": "x"}, APPROVAL, {"name": "c", "prompt": "y"}])
+    steps = tuple(
+        StepRecord(i, s.name, StepState.PENDING, 0, None, None, None, False)
+        for i, s in enumerate(parsed.steps)
+    )
+    record = WorkflowRecord(
+        "wf-1",
+        "ann",
+        "w",
+        WorkflowState.RUNNING,
+        parsed,
+        None,
+        None,
+        1,
+        1,
+        None,
+        None,
+        0,
+        0,
+        steps,
+    )
+    settings = Settings.model_construct()
+    assert chainable(record, [], settings, draining=False) is None
+    assert chainable(replace(record, cursor=2), [], settings, draining=False) is not None

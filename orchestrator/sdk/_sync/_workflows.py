@@ -31,7 +31,9 @@ from orchestrator.wire import (
     WorkflowCancelled,
     WorkflowCreated,
     WorkflowDeleted,
+    WorkflowOverridden,
     WorkflowPage,
+    WorkflowRerun,
     WorkflowSummary,
     WorkflowTemplates,
 )
@@ -49,16 +51,19 @@ class SyncWorkflows(SyncCore):
         variables: Mapping[str, Any] | None = None,
         model: str | None = None,
         idempotency_key: str | None = None,
+        notify: Mapping[str, Any] | None = None,
     ) -> WorkflowCreated:
         """Inline (`name`, `steps`) or from a template; it starts at once. With
         `idempotency_key`, sending it again (also the client's own retries) answers the
-        first workflow instead of creating another."""
+        first workflow instead of creating another. `notify`: `{channel_id}`, where its
+        questions to people (approval steps, tool calls under an `ask` rule) are posted."""
         body = given(
             name=name,
             steps=as_list(steps),
             template=template,
             variables=as_dict(variables),
             model=model,
+            notify=as_dict(notify),
         )
         headers = idempotency(idempotency_key)
         call = Call("POST", "/workflows", model_of(WorkflowCreated), body=body, headers=headers)
@@ -93,6 +98,41 @@ class SyncWorkflows(SyncCore):
     def delete_workflow(self, workflow_id: str) -> WorkflowDeleted:
         path = f"/workflows/{seg(workflow_id)}"
         return self._send(Call("DELETE", path, model_of(WorkflowDeleted)))
+
+    # --- overrides and re-run (issue 32) ----------------------------------------------------
+
+    def retry_step(
+        self, workflow_id: str, step: str, reason: str | None = None
+    ) -> WorkflowOverridden:
+        """A new attempt of the failed step of a failed workflow (which goes on from it), or
+        of the running step of a running one (its attempt in flight abandoned)."""
+        path = f"/workflows/{seg(workflow_id)}/steps/{seg(step)}/retry"
+        body = given(reason=reason) or None
+        return self._send(Call("POST", path, model_of(WorkflowOverridden), body=body))
+
+    def skip_step(
+        self, workflow_id: str, step: str, reason: str | None = None
+    ) -> WorkflowOverridden:
+        """The failed (or running) step becomes `skipped`; the next one starts."""
+        path = f"/workflows/{seg(workflow_id)}/steps/{seg(step)}/skip"
+        body = given(reason=reason) or None
+        return self._send(Call("POST", path, model_of(WorkflowOverridden), body=body))
+
+    def resume_workflow(self, workflow_id: str, reason: str | None = None) -> WorkflowOverridden:
+        """A failed (or stuck running) workflow goes on from the step it stopped at."""
+        path = f"/workflows/{seg(workflow_id)}/resume"
+        body = given(reason=reason) or None
+        return self._send(Call("POST", path, model_of(WorkflowOverridden), body=body))
+
+    def rerun_workflow(
+        self, workflow_id: str, from_step: str, reason: str | None = None
+    ) -> WorkflowRerun:
+        """A new workflow, same spec and owner, whose steps before `from_step` keep the
+        original's results (not run again); `.id` is the new workflow's."""
+        path = f"/workflows/{seg(workflow_id)}/rerun"
+        body = given(from_step=from_step, reason=reason)
+        call = Call("POST", path, model_of(WorkflowRerun), body=body)
+        return self._send(call)
 
     def save_template(
         self, name: str, steps: Sequence[StepSpec], shared: bool = False
