@@ -316,17 +316,19 @@ function Detail({ params }) {
   const attempts = attemptsOf(events, calls, id);
   const done = events.find((e) => e.type === "workflow.completed");
   const active = detail.status === "pending" || detail.status === "running";
+  const waiting = (name) => pending.filter((iv) => iv.step === name);
   const stepActions = (s) => {
     const step = `/steps/${encodeURIComponent(s.name)}`;
     // The step a failed workflow stopped at, or a running workflow's running step.
     const applies = (detail.status === "failed" && s.status === "failed") || (detail.status === "running" && s.status === "running");
     if (!applies) return null;
+    // A running approval step is a person's to decide (or to skip), not to retry.
+    const approval = (s.intervention && s.intervention.kind === "approval") || waiting(s.name).some((iv) => iv.kind === "approval");
     return html`<span class="step-actions">
-      <${Button} confirm="Retry this step?" onClick=${() => act(`${step}/retry`)} testid="step-retry">Retry<//>
+      ${!approval && html`<${Button} confirm="Retry this step?" onClick=${() => act(`${step}/retry`)} testid="step-retry">Retry<//>`}
       <${Button} confirm="Skip this step?" onClick=${() => act(`${step}/skip`)} testid="step-skip">Skip<//>
     </span>`;
   };
-  const waiting = (name) => pending.filter((iv) => iv.step === name);
   return html`<section data-testid="wf-detail">
     <div class="toolbar">
       <h1 data-testid="wf-title">${detail.name}</h1>
@@ -335,7 +337,8 @@ function Detail({ params }) {
       ${active && html`<${Button} kind="danger" confirm="Cancel this workflow?" onClick=${cancel} testid="wf-cancel">Cancel<//>`}
       ${detail.status === "failed" && html`<${Button} kind="primary" confirm="Resume this workflow?" onClick=${() => act("/resume")} testid="wf-resume">Resume<//>`}
       ${!active && html`<span class="rerun">
-        <select value=${fromStep} onChange=${(e) => setFromStep(e.target.value)} data-testid="wf-rerun-from">
+        <select value=${fromStep || (detail.steps[0] && detail.steps[0].name)} onChange=${(e) => setFromStep(e.target.value)}
+          data-testid="wf-rerun-from" aria-label="Re-run from step">
           ${detail.steps.map((s) => html`<option key=${s.name} value=${s.name}>from ${s.name}</option>`)}
         </select>
         <${Button} confirm="Re-run as a new workflow?" onClick=${rerun} testid="wf-rerun">Re-run<//>
