@@ -7,6 +7,7 @@ import { ErrorBox } from "./components.js";
 
 const ROUTES = [
   ["workflows", "Workflows"],
+  ["interventions", "Approvals"],
   ["events", "Events"],
   ["schedules", "Schedules"],
   ["models", "Models"],

@@ -1,14 +1,17 @@
 // Workflows: the list (status filter, live status) and one workflow's page (steps as a
-// timeline with the model and tool calls of each attempt, children as a tree, cancel and
-// delete, live from /sync-events).
+// timeline with each attempt and the model and tool calls it made, a step's pending approval
+// with its buttons, the overrides (retry or skip a step, resume, re-run from a step), children
+// as a tree, cancel and delete, live from /sync-events).
 import { html, useCallback, useEffect, useRef, useState } from "../vendor/preact-htm.module.js";
 import { api, stream } from "../api.js";
 import { Button, Empty, ErrorBox, Field, Json, StatusBadge, Table, Time, duration } from "../components.js";
+import { Asked, Decide, INTERVENTION_TYPES } from "./interventions.js";
 
 const STATES = ["", "pending", "running", "completed", "failed", "cancelled"];
 const WORKFLOW_TYPES = [
   "workflow.started", "workflow.completed", "workflow.failed", "workflow.cancelled",
   "workflow.step_started", "workflow.step_completed", "workflow.step_failed", "workflow.compensating",
+  "workflow.step_retrying", "audit.workflow_override",
 ];
 // What an attempt's agent did (aggregate `<workflow>:<step>:<attempt>`).
 const CALL_TYPES = ["agent.turn_started", "agent.turn_completed", "audit.tool_executed", "audit.tool_denied", "task.failed"];
@@ -114,18 +117,42 @@ function Calls({ events }) {
   </ul>`;
 }
 
-function Step({ step, attempts }) {
+// One attempt: when it started, how long it ran, why it failed or that it was lost.
+function Attempt({ a }) {
+  const took = a.ended_at && a.started_at ? ` - ${duration(a.ended_at - a.started_at)}` : a.duration_ms !== undefined ? ` - ${duration(a.duration_ms)}` : "";
+  return html`<span class="muted" data-testid="step-attempt" data-attempt=${a.attempt}>attempt ${a.attempt}${took}
+    ${a.started ? html` - <${Time} ms=${a.started} />` : ""}
+    ${a.lost ? html` - <span data-testid="step-attempt-lost">lost with its worker (not sent again)</span>` : ""}
+    ${a.error ? html` - <span data-testid="step-attempt-error">${a.error}</span>` : ""}</span>`;
+}
+
+// The attempts the API lists (each run's start, end, error, lost) joined with the calls seen
+// in each attempt's events.
+function joinAttempts(step, seen) {
+  const listed = step.attempts || [];
+  if (listed.length === 0) return seen;
+  return listed.map((a) => {
+    const s = seen.find((x) => x.attempt === a.attempt) || {};
+    return { ...s, ...a, started: a.started_at ?? s.started, calls: s.calls || [] };
+  });
+}
+
+function Step({ step, attempts, pending, actions, onChanged }) {
+  const all = joinAttempts(step, attempts);
   return html`<li class=${`st-${step.status}`} data-testid="wf-step" data-step=${step.name}>
     <div class="step-head">
       <span class="step-name">${step.name}</span>
       <${StatusBadge} status=${step.status} testid="step-status" />
-      ${attempts.map(
-        (a) => html`<span key=${a.attempt} class="muted" data-testid="step-attempt">attempt ${a.attempt}
-          ${a.duration_ms !== undefined ? ` - ${duration(a.duration_ms)}` : ""}
-          ${a.started ? html` - <${Time} ms=${a.started} />` : ""}</span>`,
-      )}
+      ${all.map((a) => html`<${Attempt} key=${a.attempt} a=${a} />`)}
+      ${step.next_attempt_at && html`<span class="muted" data-testid="step-next-attempt">next attempt <${Time} ms=${step.next_attempt_at} /></span>`}
+      ${actions}
     </div>
-    ${attempts.map((a) => html`<${Calls} key=${a.attempt} events=${a.calls} />`)}
+    ${all.map((a) => html`<${Calls} key=${a.attempt} events=${a.calls} />`)}
+    ${pending.map((iv) => html`<div key=${iv.id} class="waiting" data-testid="step-intervention" data-iv=${iv.id}>
+      <strong>Waits for a decision</strong> <span class="muted">(<a href="#/interventions">${iv.id}</a>, expires <${Time} ms=${iv.expires_at} />)</span>
+      <${Asked} iv=${iv} />
+      <${Decide} iv=${iv} onDone=${onChanged} />
+    </div>`)}
     ${step.result !== undefined && html`<${Json} value=${step.result} testid="step-output" />`}
     ${step.error && html`<div class="error-box" data-testid="step-error">${step.error}</div>`}
   </li>`;
@@ -186,6 +213,8 @@ function Detail({ params }) {
   const [error, setError] = useState(null);
   const [live, setLive] = useState("closed");
   const [gone, setGone] = useState(false);
+  const [pending, setPending] = useState([]);
+  const [fromStep, setFromStep] = useState("");
   const children = useRef(new Set());
 
   const load = useCallback(async () => {
@@ -209,11 +238,13 @@ function Detail({ params }) {
         for (const e of r.data) if (byTask[e.data.task_id]) byTask[e.data.task_id].push(e);
         for (const t of tasks) byTask[t].sort((a, b) => a.position - b.position);
       }
+      const ivs = await api("GET", "/interventions", { query: { workflow_id: id, status: "pending", limit: 100 } });
       children.current = new Set(d.children || []);
       setTree(await loadTree(d.children || [], 1, { left: 50 }));
       setDetail(d);
       setEvents(evs);
       setCalls(byTask);
+      setPending(ivs.data);
       setError(null);
     } catch (e) {
       if (e.status === 404) setGone(true);
@@ -226,7 +257,7 @@ function Detail({ params }) {
     load();
     // One stream for the workflow's own events, its steps' agent calls and its children's:
     // picked out here. On a reconnect it resumes after the last event seen (Last-Event-ID).
-    const s = stream("/sync-events", { types: [...WORKFLOW_TYPES, ...CALL_TYPES, DECISION].join(",") }, {
+    const s = stream("/sync-events", { types: [...WORKFLOW_TYPES, ...CALL_TYPES, DECISION, ...INTERVENTION_TYPES].join(",") }, {
       onEvent: (ev) => {
         const e = ev.data || {};
         const d = e.data || {};
@@ -251,6 +282,26 @@ function Detail({ params }) {
       setError(e);
     }
   };
+  // Overrides (owner or admin): each answers the workflow's new state, or a 409 naming the
+  // state it does not apply to (shown in the error box).
+  const act = async (path, body) => {
+    try {
+      const out = await api("POST", `/workflows/${encodeURIComponent(id)}${path}`, { body });
+      setError(null);
+      return out;
+    } catch (e) {
+      setError(e);
+      return null;
+    } finally {
+      await load();
+    }
+  };
+  const rerun = async () => {
+    const from = fromStep || (detail && detail.steps[0] && detail.steps[0].name);
+    const out = await act("/rerun", { from_step: from });
+    const next = out && (out.id || out.workflow_id);
+    if (next) window.location.hash = `#/workflows/${encodeURIComponent(next)}`;
+  };
   const remove = async () => {
     try {
       await api("DELETE", `/workflows/${encodeURIComponent(id)}`);
@@ -265,18 +316,40 @@ function Detail({ params }) {
   const attempts = attemptsOf(events, calls, id);
   const done = events.find((e) => e.type === "workflow.completed");
   const active = detail.status === "pending" || detail.status === "running";
+  const waiting = (name) => pending.filter((iv) => iv.step === name);
+  const stepActions = (s) => {
+    const step = `/steps/${encodeURIComponent(s.name)}`;
+    // The step a failed workflow stopped at, or a running workflow's running step.
+    const applies = (detail.status === "failed" && s.status === "failed") || (detail.status === "running" && s.status === "running");
+    if (!applies) return null;
+    // A running approval step is a person's to decide (or to skip), not to retry.
+    const approval = (s.intervention && s.intervention.kind === "approval") || waiting(s.name).some((iv) => iv.kind === "approval");
+    return html`<span class="step-actions">
+      ${!approval && html`<${Button} confirm="Retry this step?" onClick=${() => act(`${step}/retry`)} testid="step-retry">Retry<//>`}
+      <${Button} confirm="Skip this step?" onClick=${() => act(`${step}/skip`)} testid="step-skip">Skip<//>
+    </span>`;
+  };
   return html`<section data-testid="wf-detail">
     <div class="toolbar">
       <h1 data-testid="wf-title">${detail.name}</h1>
       <${StatusBadge} status=${detail.status} testid="wf-status" />
       <${LiveState} state=${live} />
       ${active && html`<${Button} kind="danger" confirm="Cancel this workflow?" onClick=${cancel} testid="wf-cancel">Cancel<//>`}
+      ${detail.status === "failed" && html`<${Button} kind="primary" confirm="Resume this workflow?" onClick=${() => act("/resume")} testid="wf-resume">Resume<//>`}
+      ${!active && html`<span class="rerun">
+        <select value=${fromStep || (detail.steps[0] && detail.steps[0].name)} onChange=${(e) => setFromStep(e.target.value)}
+          data-testid="wf-rerun-from" aria-label="Re-run from step">
+          ${detail.steps.map((s) => html`<option key=${s.name} value=${s.name}>from ${s.name}</option>`)}
+        </select>
+        <${Button} confirm="Re-run as a new workflow?" onClick=${rerun} testid="wf-rerun">Re-run<//>
+      </span>`}
       ${!active && html`<${Button} kind="danger" confirm="Delete this workflow?" onClick=${remove} testid="wf-delete">Delete<//>`}
     </div>
     <div class="meta">
       <span data-testid="wf-id">${detail.id}</span>
       <span>created <${Time} ms=${detail.created_at} /></span>
       <span>updated <${Time} ms=${detail.updated_at} /></span>
+      ${detail.rerun_of && html`<span>re-run of <a href=${`#/workflows/${encodeURIComponent(detail.rerun_of)}`} data-testid="wf-rerun-of">${detail.rerun_of}</a></span>`}
       ${detail.parent_id && html`<span>parent <a href=${`#/workflows/${encodeURIComponent(detail.parent_id)}`}>${detail.parent_id}</a></span>`}
       <a href=${`#/events?aggregate=${encodeURIComponent(detail.id)}`}>events</a>
     </div>
@@ -284,7 +357,8 @@ function Detail({ params }) {
     ${detail.error && html`<div class="error-box" data-testid="wf-error">${detail.error}</div>`}
     <h2>Steps</h2>
     ${detail.steps.length === 0 ? html`<${Empty} text="No steps." />` : html`<ol class="timeline" data-testid="wf-steps">
-      ${detail.steps.map((s) => html`<${Step} key=${s.name} step=${s} attempts=${attempts[s.name] || []} />`)}
+      ${detail.steps.map((s) => html`<${Step} key=${s.name} step=${s} attempts=${attempts[s.name] || []}
+        pending=${waiting(s.name)} actions=${stepActions(s)} onChanged=${load} />`)}
     </ol>`}
     ${done && html`<h2>Output</h2><${Json} value=${done.data.output ?? ""} testid="wf-output" />`}
     ${tree.length > 0 && html`<h2>Children</h2><div data-testid="wf-children"><${Tree} nodes=${tree} /></div>`}
