@@ -161,7 +161,7 @@ def test_skip_a_failed_step_and_rerun_from_a_step(
             ("skip", "flaky", "ui-iv-cy")
         ]
         # Re-run from `report`: a new workflow whose earlier steps keep their results.
-        page.get_by_test_id("wf-rerun-from").select_option("report")
+        page.get_by_test_id("wf-rerun-step").select_option("report")
         page.get_by_test_id("wf-rerun").click()
         page.get_by_test_id("wf-rerun").click()
         page.get_by_test_id("wf-rerun-of").filter(has_text=wf).wait_for()

@@ -338,7 +338,7 @@ function Detail({ params }) {
       ${detail.status === "failed" && html`<${Button} kind="primary" confirm="Resume this workflow?" onClick=${() => act("/resume")} testid="wf-resume">Resume<//>`}
       ${!active && html`<span class="rerun">
         <select value=${fromStep || (detail.steps[0] && detail.steps[0].name)} onChange=${(e) => setFromStep(e.target.value)}
-          data-testid="wf-rerun-from" aria-label="Re-run from step">
+          data-testid="wf-rerun-step" aria-label="Re-run from step">
           ${detail.steps.map((s) => html`<option key=${s.name} value=${s.name}>from ${s.name}</option>`)}
         </select>
         <${Button} confirm="Re-run as a new workflow?" onClick=${rerun} testid="wf-rerun">Re-run<//>
