@@ -7,9 +7,10 @@ and the question's message is updated with the outcome. One service start for th
 loopback OpenAI-format model, a Slack fake, a generic-webhook receiver and a user's HTTP
 tool that counts its calls.
 
-- Slack, an approval step: an unlisted user's press is told no (ephemeral, through the
-  press's `response_url`) and changes nothing; an approver's press decides it, the workflow
-  completes, `chat.update` shows who decided; the same press replayed decides nothing twice.
+- Slack, an approval step: a press with a wrong signature is a 401; an unlisted user's
+  press is told no (ephemeral, through the press's `response_url`) and changes nothing; an
+  approver's press decides it, the workflow completes, `chat.update` shows who decided; the
+  same press replayed decides nothing twice.
 - A generic webhook: the callback carries signed links; POSTing the reject link fails the
   approval step and compensation runs.
 - Slack, a tool call under `ask` (the workflow's `notify`): the question shows the tool and
@@ -95,6 +96,13 @@ def ann(service: Orchestrator) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
+def platform(service: Orchestrator) -> Iterator[httpx.Client]:
+    """What Slack's servers send with: no bearer token, only the request's signature."""
+    with httpx.Client(base_url=service.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
 def ops(ann: httpx.Client, fakes: Fakes) -> dict[str, Any]:
     """ann's Slack channel: questions go to #ops (C0OPS), BOSS decides."""
     config = {
@@ -172,7 +180,7 @@ def _press(c: httpx.Client, channel: dict[str, Any], payload: Any) -> httpx.Resp
 
 
 def test_slack_approval_step_decided_by_a_press(
-    ann: httpx.Client, ops: dict[str, Any], fakes: Fakes
+    ann: httpx.Client, platform: httpx.Client, ops: dict[str, Any], fakes: Fakes
 ) -> None:
     s = fakes.slack
     steps: list[dict[str, Any]] = [
@@ -204,13 +212,13 @@ def test_slack_approval_step_decided_by_a_press(
         channel="C0OPS",
         response_url=s.response_url(1),
     )
-    assert _press(ann, ops, stranger).status_code == 200
-    told = _until(lambda: s.responses)
+    assert _press(platform, ops, stranger).status_code == 200
+    told = _until(lambda: [r for r in list(s.responses) if "not an approver" in r["text"]])
     assert told[0]["response_type"] == "ephemeral"
-    assert "not an approver" in told[0]["text"]
     assert ann.get(f"/interventions/{iv['id']}").json()["status"] == "pending"
 
-    # The approver: decided at once (before the 200), the workflow goes on and completes.
+    # The approver: decided at once (before the 200), the workflow goes on and completes;
+    # not before the request is signed with the channel's signing secret.
     press = slack.block_actions(
         "approve",
         iv["id"],
@@ -218,7 +226,15 @@ def test_slack_approval_step_decided_by_a_press(
         channel="C0OPS",
         response_url=s.response_url(2),
     )
-    assert _press(ann, ops, press).status_code == 200
+    forged = slack.interaction_body(press)
+    r = platform.post(
+        f"/channels/webhook/{ops['webhook_token']}",
+        content=forged,
+        headers=slack.sign_form("not-the-signing-secret", forged),
+    )
+    assert r.status_code == 401, r.text
+    assert ann.get(f"/interventions/{iv['id']}").json()["status"] == "pending"
+    assert _press(platform, ops, press).status_code == 200
     decided = ann.get(f"/interventions/{iv['id']}").json()
     assert decided["status"] == "approved" and decided["via"] == "slack", decided
     assert decided["decided_by"] == {
@@ -237,7 +253,7 @@ def test_slack_approval_step_decided_by_a_press(
 
     # Slack redelivers the same press (a retry): nothing is decided twice. A second press
     # (a new interaction) is told who decided; by then the replay was handled as well.
-    assert _press(ann, ops, press).status_code == 200
+    assert _press(platform, ops, press).status_code == 200
     again = slack.block_actions(
         "reject",
         iv["id"],
@@ -245,7 +261,7 @@ def test_slack_approval_step_decided_by_a_press(
         channel="C0OPS",
         response_url=s.response_url(3),
     )
-    assert _press(ann, ops, again).status_code == 200
+    assert _press(platform, ops, again).status_code == 200
     late = _until(lambda: [r for r in list(s.responses) if "Already approved" in r["text"]])
     assert BOSS in late[0]["text"]
     after = ann.get(f"/interventions/{iv['id']}").json()
@@ -313,7 +329,7 @@ def test_webhook_reject_link_fails_the_step_and_compensates(
 
 
 def test_slack_approves_a_tool_call_which_runs_once(
-    ann: httpx.Client, ops: dict[str, Any], fakes: Fakes
+    ann: httpx.Client, platform: httpx.Client, ops: dict[str, Any], fakes: Fakes
 ) -> None:
     s, pay = fakes.slack, fakes.pay
     tool = {
@@ -350,7 +366,7 @@ def test_slack_approves_a_tool_call_which_runs_once(
         channel="C0OPS",
         response_url=s.response_url(4),
     )
-    assert _press(ann, ops, press).status_code == 200
+    assert _press(platform, ops, press).status_code == 200
     final = _finished(ann, workflow_id)
     assert final["status"] == "completed", final
     assert final["steps"][0]["result"].startswith("tool http__pay said:")
