@@ -42,8 +42,9 @@ SIGNING_SECRET = "e2e-signing-secret-0123456789abcdef"
 PUBLIC = "https://orch.example.com"
 BOSS = "U0BOSS0001"  # the Slack channel's approver
 # The poster polls at least every 5 s (orchestrator/channels/_approvals.py POLL_CLAMP_S): an
-# update that comes well before that was woken by the decision, not found by a poll.
-PROMPT_S = 2.5
+# update that comes well before that was woken by the decision, not found by a poll (the
+# poll after the question was posted comes ~5 s after it; 1.5 s of margin for a loaded CI).
+PROMPT_S = 3.5
 
 
 class PayApi(LoopbackServer):
