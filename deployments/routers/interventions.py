@@ -1,24 +1,24 @@
 """Interventions (issue 32): the decisions workflow steps wait for. List and read them (the
 caller's as owner or decider; admins every one), approve or reject one, once. Rules and
-storage live in `orchestrator.interventions`; a decision that releases a parked workflow
-starts it again on its shard (the shards' sweep would otherwise, within a period)."""
+storage live in `orchestrator.interventions`. After a decision the channel desk settles it
+as it does a channel press (`InterventionDesk.settled`): the poster of the question's
+channel is woken, so its message shows the outcome at once rather than at the poster's next
+poll, and a workflow the decision released starts again on its shard (the shards' sweep
+would otherwise, within a period)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from deployments.deps import Config, CurrentUser, Interventions, Offset, WorkflowDriver
+from deployments.deps import ChannelDesk, Config, CurrentUser, Interventions, Offset
 from orchestrator import wire
 from orchestrator.errors import NotFound
-from orchestrator.interventions import ID_PATTERN, MAX_TEXT, Decided, Decider, Intervention
-from orchestrator.services import WorkflowRunner
+from orchestrator.interventions import ID_PATTERN, MAX_TEXT, Decider, Intervention
 
 router = APIRouter(tags=["interventions"])
-log = logging.getLogger(__name__)
 
 
 class ApproveBody(BaseModel):
@@ -59,19 +59,6 @@ def _wire(iv: Intervention) -> wire.Intervention:
     return wire.Intervention(**iv.wire())
 
 
-async def _wake(decided: Decided, workflow_runner: WorkflowRunner) -> None:
-    """Start the workflow a decision released. The decision is committed whatever happens
-    here: a start that fails is left to the shards' sweep, not answered as a failure (a
-    client retrying it would get a 409)."""
-    if not decided.woke:
-        return
-    workflow_id = decided.intervention.workflow_id
-    try:
-        await workflow_runner.start(workflow_id)
-    except Exception as exc:  # noqa: BLE001 - any failure: the sweep starts it
-        log.warning("starting %s after its intervention was decided: %r", workflow_id, exc)
-
-
 @router.get("/interventions", response_model=wire.InterventionPage)
 async def list_interventions(
     settings: Config,
@@ -104,7 +91,7 @@ async def get_intervention(
 async def approve_intervention(
     intervention_id: InterventionId,
     interventions: Interventions,
-    workflow_runner: WorkflowDriver,
+    desk: ChannelDesk,
     caller: CurrentUser,
     body: ApproveBody | None = None,
 ) -> wire.InterventionDecided:
@@ -113,7 +100,9 @@ async def approve_intervention(
     decided = await interventions.decide(
         intervention_id, Decider.of(caller), approve=True, note=body.note if body else None
     )
-    await _wake(decided, workflow_runner)
+    # Committed whatever happens next: a failed wake or start is left to the poster's
+    # poll and the sweep, not answered as a failure (a client's retry would be a 409).
+    await desk.settled(decided)
     return wire.InterventionDecided(id=intervention_id, status="approved")
 
 
@@ -122,7 +111,7 @@ async def reject_intervention(
     intervention_id: InterventionId,
     body: RejectBody,
     interventions: Interventions,
-    workflow_runner: WorkflowDriver,
+    desk: ChannelDesk,
     caller: CurrentUser,
 ) -> wire.InterventionDecided:
     """The agent is told the call was refused, with `reason` (an approval step fails, and
@@ -130,5 +119,7 @@ async def reject_intervention(
     decided = await interventions.decide(
         intervention_id, Decider.of(caller), approve=False, reason=body.reason
     )
-    await _wake(decided, workflow_runner)
+    # Committed whatever happens next: a failed wake or start is left to the poster's
+    # poll and the sweep, not answered as a failure (a client's retry would be a 409).
+    await desk.settled(decided)
     return wire.InterventionDecided(id=intervention_id, status="rejected")

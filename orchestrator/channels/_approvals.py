@@ -15,7 +15,9 @@ them in `approvers` (anyone else is told no, and nothing is written), and only a
 intervention whose question went to this channel (the store checks). The store decides
 once: a second press is told who decided, a platform's replay of the same press (its
 interaction id) decides nothing twice. A decision that releases a parked workflow starts
-it (else the engines' sweep would, within a period).
+it (else the engines' sweep would, within a period). `settled` is also what the API's
+approve/reject call after deciding (deployments/routers/interventions.py): one way to wake
+the channel's poster, so the question's update goes out at once whoever decided.
 """
 
 from __future__ import annotations
@@ -234,7 +236,7 @@ class InterventionDesk:
             return Answer(False, f"Already {status}" + (f" by {who}." if who else "."))
         if decided.replayed:
             return Answer(True, f"Already {decided.intervention.status}.", decided)
-        await self._wake(decided)
+        await self.settled(decided)
         verb = "Approved" if press.approve else "Rejected"
         return Answer(True, f"{verb}: {decided.intervention.question[:150]}", decided)
 
@@ -254,10 +256,13 @@ class InterventionDesk:
         decided = await self._interventions.decide(
             link.intervention_id, decider, approve=link.approve, reason=reason
         )
-        await self._wake(decided)
+        await self.settled(decided)
         return decided
 
-    async def _wake(self, decided: Decided) -> None:
+    async def settled(self, decided: Decided) -> None:
+        """After a decision (a press, a link, or the API's): wake the poster of the
+        question's channel (its outcome post is due now) and start the workflow it released.
+        Best effort: the decision is committed; the poster polls and the sweep starts."""
         channel_id = decided.intervention.notify_channel
         if self._on_decided is not None and channel_id and not decided.replayed:
             try:
