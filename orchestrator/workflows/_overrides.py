@@ -94,9 +94,14 @@ class Override:
     rerun_id: str | None = None
 
 
-def _check(kind: str, current: str, target: str, what: str) -> None:
+def _check(kind: str, current: str, target: str, what: str, record: WorkflowRecord) -> None:
+    """A 409 (with the workflow's status, and the step's for a step) unless the override
+    may move `what` from `current` to `target`."""
     if (current, target) not in OVERRIDE_TRANSITIONS[kind]:
-        raise Conflict(f"{what} cannot go from {current} to {target} by an override")
+        extra = {"status": str(record.status)}
+        if kind == "step":
+            extra["step_status"] = str(current)
+        raise Conflict(f"{what} cannot go from {current} to {target} by an override", extra=extra)
 
 
 class WorkflowOverrides:
@@ -233,8 +238,8 @@ class WorkflowOverrides:
             )
         step = record.steps[idx]
         target = S.SKIPPED if action == "skip" else S.PENDING
-        _check("step", step.status, target, f"step {step.name}")
-        _check("workflow", record.status, W.RUNNING, record.id)
+        _check("step", step.status, target, f"step {step.name}", record)
+        _check("workflow", record.status, W.RUNNING, record.id, record)
         # Nobody drives a failed workflow, but the user's ceiling counts it live again.
         await self._store.check_live_room(
             tx.conn, record.user_uuid, 1, self._settings.workflow_max_live_per_user
@@ -290,19 +295,19 @@ class WorkflowOverrides:
                 " or skip it",
                 extra={"status": str(record.status), "step_status": str(step.status)},
             )
-        if record.waiting_for is not None:
-            if action == "resume":
-                raise Conflict(
-                    f"workflow {record.id} waits for a decision on intervention"
-                    f" {record.waiting_for}: approve or reject it (or retry or skip step"
-                    f" {step.name})",
-                    extra={"status": str(record.status), "intervention_id": record.waiting_for},
-                )
-            # The question is moot: closed (rejected via `cancel`), the workflow no longer
-            # waits, and the parked attempt is abandoned below like any attempt in flight.
-            await self._store._interventions_of().close_pending_in(
-                tx, record.id, f"overridden: step {step.name} {action}"
+        if record.waiting_for is not None and action == "resume":
+            raise Conflict(
+                f"workflow {record.id} waits for a decision on intervention"
+                f" {record.waiting_for}: approve or reject it (or retry or skip step"
+                f" {step.name})",
+                extra={"status": str(record.status), "intervention_id": record.waiting_for},
             )
+        # Any question of the attempt is moot (parked, or asked by a worker that has not
+        # answered yet): closed (rejected via `cancel`), the workflow no longer waits, and
+        # the attempt is abandoned below like any attempt in flight.
+        await self._store._interventions_of().close_pending_in(
+            tx, record.id, f"overridden: step {step.name} {action}"
+        )
         if spec.type == "branch" or (spec.type == "spawn" and action != "resume"):
             raise Conflict(
                 f"step {step.name} is a running {spec.type} step: act on its child workflows"
@@ -312,7 +317,7 @@ class WorkflowOverrides:
         if spec.type in ("task", "approval"):  # a spawn's new driver lists its wait as lost
             await self._abandon(tx, record, step.idx, action)
         if action == "skip":
-            _check("step", step.status, S.SKIPPED, f"step {step.name}")
+            _check("step", step.status, S.SKIPPED, f"step {step.name}", record)
             await tx.conn.execute(
                 "UPDATE workflow_steps SET status = 'skipped', retry_at = NULL, finished_at = $3"
                 " WHERE workflow_id = $1 AND idx = $2",
@@ -323,7 +328,7 @@ class WorkflowOverrides:
             await self._set_running(tx, record, step.idx + 1)
         elif spec.type == "task":
             # Due now: the driver (this one, restarted) starts the next attempt at once.
-            _check("step", step.status, S.RUNNING, f"step {step.name}")
+            _check("step", step.status, S.RUNNING, f"step {step.name}", record)
             await tx.conn.execute(
                 f"UPDATE workflow_steps SET retry_at = {DB_NOW_MS}"
                 " WHERE workflow_id = $1 AND idx = $2",
