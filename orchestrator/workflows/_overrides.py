@@ -49,6 +49,7 @@ import asyncpg
 
 from orchestrator.auth import Principal
 from orchestrator.config import Settings
+from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.events import EventTransaction, NewEvent
 from orchestrator.runtime.claims import ClaimStore
@@ -57,7 +58,6 @@ from orchestrator.workflows._records import WorkflowRecord, load_record, now_ms
 from orchestrator.workflows._resolve import tree_size
 from orchestrator.workflows._states import StepState, WorkflowState
 from orchestrator.workflows._store import CLAIM_KIND, NOTIFY_CHANNEL, WorkflowStore
-from orchestrator.workflows._transitions import DB_NOW_MS
 
 __all__ = ["OVERRIDE_TRANSITIONS", "Override", "WorkflowOverrides"]
 
