@@ -119,6 +119,16 @@ class ClaimStore:
             fence.epoch,
         )
 
+    @staticmethod
+    async def revoke_in(conn: asyncpg.Connection, kind: str, key: str) -> int | None:
+        """Take the claim from whoever holds it, in the caller's transaction (an override
+        acting on what another process drives): its fence fails from now on. The revoked
+        epoch, None when nobody held it."""
+        epoch = await conn.fetchval(
+            "DELETE FROM claims WHERE kind = $1 AND key = $2 RETURNING epoch", kind, key
+        )
+        return int(epoch) if epoch is not None else None
+
     async def holder(self, kind: str, key: str) -> tuple[str, int, bool] | None:
         """(owner, epoch, live?) of a claim, None when nobody holds it (tests, status)."""
         row = await self._pool.fetchrow(

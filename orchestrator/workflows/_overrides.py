@@ -384,15 +384,7 @@ class WorkflowOverrides:
         step = record.steps[idx]
         if step.key is None or step.waiting:
             return
-        await tx.conn.execute(
-            "INSERT INTO workflow_step_results (idempotency_key, workflow_id, step, status,"
-            " recorded_at) VALUES ($1, $2, $3, 'abandoned', $4)"
-            " ON CONFLICT (idempotency_key) DO NOTHING",
-            step.key,
-            record.id,
-            step.name,
-            now_ms(),
-        )
+        await WorkflowStore._record_result(tx, step.key, record.id, step.name, "abandoned")
         entry = {
             "attempt": step.attempt,
             "started_at": step.started_at,
@@ -421,11 +413,7 @@ class WorkflowOverrides:
     async def _revoke(tx: EventTransaction, workflow_id: str) -> None:
         """Take the claim from whoever drives the workflow (its fence fails from now on)
         and tell its engine to stop that driver and drive the workflow again."""
-        epoch = await tx.conn.fetchval(
-            "DELETE FROM claims WHERE kind = $1 AND key = $2 RETURNING epoch",
-            CLAIM_KIND,
-            workflow_id,
-        )
+        epoch = await ClaimStore.revoke_in(tx.conn, CLAIM_KIND, workflow_id)
         if epoch is not None:
             await tx.conn.execute(
                 "SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"override:{workflow_id}:{epoch}"
