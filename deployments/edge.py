@@ -144,11 +144,12 @@ def edge_headers(
     return out, request_id
 
 
-_WEBHOOK = re.compile(r"^(/api/v1/channels/webhook/)[^/]+")
+_WEBHOOK = re.compile(r"^(/api/v1/channels/webhook/(?:decide/)?)[^/]+")
 
 
 def loggable_path(path: str) -> str:
-    """`path` without a channel's webhook token (the credential in its path)."""
+    """`path` without a channel's webhook token or a signed decision link's token (the
+    credentials in those paths)."""
     return _WEBHOOK.sub(r"\1[redacted]", path)
 
 

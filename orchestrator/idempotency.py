@@ -42,6 +42,7 @@ import asyncpg
 from pydantic import BaseModel
 
 from orchestrator._json import loads
+from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import Conflict, ValidationFailed
 
 __all__ = [
@@ -70,7 +71,6 @@ REUSED = "idempotency_key_reused"
 LEASE_S = 60
 IN_USE_RETRY_AFTER_S = 1
 _KEY = re.compile(r"[\x20-\x7e]{1,255}")
-_NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # A row that vanished between a claim that found it and the read that follows (released or
 # purged meanwhile) is claimed again; past this many rounds something is churning the key.
 _CLAIM_ROUNDS = 5
@@ -236,7 +236,7 @@ class IdempotencyStore:
                 "INSERT INTO idempotency_keys AS k (user_uuid, key, fingerprint, token,"
                 " created_at, locked_until, expires_at)"
                 " SELECT $1::text, $2::text, $3::text, $4::text, n, n + $5::bigint,"
-                f" n + $6::bigint FROM (SELECT {_NOW} AS n) AS now"
+                f" n + $6::bigint FROM (SELECT {DB_NOW_MS} AS n) AS now"
                 " ON CONFLICT (user_uuid, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint,"
                 " token = EXCLUDED.token, status_code = NULL, response = NULL,"
                 " created_at = EXCLUDED.created_at, locked_until = EXCLUDED.locked_until,"
@@ -258,7 +258,7 @@ class IdempotencyStore:
             # The key is held: by this request's first sending, or by another request.
             row = await self._pool.fetchrow(
                 "SELECT fingerprint, status_code, response FROM idempotency_keys"
-                f" WHERE user_uuid = $1 AND key = $2 AND expires_at > {_NOW}",
+                f" WHERE user_uuid = $1 AND key = $2 AND expires_at > {DB_NOW_MS}",
                 user_uuid,
                 key,
             )
@@ -276,7 +276,7 @@ class IdempotencyStore:
         request) holds are skipped: the next round takes them."""
         done = await self._pool.execute(
             "DELETE FROM idempotency_keys AS k USING (SELECT user_uuid, key FROM"
-            f" idempotency_keys WHERE expires_at <= {_NOW} LIMIT $1 FOR UPDATE SKIP LOCKED) AS"
+            f" idempotency_keys WHERE expires_at <= {DB_NOW_MS} LIMIT $1 FOR UPDATE SKIP LOCKED) AS"
             " gone WHERE k.user_uuid = gone.user_uuid AND k.key = gone.key",
             batch,
         )

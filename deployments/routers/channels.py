@@ -56,7 +56,7 @@ from orchestrator.channels import (
 )
 from orchestrator.config import Settings
 from orchestrator.errors import NotFound, ServiceUnavailable, ValidationFailed
-from orchestrator.interventions import LinkRefused
+from orchestrator.interventions import LinkExpired, LinkRefused
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +337,10 @@ DecisionToken = Annotated[str, Path(min_length=20, max_length=600)]
     "/channels/webhook/decide/{token}",
     include_in_schema=False,
     response_class=HTMLResponse,
-    responses={401: {"description": "not a valid link (changed, another key, expired)"}},
+    responses={
+        401: {"description": "not a valid link (changed, another key)"},
+        410: {"description": "the link expired"},
+    },
 )
 async def confirm_decision(token: DecisionToken, desk: ChannelDesk) -> HTMLResponse:
     """A confirmation page with one button that POSTs the decision: a GET never decides
@@ -359,17 +362,18 @@ async def confirm_decision(token: DecisionToken, desk: ChannelDesk) -> HTMLRespo
     include_in_schema=False,
     response_model=wire.InterventionDecided,
     responses={
-        401: {"description": "not a valid link (changed, another key, expired)"},
+        401: {"description": "not a valid link (changed, another key)"},
         403: {"description": "the link's approver is no longer listed by the channel"},
         404: {"description": "no such intervention on a webhook channel"},
         409: {"description": "already decided (`status`, `decided_by`)"},
+        410: {"description": "the link expired"},
     },
 )
 async def decide_by_link(token: DecisionToken, desk: ChannelDesk) -> wire.InterventionDecided:
     """Decide as the link says, once: its second use (or any decision first) is a 409."""
     try:
         link = desk.signer.verify(token)
-    except LinkRefused:
+    except (LinkRefused, LinkExpired):
         log.info("a decision link was refused")
         raise
     decided = await desk.decide_link(link)

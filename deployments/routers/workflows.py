@@ -26,7 +26,7 @@ from deployments.deps import (
 from orchestrator import wire
 from orchestrator.agents import tools_refused
 from orchestrator.auth import Principal
-from orchestrator.channels import ChannelStore
+from orchestrator.channels import ChannelStore, ask_missing
 from orchestrator.config import Settings
 from orchestrator.errors import BadRequest, Forbidden, NotFound
 from orchestrator.idempotency import Answer
@@ -160,19 +160,23 @@ async def _check_step_tools(
 
 
 async def _check_notify(spec: WorkflowSpec, channels: ChannelStore, caller: Principal) -> None:
-    """Every `notify` names a channel the creator can see that lists `approvers` (issue 32):
-    else a 400 naming the field, not a question posted where nobody may answer it."""
+    """Every `notify` names a channel the creator can see that can post a question and lists
+    `approvers` (issue 32): else a 400 naming the field, not a question posted nowhere or
+    where nobody may answer it."""
     for where, channel_id in notify_fields(spec):
         try:
             channel = await channels.get(channel_id, caller)
         except NotFound:
             error = f"no channel {channel_id!r} (GET /channels)"
         else:
-            if channel.config.get("approvers"):
+            settings = {k for k, v in channel.config.items() if v} | set(channel.secrets)
+            missing = ask_missing(channel.type, settings)
+            if not missing:
                 continue
             error = (
-                f"channel {channel_id} lists no approvers: set its config.approvers (the"
-                " platform users who may decide) first"
+                f"channel {channel_id} cannot ask for a decision: set its config."
+                + ", config.".join(missing)
+                + " first (approvers: the platform users who may decide)"
             )
         bad = {"field": where, "error": error}
         raise BadRequest(f"{where}: {error}", extra={"fields": [bad]})

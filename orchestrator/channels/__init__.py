@@ -5,6 +5,7 @@ interventions' questions with Approve/Reject buttons, and the presses that decid
 (issue 32)."""
 
 from orchestrator.channels._approvals import Answer, InterventionDesk, InterventionPoster
+from orchestrator.channels._asks import ask_missing
 from orchestrator.channels._interactive import (
     Press,
     parse_slack_action,
@@ -75,6 +76,7 @@ __all__ = [
     "TeamsVerifier",
     "TeamsVerifiers",
     "VerificationFailed",
+    "ask_missing",
     "channel_egress",
     "channel_shard",
     "egress_client",

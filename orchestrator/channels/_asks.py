@@ -365,6 +365,23 @@ def _webhook_body(iv: Intervention) -> dict[str, Any]:
     }
 
 
+# Where each type posts a question: the settings it needs (a secret's name among them).
+_ASK_NEEDS: dict[str, tuple[str, ...]] = {
+    "slack": ("bot_token", "notify_channel"),
+    "telegram": ("bot_token", "notify_chat_id"),
+    "teams": ("app_password", "service_url", "notify_conversation_id"),
+    "webhook": ("callback_url",),
+}
+
+
+def ask_missing(kind: str, settings: set[str]) -> list[str]:
+    """The config fields a channel of type `kind` lacks to post a question and take its
+    answers (`settings`: the names of its config and secrets): [] when it can; a workflow
+    naming it in `notify` is refused at creation otherwise (a question nobody would see)."""
+    needs = [*_ASK_NEEDS.get(kind, ()), "approvers"]
+    return [name for name in needs if name not in settings]
+
+
 async def send_ask(
     http: httpx.AsyncClient,
     kind: str,

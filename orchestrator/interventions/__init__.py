@@ -6,7 +6,13 @@ step's approvers, or a channel's approvers on its platform) approves or rejects 
 undecided past its `expires_at`, the engines' sweep rejects it as `expired`. The decided
 intervention is then taken, once, by the driver that resumes the step."""
 
-from orchestrator.interventions._links import Link, LinkRefused, LinkSigner, link_key
+from orchestrator.interventions._links import (
+    Link,
+    LinkExpired,
+    LinkRefused,
+    LinkSigner,
+    link_key,
+)
 from orchestrator.interventions._model import (
     ID_PATTERN,
     KINDS,
@@ -40,6 +46,7 @@ __all__ = [
     "InterventionStore",
     "Kind",
     "Link",
+    "LinkExpired",
     "LinkRefused",
     "LinkSigner",
     "Resume",

@@ -8,8 +8,9 @@ names the intervention, the decision, the approver and an expiry, and is signed:
 
 The HMAC key is derived from the service's secret box key (`channel_secret_key`, else
 `<data_dir>/channel_key`), so every process of a deployment checks what any other signed,
-and rotating the box key voids every link. A changed byte, another key, an expired link:
-`LinkRefused` (401), before anything is read. "One-time" is the store's: the first decision
+and rotating the box key voids every link. A changed byte, another key: `LinkRefused`
+(401); a genuine link past its expiry: `LinkExpired` (410, as DESIGN's "expired"); both
+before anything is read. "One-time" is the store's: the first decision
 wins, the link's second use is a 409 (the intervention is no longer pending).
 """
 
@@ -23,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import Unauthorized
+from orchestrator.errors import Gone, Unauthorized
 from orchestrator.interventions._model import ID_PATTERN
 
 if TYPE_CHECKING:
     from orchestrator.config import Settings
 
-__all__ = ["DECIDE_PATH", "Link", "LinkRefused", "LinkSigner", "link_key"]
+__all__ = ["DECIDE_PATH", "Link", "LinkExpired", "LinkRefused", "LinkSigner", "link_key"]
 
 # Under the channels' public webhook prefix (deployments/layers/auth.py WEBHOOK_PREFIX).
 DECIDE_PATH = "/api/v1/channels/webhook/decide/"
@@ -44,6 +45,10 @@ class LinkRefused(Unauthorized):
     def __init__(self, message: str = "decision link refused", **kw: object) -> None:
         kw.setdefault("headers", {})  # the caller is a person's browser: no bearer challenge
         super().__init__(message, **kw)
+
+
+class LinkExpired(Gone):
+    """A link we signed, past its expiry: 410, nothing read or decided."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +105,8 @@ class LinkSigner:
         return base.rstrip("/") + DECIDE_PATH + token
 
     def verify(self, token: str, *, now: float | None = None) -> Link:
-        """The link a token stands for; LinkRefused when it is malformed, not signed with this
-        key, or past its expiry."""
+        """The link a token stands for; LinkRefused when it is malformed or not signed with
+        this key, LinkExpired when it is past its expiry."""
         parts = token.split(".") if len(token) <= MAX_TOKEN else []
         if len(parts) != 5:
             raise LinkRefused("decision link: malformed")
@@ -111,7 +116,7 @@ class LinkSigner:
         if not ID_PATTERN.fullmatch(iv) or decision not in _DECISIONS or not expiry.isdigit():
             raise LinkRefused("decision link: malformed")
         if int(expiry) < (time.time() if now is None else now):
-            raise LinkRefused("decision link: expired")
+            raise LinkExpired("decision link: expired (the question was asked long ago)")
         try:
             who = _unb64(approver).decode()
         except ValueError:

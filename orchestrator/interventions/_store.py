@@ -20,12 +20,14 @@ tenant-scoped, decided once, expired by the engines' sweep, taken once for resum
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 
 from orchestrator.auth import Principal
+from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import Conflict, Forbidden, NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.interventions._model import (
@@ -39,13 +41,14 @@ from orchestrator.interventions._model import (
 from orchestrator.observability import mask_secrets
 from orchestrator.runtime.claims import Fence
 
+log = logging.getLogger(__name__)
+
 __all__ = ["DEFAULT_TIMEOUT_S", "AttemptSuperseded", "InterventionStore"]
 
 DEFAULT_TIMEOUT_S = 86_400
 # Drivers hear of a decision here (`decided:<workflow id>`), as of a workflow's end
 # (orchestrator/workflows/_transitions.py NOTIFY_CHANNEL).
 NOTIFY_CHANNEL = "orch_workflows"
-_NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # Every column but the sealed checkpoint, which only `for_resume` reads.
 _COLUMNS = (
     "id, kind, status, user_uuid, deciders, workflow_id, step, task_id, seq, tool, arguments,"
@@ -62,7 +65,7 @@ _SETTLE = (
     " dropped AS (UPDATE intervention_posts SET state = 'dropped'"
     " WHERE intervention_id = $2 AND kind = 'ask' AND state = 'pending' RETURNING 1),"
     " outcome AS (INSERT INTO intervention_posts (intervention_id, kind, channel_id,"
-    f" next_attempt_at) SELECT intervention_id, 'outcome', channel_id, {_NOW}"
+    f" next_attempt_at) SELECT intervention_id, 'outcome', channel_id, {DB_NOW_MS}"
     " FROM intervention_posts WHERE intervention_id = $2 AND kind = 'ask' AND state = 'sent'"
     " ON CONFLICT DO NOTHING RETURNING 1)"
     f" SELECT EXISTS (SELECT 1 FROM w), pg_notify('{NOTIFY_CHANNEL}', 'decided:' || $1)"
@@ -162,19 +165,42 @@ class InterventionStore:
         locked FOR SHARE until `tx` ends): else AttemptSuperseded and nothing is created.
         `deciders`: who decides besides admins (default: the owner); `arguments` are masked
         here; `checkpoint`: the sealed conversation (never shown); `approvers`: the channel's
-        platform approvers, for the event only."""
+        platform approvers, for the event only (default: read from the channel).
+
+        A `notify_channel` deleted since the workflow named it is dropped: the question is
+        still asked (API, console), only not posted; failing here would fail the step."""
         masked = mask_secrets(arguments) if arguments is not None else None
+        if notify_channel is not None:
+            channel = await tx.conn.fetchrow(
+                "SELECT type, config->'approvers' AS ids FROM channels WHERE id = $1",
+                notify_channel,
+            )
+            if channel is None:
+                log.warning(
+                    "workflow %s step %s: notify channel %s is gone; the question is not posted",
+                    workflow_id,
+                    step,
+                    notify_channel,
+                )
+                notify_channel = None
+            elif approvers is None:
+                ids = json.loads(channel["ids"]) if channel["ids"] else []
+                approvers = {"channel_id": notify_channel, "platform": channel["type"], "ids": ids}
         timeout_ms = int((self.default_timeout_s if timeout_s is None else timeout_s) * 1000)
         row = await tx.conn.fetchrow(
+            # The attempt still runs: not superseded, not waiting for its next attempt, and
+            # no outcome taken for its key (an override abandons it by recording one).
             "WITH attempt AS (SELECT 1 FROM workflow_steps WHERE workflow_id = $2"
-            " AND idempotency_key = $1 AND status = 'running' FOR SHARE),"
+            " AND idempotency_key = $1 AND status = 'running' AND retry_at IS NULL"
+            " AND NOT EXISTS (SELECT 1 FROM workflow_step_results r"
+            " WHERE r.idempotency_key = $1) FOR SHARE),"
             " n AS (SELECT nextval('intervention_seq') AS number)"
             " INSERT INTO interventions AS i (id, number, kind, user_uuid, deciders,"
             " workflow_id, step, task_id, seq, tool, arguments, question, checkpoint,"
             " notify_channel, expires_at, created_at)"
             " SELECT 'iv-' || n.number, n.number, $3, $4, $5, $2, $6, $1,"
             " COALESCE((SELECT max(seq) FROM interventions WHERE task_id = $1), 0) + 1,"
-            f" $7, $8::jsonb, $9, $10, $11, {_NOW} + $12, {_NOW}"
+            f" $7, $8::jsonb, $9, $10, $11, {DB_NOW_MS} + $12, {DB_NOW_MS}"
             " FROM n WHERE EXISTS (SELECT 1 FROM attempt)" + _RETURNING,
             task_id,
             workflow_id,
@@ -197,7 +223,7 @@ class InterventionStore:
         if notify_channel is not None:
             await tx.conn.execute(
                 "INSERT INTO intervention_posts (intervention_id, kind, channel_id,"
-                f" next_attempt_at) VALUES ($1, 'ask', $2, {_NOW})",
+                f" next_attempt_at) VALUES ($1, 'ask', $2, {DB_NOW_MS})",
                 iv.id,
                 notify_channel,
             )
@@ -281,7 +307,7 @@ class InterventionStore:
                 "SELECT 1 FROM workflows WHERE id = $1 FOR UPDATE", current.workflow_id
             )
             row = await tx.conn.fetchrow(
-                f"UPDATE interventions AS i SET status = $2, decided_at = {_NOW},"
+                f"UPDATE interventions AS i SET status = $2, decided_at = {DB_NOW_MS},"
                 " decided_by = $3::jsonb, via = $4, note = $5, reason = $6, interaction_id = $7"
                 " WHERE id = $1 AND status = 'pending'" + _RETURNING,
                 intervention_id,
@@ -345,7 +371,7 @@ class InterventionStore:
         for the next round."""
         due = await self._pool.fetch(
             "SELECT id, workflow_id FROM interventions WHERE status = 'pending'"
-            f" AND expires_at <= {_NOW} ORDER BY expires_at LIMIT $1",
+            f" AND expires_at <= {DB_NOW_MS} ORDER BY expires_at LIMIT $1",
             limit,
         )
         if not due:
@@ -358,10 +384,10 @@ class InterventionStore:
                 list({r["workflow_id"] for r in due}),
             )
             rows = await tx.conn.fetch(
-                f"UPDATE interventions AS i SET status = 'expired', decided_at = {_NOW},"
+                f"UPDATE interventions AS i SET status = 'expired', decided_at = {DB_NOW_MS},"
                 " via = 'timeout', reason = 'expired'"
                 " WHERE id = ANY($1::text[]) AND workflow_id = ANY($2::text[])"
-                f" AND status = 'pending' AND expires_at <= {_NOW}" + _RETURNING,
+                f" AND status = 'pending' AND expires_at <= {DB_NOW_MS}" + _RETURNING,
                 [r["id"] for r in due],
                 [r["id"] for r in locked],
             )
@@ -377,7 +403,7 @@ class InterventionStore:
         """In the transaction that ends or cancels workflow `workflow_id` (its row locked
         there first): reject its pending interventions (via `cancel`, `reason`)."""
         rows = await tx.conn.fetch(
-            f"UPDATE interventions AS i SET status = 'rejected', decided_at = {_NOW},"
+            f"UPDATE interventions AS i SET status = 'rejected', decided_at = {DB_NOW_MS},"
             " via = 'cancel', reason = $2 WHERE workflow_id = $1 AND status = 'pending'"
             + _RETURNING,
             workflow_id,
@@ -410,7 +436,7 @@ class InterventionStore:
             if fence is not None:
                 await fence.check(conn)
             taken = await conn.fetchval(
-                f"UPDATE interventions SET resumed_at = {_NOW} WHERE id = $1"
+                f"UPDATE interventions SET resumed_at = {DB_NOW_MS} WHERE id = $1"
                 " AND status <> 'pending' AND resumed_at IS NULL RETURNING 1",
                 intervention_id,
             )

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import asyncpg
 
 from orchestrator.auth import Principal
+from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import Conflict, Forbidden, NotFound, RateLimited, ValidationFailed
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ RESERVED_NAMES = frozenset(
 
 Sort = Literal["newest", "popular"]
 
-_NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _ITEM = "s.name, s.author, s.description, s.tags, s.downloads, s.version"
 _DETAIL = f"{_ITEM}, s.body, s.created_at, s.updated_at"
 # A skill reference: author (a user_uuid: no `/`), name, version (a positive integer).
@@ -469,7 +469,7 @@ class Marketplace:
             await conn.execute(
                 "SELECT pg_advisory_xact_lock($1, hashtext($2))", PUBLISH_LOCK, author
             )
-            now = int(await conn.fetchval(f"SELECT {_NOW}"))
+            now = int(await conn.fetchval(f"SELECT {DB_NOW_MS}"))
             await self._within_limit(conn, author, now)
             row = await conn.fetchrow(
                 "INSERT INTO skills AS s (name, author, description, tags, body,"
@@ -584,7 +584,7 @@ class Marketplace:
             owner = author if author is not None else await self._sole_author(conn, name)
             row = await conn.fetchrow(
                 "INSERT INTO skill_reports (skill_id, reporter, reason, created_at)"
-                f" SELECT id, $3, $4, {_NOW} FROM skills WHERE name = $1 AND author = $2"
+                f" SELECT id, $3, $4, {DB_NOW_MS} FROM skills WHERE name = $1 AND author = $2"
                 " ON CONFLICT (skill_id, reporter) WHERE NOT dismissed"
                 " DO UPDATE SET reason = EXCLUDED.reason, created_at = EXCLUDED.created_at"
                 " RETURNING id, created_at",
@@ -637,7 +637,7 @@ class Marketplace:
             if skill_id is None:
                 raise NotFound(f"skill {name!r} by {owner!r} not found")
             done = await conn.fetch(
-                f"UPDATE skill_reports SET dismissed = true, dismissed_at = {_NOW},"
+                f"UPDATE skill_reports SET dismissed = true, dismissed_at = {DB_NOW_MS},"
                 " dismissed_by = $2 WHERE skill_id = $1 AND NOT dismissed RETURNING id",
                 skill_id,
                 caller.user_uuid,

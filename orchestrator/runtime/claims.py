@@ -21,9 +21,8 @@ from typing import Any
 
 import asyncpg
 
+from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import Conflict
-
-_NOW = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
 
 class StaleClaim(Conflict):
@@ -86,10 +85,10 @@ class ClaimStore:
         so an earlier driver of the same owner is fenced off); None if another holds it."""
         epoch = await self._pool.fetchval(
             "INSERT INTO claims AS c (kind, key, owner, epoch, expires_at)"
-            f" VALUES ($1, $2, $3, nextval('claim_epoch'), {_NOW} + $4)"
+            f" VALUES ($1, $2, $3, nextval('claim_epoch'), {DB_NOW_MS} + $4)"
             " ON CONFLICT (kind, key) DO UPDATE SET owner = EXCLUDED.owner,"
             " epoch = EXCLUDED.epoch, expires_at = EXCLUDED.expires_at"
-            f" WHERE c.owner = EXCLUDED.owner OR c.expires_at <= {_NOW}"
+            f" WHERE c.owner = EXCLUDED.owner OR c.expires_at <= {DB_NOW_MS}"
             " RETURNING epoch",
             kind,
             key,
@@ -101,7 +100,7 @@ class ClaimStore:
     async def renew(self, fence: Fence) -> None:
         """Extend the claim; StaleClaim when it is no longer ours."""
         renewed = await self._pool.fetchval(
-            f"UPDATE claims SET expires_at = {_NOW} + $4"
+            f"UPDATE claims SET expires_at = {DB_NOW_MS} + $4"
             " WHERE kind = $1 AND key = $2 AND epoch = $3 RETURNING 1",
             fence.kind,
             fence.key,
@@ -120,10 +119,20 @@ class ClaimStore:
             fence.epoch,
         )
 
+    @staticmethod
+    async def revoke_in(conn: asyncpg.Connection, kind: str, key: str) -> int | None:
+        """Take the claim from whoever holds it, in the caller's transaction (an override
+        acting on what another process drives): its fence fails from now on. The revoked
+        epoch, None when nobody held it."""
+        epoch = await conn.fetchval(
+            "DELETE FROM claims WHERE kind = $1 AND key = $2 RETURNING epoch", kind, key
+        )
+        return int(epoch) if epoch is not None else None
+
     async def holder(self, kind: str, key: str) -> tuple[str, int, bool] | None:
         """(owner, epoch, live?) of a claim, None when nobody holds it (tests, status)."""
         row = await self._pool.fetchrow(
-            f"SELECT owner, epoch, expires_at > {_NOW} AS live FROM claims"
+            f"SELECT owner, epoch, expires_at > {DB_NOW_MS} AS live FROM claims"
             " WHERE kind = $1 AND key = $2",
             kind,
             key,
@@ -140,5 +149,5 @@ class ClaimStore:
         mine = f" AND c.owner <> {owner_param}" if owner_param else ""
         return (
             f"NOT EXISTS (SELECT 1 FROM claims c WHERE c.kind = '{kind}' AND c.key = {key_expr}"
-            f" AND c.expires_at > {_NOW}{mine})"
+            f" AND c.expires_at > {DB_NOW_MS}{mine})"
         )

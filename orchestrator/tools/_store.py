@@ -31,6 +31,7 @@ import asyncpg
 from cryptography.fernet import Fernet
 
 from orchestrator.auth import Principal
+from orchestrator.db import DB_NOW_MS
 from orchestrator.egress import destination_refused
 from orchestrator.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from orchestrator.events import EventStore, NewEvent
@@ -50,7 +51,6 @@ from orchestrator.tools._validate import URL_REFUSED, invalid
 
 __all__ = ["StoredPolicy", "ToolLimits", "ToolStore", "UserTools", "validate_mcp_server"]
 
-_NOW = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _LOCK = 947741  # with hashtext(<what>): serialises writes of one MCP server name or owner
 
 _SERVER_COLUMNS = (
@@ -213,7 +213,7 @@ class ToolStore:
                     "INSERT INTO mcp_servers (owner, name, transport, url, headers, command,"
                     " args, env, shared, status, error, created_at, updated_at)"
                     " VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, 'error',"
-                    f" 'not listed yet', {_NOW}, {_NOW}) RETURNING {_SERVER_COLUMNS}",
+                    f" 'not listed yet', {DB_NOW_MS}, {DB_NOW_MS}) RETURNING {_SERVER_COLUMNS}",
                     caller.user_uuid,
                     spec["name"],
                     spec["transport"],
@@ -311,7 +311,7 @@ class ToolStore:
                     " status = CASE WHEN $8 THEN 'error' ELSE status END,"
                     " error = CASE WHEN $8 THEN 'not listed yet' ELSE error END,"
                     " tools = CASE WHEN $8 THEN '[]'::jsonb ELSE tools END,"
-                    f" updated_at = {_NOW} WHERE id = $1 RETURNING {_SERVER_COLUMNS}",
+                    f" updated_at = {DB_NOW_MS} WHERE id = $1 RETURNING {_SERVER_COLUMNS}",
                     key,
                     name,
                     url,
@@ -351,7 +351,7 @@ class ToolStore:
         row = await self._pool.fetchrow(
             "UPDATE mcp_servers SET status = $3,"
             " error = $4, tools = CASE WHEN $3 = 'ready' THEN $5::jsonb ELSE tools END,"
-            f" updated_at = {_NOW} WHERE id = $1 AND version = $2"
+            f" updated_at = {DB_NOW_MS} WHERE id = $1 AND version = $2"
             f" RETURNING {_SERVER_COLUMNS}",
             int(server.id[4:]),
             server.version,
@@ -390,7 +390,7 @@ class ToolStore:
                 row = await conn.fetchrow(
                     "INSERT INTO http_tools (user_uuid, name, description, parameters, method,"
                     f" url, headers, created_at, updated_at) VALUES ($1, $2, $3, $4::jsonb, $5,"
-                    f" $6, $7, {_NOW}, {_NOW}) RETURNING {_HTTP_COLUMNS}",
+                    f" $6, $7, {DB_NOW_MS}, {DB_NOW_MS}) RETURNING {_HTTP_COLUMNS}",
                     caller.user_uuid,
                     spec["name"],
                     spec["description"],
@@ -458,7 +458,7 @@ class ToolStore:
                 spec = validate_http_tool(merged, self.limits.egress)
                 row = await conn.fetchrow(
                     "UPDATE http_tools SET name = $3, description = $4, parameters = $5::jsonb,"
-                    f" method = $6, url = $7, headers = $8, updated_at = {_NOW}"
+                    f" method = $6, url = $7, headers = $8, updated_at = {DB_NOW_MS}"
                     f" WHERE id = $1 AND user_uuid = $2 RETURNING {_HTTP_COLUMNS}",
                     key,
                     caller.user_uuid,
@@ -548,7 +548,7 @@ class ToolStore:
             )
             row = await tx.conn.fetchrow(
                 "INSERT INTO tool_policies (scope, rules, updated_at, updated_by)"
-                f" VALUES ($1, $2::jsonb, {_NOW}, $3) ON CONFLICT (scope) DO UPDATE"
+                f" VALUES ($1, $2::jsonb, {DB_NOW_MS}, $3) ON CONFLICT (scope) DO UPDATE"
                 " SET rules = excluded.rules, updated_at = excluded.updated_at,"
                 " updated_by = excluded.updated_by RETURNING updated_at,"
                 " (SELECT rules FROM tool_policies WHERE scope = 'global') AS global_rules",

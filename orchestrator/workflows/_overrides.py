@@ -49,6 +49,7 @@ import asyncpg
 
 from orchestrator.auth import Principal
 from orchestrator.config import Settings
+from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.events import EventTransaction, NewEvent
 from orchestrator.runtime.claims import ClaimStore
@@ -57,7 +58,6 @@ from orchestrator.workflows._records import WorkflowRecord, load_record, now_ms
 from orchestrator.workflows._resolve import tree_size
 from orchestrator.workflows._states import StepState, WorkflowState
 from orchestrator.workflows._store import CLAIM_KIND, NOTIFY_CHANNEL, WorkflowStore
-from orchestrator.workflows._transitions import DB_NOW_MS
 
 __all__ = ["OVERRIDE_TRANSITIONS", "Override", "WorkflowOverrides"]
 
@@ -94,9 +94,14 @@ class Override:
     rerun_id: str | None = None
 
 
-def _check(kind: str, current: str, target: str, what: str) -> None:
+def _check(kind: str, current: str, target: str, what: str, record: WorkflowRecord) -> None:
+    """A 409 (with the workflow's status, and the step's for a step) unless the override
+    may move `what` from `current` to `target`."""
     if (current, target) not in OVERRIDE_TRANSITIONS[kind]:
-        raise Conflict(f"{what} cannot go from {current} to {target} by an override")
+        extra = {"status": str(record.status)}
+        if kind == "step":
+            extra["step_status"] = str(current)
+        raise Conflict(f"{what} cannot go from {current} to {target} by an override", extra=extra)
 
 
 class WorkflowOverrides:
@@ -233,8 +238,8 @@ class WorkflowOverrides:
             )
         step = record.steps[idx]
         target = S.SKIPPED if action == "skip" else S.PENDING
-        _check("step", step.status, target, f"step {step.name}")
-        _check("workflow", record.status, W.RUNNING, record.id)
+        _check("step", step.status, target, f"step {step.name}", record)
+        _check("workflow", record.status, W.RUNNING, record.id, record)
         # Nobody drives a failed workflow, but the user's ceiling counts it live again.
         await self._store.check_live_room(
             tx.conn, record.user_uuid, 1, self._settings.workflow_max_live_per_user
@@ -290,19 +295,19 @@ class WorkflowOverrides:
                 " or skip it",
                 extra={"status": str(record.status), "step_status": str(step.status)},
             )
-        if record.waiting_for is not None:
-            if action == "resume":
-                raise Conflict(
-                    f"workflow {record.id} waits for a decision on intervention"
-                    f" {record.waiting_for}: approve or reject it (or retry or skip step"
-                    f" {step.name})",
-                    extra={"status": str(record.status), "intervention_id": record.waiting_for},
-                )
-            # The question is moot: closed (rejected via `cancel`), the workflow no longer
-            # waits, and the parked attempt is abandoned below like any attempt in flight.
-            await self._store._interventions_of().close_pending_in(
-                tx, record.id, f"overridden: step {step.name} {action}"
+        if record.waiting_for is not None and action == "resume":
+            raise Conflict(
+                f"workflow {record.id} waits for a decision on intervention"
+                f" {record.waiting_for}: approve or reject it (or retry or skip step"
+                f" {step.name})",
+                extra={"status": str(record.status), "intervention_id": record.waiting_for},
             )
+        # Any question of the attempt is moot (parked, or asked by a worker that has not
+        # answered yet): closed (rejected via `cancel`), the workflow no longer waits, and
+        # the attempt is abandoned below like any attempt in flight.
+        await self._store._interventions_of().close_pending_in(
+            tx, record.id, f"overridden: step {step.name} {action}"
+        )
         if spec.type == "branch" or (spec.type == "spawn" and action != "resume"):
             raise Conflict(
                 f"step {step.name} is a running {spec.type} step: act on its child workflows"
@@ -312,7 +317,7 @@ class WorkflowOverrides:
         if spec.type in ("task", "approval"):  # a spawn's new driver lists its wait as lost
             await self._abandon(tx, record, step.idx, action)
         if action == "skip":
-            _check("step", step.status, S.SKIPPED, f"step {step.name}")
+            _check("step", step.status, S.SKIPPED, f"step {step.name}", record)
             await tx.conn.execute(
                 "UPDATE workflow_steps SET status = 'skipped', retry_at = NULL, finished_at = $3"
                 " WHERE workflow_id = $1 AND idx = $2",
@@ -323,7 +328,7 @@ class WorkflowOverrides:
             await self._set_running(tx, record, step.idx + 1)
         elif spec.type == "task":
             # Due now: the driver (this one, restarted) starts the next attempt at once.
-            _check("step", step.status, S.RUNNING, f"step {step.name}")
+            _check("step", step.status, S.RUNNING, f"step {step.name}", record)
             await tx.conn.execute(
                 f"UPDATE workflow_steps SET retry_at = {DB_NOW_MS}"
                 " WHERE workflow_id = $1 AND idx = $2",
@@ -379,15 +384,7 @@ class WorkflowOverrides:
         step = record.steps[idx]
         if step.key is None or step.waiting:
             return
-        await tx.conn.execute(
-            "INSERT INTO workflow_step_results (idempotency_key, workflow_id, step, status,"
-            " recorded_at) VALUES ($1, $2, $3, 'abandoned', $4)"
-            " ON CONFLICT (idempotency_key) DO NOTHING",
-            step.key,
-            record.id,
-            step.name,
-            now_ms(),
-        )
+        await WorkflowStore._record_result(tx, step.key, record.id, step.name, "abandoned")
         entry = {
             "attempt": step.attempt,
             "started_at": step.started_at,
@@ -416,11 +413,7 @@ class WorkflowOverrides:
     async def _revoke(tx: EventTransaction, workflow_id: str) -> None:
         """Take the claim from whoever drives the workflow (its fence fails from now on)
         and tell its engine to stop that driver and drive the workflow again."""
-        epoch = await tx.conn.fetchval(
-            "DELETE FROM claims WHERE kind = $1 AND key = $2 RETURNING epoch",
-            CLAIM_KIND,
-            workflow_id,
-        )
+        epoch = await ClaimStore.revoke_in(tx.conn, CLAIM_KIND, workflow_id)
         if epoch is not None:
             await tx.conn.execute(
                 "SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"override:{workflow_id}:{epoch}"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.runtime.claims import Fence
@@ -37,7 +38,6 @@ Asker = Callable[[EventTransaction, str], Awaitable["Intervention"]]
 # running step) on this channel, sent by the transaction that commits the change.
 NOTIFY_CHANNEL = "orch_workflows"
 # Now, in Unix ms, by the database's clock (a step's retry_at).
-DB_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 # The error of an attempt that never answered.
 LOST = "lost: no answer came (its worker or the workflow's driver stopped); not sent again"
 
@@ -46,10 +46,16 @@ class WorkflowTransitions:
     _pool: asyncpg.Pool
     _events: EventStore
 
-    def _interventions_of(self) -> InterventionStore:
-        from orchestrator.interventions import InterventionStore
+    _intervention_store: InterventionStore | None = None
 
-        return InterventionStore(self._pool, self._events)
+    def _interventions_of(self) -> InterventionStore:
+        """The interventions this store's transitions settle (closing pending ones when a
+        workflow ends): only their `*_in(tx, ...)` writes, which need no timeout setting."""
+        if self._intervention_store is None:
+            from orchestrator.interventions import InterventionStore
+
+            self._intervention_store = InterventionStore(self._pool, self._events)
+        return self._intervention_store
 
     async def _tx_load(
         self, tx: EventTransaction, workflow_id: str, fence: Fence | None
@@ -597,6 +603,9 @@ class WorkflowTransitions:
             if record.finished:
                 return False
             await self._set_workflow(tx, record, status=status, error=error)
+            # A question left open by an attempt that ended without it (one an override
+            # abandoned while its worker was asking) is moot once the workflow has ended.
+            await self._interventions_of().close_pending_in(tx, workflow_id, "the workflow ended")
             duration = now_ms() - record.created_at
             if status == WorkflowState.COMPLETED:
                 event = self._event(

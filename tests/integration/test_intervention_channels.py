@@ -608,7 +608,8 @@ async def test_a_failed_question_is_retried_and_any_decision_updates_it(
     )
     s.fail_next(2, 503)
     iv = await pending(parts, "ann", made["id"])
-    await until(lambda: s.posted)
+    # Recorded as sent (after the post answered): then its tries are counted.
+    await until(lambda: _equals(post_state(parts, iv, "ask"), "sent"))
     attempts = await parts.db.pool.fetchval(
         "SELECT attempts FROM intervention_posts WHERE intervention_id = $1 AND kind = 'ask'",
         iv.id,

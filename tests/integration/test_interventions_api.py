@@ -419,6 +419,53 @@ async def test_create_needs_the_attempt_running(parts: Parts) -> None:
         await ask(parts, at, "alice")
     assert await parts.db.pool.fetchval("SELECT count(*) FROM interventions") == 0
     assert await trail(parts, at.task_id) == []
+    # An attempt an override abandoned (an outcome taken for its key), or one waiting for its
+    # next attempt, asks nothing either: its question would never be acted on.
+    abandoned = await running_attempt(parts, "alice", "abandoned")
+    await parts.db.pool.execute(
+        "INSERT INTO workflow_step_results (idempotency_key, workflow_id, step, status,"
+        " recorded_at) VALUES ($1, $2, 'a', 'abandoned', 0)",
+        abandoned.task_id,
+        abandoned.workflow_id,
+    )
+    with pytest.raises(AttemptSuperseded):
+        await ask(parts, abandoned, "alice")
+    waiting = await running_attempt(parts, "alice", "waiting")
+    await parts.db.pool.execute(
+        "UPDATE workflow_steps SET retry_at = 1 WHERE workflow_id = $1", waiting.workflow_id
+    )
+    with pytest.raises(AttemptSuperseded):
+        await ask(parts, waiting, "alice")
+    assert await parts.db.pool.fetchval("SELECT count(*) FROM interventions") == 0
+
+
+async def test_the_pending_event_names_the_channels_approvers_and_a_gone_channel_is_dropped(
+    api: httpx.AsyncClient, parts: Parts
+) -> None:
+    alice = await user(api, "alice")
+    config = {"callback_url": "http://127.0.0.1:9/hook", "approvers": ["ops-1", "ops-2"]}
+    made = await api.post(
+        "/channels", headers=alice, json={"type": "webhook", "name": "ops", "config": config}
+    )
+    assert made.status_code == 200, made.text
+    channel = made.json()["data"]["id"]
+    at = await running_attempt(parts, "alice")
+    posted = await ask(parts, at, "alice", notify_channel=channel)
+    [pending] = [e for e in await trail(parts, at.task_id) if e.type.endswith("_pending")]
+    assert pending.data["approvers"] == {
+        "channel_id": channel,
+        "platform": "webhook",
+        "ids": ["ops-1", "ops-2"],
+    }
+    r = await api.post(f"/interventions/{posted.id}/approve", headers=alice)
+    assert r.status_code == 200, r.text
+    # The channel deleted while the workflow runs: the next question is asked, not posted.
+    assert (await api.delete(f"/channels/{channel}", headers=alice)).status_code == 200
+    unposted = await ask(parts, at, "alice", notify_channel=channel)
+    assert unposted.notify_channel is None and unposted.status == "pending"
+    assert not await parts.db.pool.fetchval(
+        "SELECT count(*) FROM intervention_posts WHERE intervention_id = $1", unposted.id
+    )
 
 
 async def test_resuming_takes_a_decided_intervention_once(parts: Parts) -> None:

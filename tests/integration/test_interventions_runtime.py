@@ -446,6 +446,15 @@ async def test_notify_names_a_visible_channel_with_approvers(service: Service) -
     assert put.status_code == 200, put.text
     r = await c.post("/workflows", headers=ADMIN, json={"name": "w", "steps": steps})
     assert r.status_code == 200, r.text
+    # A Slack channel with approvers but nowhere to post a question.
+    slack = {"signing_secret": "s" * 32, "bot_token": "xoxb-1", "approvers": ["U1"]}
+    made = await c.post(
+        "/channels", headers=ADMIN, json={"type": "slack", "name": "s", "config": slack}
+    )
+    assert made.status_code == 200, made.text
+    steps[0]["notify"] = {"channel_id": made.json()["data"]["id"]}
+    r = await c.post("/workflows", headers=ADMIN, json={"name": "w", "steps": steps})
+    assert r.status_code == 400 and "config.notify_channel" in r.json()["error"], r.text
 
 
 # --- the engine alone: parked, swept once decided, a lost continuation -----------------------

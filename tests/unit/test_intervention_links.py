@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from orchestrator.config import Settings
-from orchestrator.interventions import LinkRefused, LinkSigner, link_key
+from orchestrator.interventions import LinkExpired, LinkRefused, LinkSigner, link_key
 from orchestrator.interventions._links import DECIDE_PATH
 
 KEY = b"k" * 32
@@ -48,8 +48,9 @@ def test_tampered_other_key_expired_and_malformed_are_refused() -> None:
     with pytest.raises(LinkRefused, match="bad signature"):
         LinkSigner(b"another key").verify(token)
     past = signer.token("iv-42", True, "ops", int(time.time()) - 1)
-    with pytest.raises(LinkRefused, match="expired"):
+    with pytest.raises(LinkExpired, match="expired") as expired:
         signer.verify(past)
+    assert expired.value.status_code == 410
     assert signer.verify(past, now=time.time() - 3600).approver == "ops"
     # A well-signed token that does not name an intervention is refused too.
     with pytest.raises(LinkRefused, match="malformed"):

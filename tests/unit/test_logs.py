@@ -118,10 +118,18 @@ def test_no_secret_reaches_a_line(captured: tuple[logging.Logger, io.StringIO]) 
     logger.warning("sent x-api-key: sk-live-123456 to https://h/v1?key=AIzaSecret&alt=sse")
     logger.warning("token %s revoked", TOKEN, extra={"detail": f"Bearer {TOKEN}"})
     logger.error("unhandled error POST /api/v1/channels/webhook/chw_Zq9-x_Y8w7V6u5T4s3R2")
+    link = "iv-7.a.b3Bz.1795400000000.Zq9x_Y8w7V6u5T4s3R2Q1p0o9n8m7l6k"  # a decision link's
+    logger.warning(
+        "callback failed: https://orch.example.com/api/v1/channels/webhook/decide/%s", link
+    )
+    logger.info("intervention iv-7 approved")
     text = out.getvalue()
-    for secret in (TOKEN, "sk-live-123456", "AIzaSecret", "A1b2C3d4", "chw_Zq9-x_Y8w7V6u5T4s3R2"):
+    secrets = (TOKEN, "sk-live-123456", "AIzaSecret", "A1b2C3d4", "chw_Zq9-x_Y8w7V6u5T4s3R2", link)
+    for secret in secrets:
         assert secret not in text
+    assert "Zq9x_Y8w7V6u5T4s3R2Q1p0o9n8m7l6k" not in text
     assert "alt=sse" in text and "[redacted]" in text
+    assert "intervention iv-7 approved" in text  # an id is not a secret
     assert redact("nothing secret") == "nothing secret"
 
 

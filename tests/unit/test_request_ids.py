@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from deployments import edge, launcher
-from deployments.edge import EdgeGuard, edge_headers, request_ids
+from deployments.edge import EdgeGuard, edge_headers, loggable_path, request_ids
 from deployments.errors import install_error_handlers
 from deployments.launcher import EDGE_HOOK
 from deployments.layers import request_layers
@@ -182,6 +182,9 @@ async def test_an_error_in_serves_code_is_logged_answered_and_counted(
     assert record.levelno == logging.ERROR and record.exc_info is not None
     message = record.getMessage()
     assert "chw_secret-token" not in message and "/api/v1/channels/webhook/" in message
+    assert loggable_path("/api/v1/channels/webhook/decide/iv-7.a.b3Bz.17.mac") == (
+        "/api/v1/channels/webhook/decide/[redacted]"
+    )
     assert sent.status == 500 and sent.headers[b"content-type"] == b"application/json"
     body = json.loads(sent.body)
     assert body == {
