@@ -443,7 +443,7 @@ async def test_the_pending_event_names_the_channels_approvers_and_a_gone_channel
     api: httpx.AsyncClient, parts: Parts
 ) -> None:
     alice = await user(api, "alice")
-    config = {"callback_url": "http://127.0.0.1:9/hook", "approvers": ["ops-1", "ops-2"]}
+    config = {"callback_url": "https://hooks.example.com/x", "approvers": ["ops-1", "ops-2"]}
     made = await api.post(
         "/channels", headers=alice, json={"type": "webhook", "name": "ops", "config": config}
     )
