@@ -236,7 +236,9 @@ class InterventionDesk:
             return Answer(False, f"Already {status}" + (f" by {who}." if who else "."))
         if decided.replayed:
             return Answer(True, f"Already {decided.intervention.status}.", decided)
-        await self.settled(decided)
+        # In the background: the press is acknowledged at once (Slack wants it within 3 s,
+        # a Teams invoke soon too), while waking a hub or a shard may take longer.
+        self._spawn(self.settled(decided), f"settle {decided.intervention.id}")
         verb = "Approved" if press.approve else "Rejected"
         return Answer(True, f"{verb}: {decided.intervention.question[:150]}", decided)
 
