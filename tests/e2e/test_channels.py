@@ -20,11 +20,11 @@ goes on, and the question's message is updated with the outcome.
   for a press), not at the poster's next poll.
 - Telegram: the question with an inline keyboard (`sendMessage`); a `callback_query` with a
   wrong secret token is a 401, an unlisted user's gets an alert and decides nothing, an
-  approver's decides it (`answerCallbackQuery` in the webhook's answer), `editMessageText`
-  shows the outcome.
+  approver's decides it (`answerCallbackQuery` in the webhook's answer) and its redelivery
+  nothing more, `editMessageText` shows the outcome.
 - Teams: an Adaptive Card posted through the Bot Connector with a client-credentials token;
-  a badly signed `Action.Submit` is a 401, an approver's decides it, the card is updated (PUT
-  of its activity) without its buttons.
+  a badly signed `Action.Submit` is a 401, an approver's decides it (a retry of it nothing
+  more), the card is updated (PUT of its activity) without its buttons.
 
 Relaying (SPEC part 4 "Channels"): for each type an inbound message becomes an agent task
 run as the channel owner and its answer is delivered to the platform; duplicates once; a
@@ -542,6 +542,15 @@ def test_telegram_approval_decided_by_a_press(
             "platform_user": str(TG_APPROVER),
             "channel_id": chat["id"],
         }
+        # Telegram redelivers the update: answered, nothing decided twice.
+        r = platform.post(hook, json=press, headers=from_telegram)
+        assert r.status_code == 200 and "Already approved" in r.json()["text"], r.text
+        after = gus.get(f"/interventions/{iv['id']}").json()
+        assert after["decided_at"] == decided["decided_at"]
+        audit = gus.get(
+            "/events", params={"aggregate": iv["task_id"], "type": "audit.intervention_approved"}
+        ).json()["data"]
+        assert [e["data"]["decided_by"] for e in audit] == [f"telegram:{TG_APPROVER}"]
         final = _finished(gus, workflow_id)
         assert final["status"] == "completed", final
         assert final["steps"][1]["result"] == "DEPLOYED"
@@ -622,6 +631,14 @@ def test_teams_approval_decided_by_a_card(
             "platform_user": teams.AAD_USER,
             "channel_id": made["id"],
         }
+        # The same activity again (Bot Framework retries): nothing decided twice.
+        assert signed(submit, t.mint()).status_code == 200
+        after = tess.get(f"/interventions/{iv['id']}").json()
+        assert after["decided_at"] == decided["decided_at"]
+        audit = tess.get(
+            "/events", params={"aggregate": iv["task_id"], "type": "audit.intervention_approved"}
+        ).json()["data"]
+        assert [e["data"]["decided_by"] for e in audit] == [f"teams:{teams.AAD_USER}"]
         final = _finished(tess, workflow_id)
         assert final["status"] == "completed", final
         assert final["steps"][1]["result"] == "ROTATED"
