@@ -3,8 +3,11 @@ AgentWorker actors, embedded Postgres), against a loopback OpenAI-format model: 
 kill -9 of the shards and of an agent worker while 20 workflows run (all complete, each step
 result recorded once, per-aggregate seq gapless), kill -9 of the worker running a step's
 attempt (that attempt is never sent again, the next one is), and a full service restart that
-resumes unfinished workflows; overrides (issue 32): a failed step retried, a stuck running
-step retried from the API while a shard drives it, a re-run from a later step."""
+resumes unfinished workflows and keeps those waiting for people (issue 32: a tool call under
+an `ask` rule approved, one rejected, one left to expire, an approval step approved and one
+rejected, all decided after the restart); overrides (issue 32): a failed step retried, a
+stuck running step retried from the API while a shard drives it, a re-run from a later
+step."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import yaml
 
 from tests.conftest import free_port
 from tests.e2e.test_serve import ROOT, _wait_for_ready_line
+from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
 from tests.fakes.agent_llm import agent_reply, task_prompt
 from tests.fakes.openai_server import FakeReply, OpenAIFake
 
@@ -150,6 +154,21 @@ def running(work: Path, settings: dict[str, Any]) -> Iterator[Orchestrator]:
         sys.stdout.write((work / "serve.log").read_text(errors="replace")[-3000:])
 
 
+class PayApi(LoopbackServer):
+    """What a user's `pay` tool calls: counts payments, by amount."""
+
+    label = "pay-api"
+
+    async def handle(self, request: RecordedRequest, send: Send) -> None:
+        await self.send_json(send, 200, {"paid": request.json.get("amount")})
+
+
+@pytest.fixture(scope="module")
+def pay_api() -> Iterator[PayApi]:
+    with PayApi() as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
     work = tmp_path_factory.mktemp("workflows-e2e")
@@ -160,6 +179,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterat
         workflow_shards=2,
         jwt_secret=JWT_SECRET,
         jwt_audience="orch",
+        outbound_allowed_cidrs=["127.0.0.0/8"],  # the user's HTTP tool on loopback
     )
     with running(work, settings) as orch:
         yield orch
@@ -487,7 +507,72 @@ def test_a_worker_killed_mid_attempt_the_next_attempt_runs(
         assert asked() == 2
 
 
-def test_service_restart_resumes_unfinished_workflows(service: Orchestrator) -> None:
+def _until(check: Any, within: float = 90.0) -> Any:
+    deadline = time.monotonic() + within
+    while not (found := check()):
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.3)
+    return found
+
+
+def _asked(c: httpx.Client, workflow_id: str) -> dict[str, Any]:
+    """The workflow's (first) intervention, once it waits for one."""
+
+    def found() -> dict[str, Any] | None:
+        r = c.get("/interventions", params={"workflow_id": workflow_id})
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        return data[0] if data else None
+
+    return dict(_until(found))
+
+
+def _asking(c: httpx.Client, steps: list[dict[str, Any]]) -> str:
+    r = c.post("/workflows", json={"name": "ask", "steps": steps})
+    assert r.status_code == 200, r.text
+    return str(r.json()["id"])
+
+
+def _pay(amount: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"name": "pay", "prompt": f'[tool http__pay {{"amount": {amount}}}]', **extra}]
+
+
+def _approval() -> list[dict[str, Any]]:
+    return [
+        {"name": "prepare", "prompt": "[answer READY]", "compensate": {"notify": "undo"}},
+        {"name": "ok", "type": "approval", "prompt": "Ship {{prepare.result}}?"},
+        {"name": "ship", "prompt": "[answer SHIPPED]"},
+    ]
+
+
+def test_service_restart_resumes_unfinished_and_waiting_workflows(
+    service: Orchestrator, pay_api: PayApi
+) -> None:
+    """SIGTERM and start again: five running workflows resume and complete; five waiting for
+    people (issue 32) wait on, holding nothing, and are decided after the restart: the
+    approved tool call ran exactly once, the rejected and expired ones never (the model was
+    told why), the approved approval step let its workflow complete, the rejected one failed
+    it after compensation. One restart for both: each costs ~20 s of the suite."""
+    with service.client() as c:
+        tool = {
+            "name": "pay",
+            "description": "Pay an amount",
+            "parameters": {"type": "object", "properties": {"amount": {"type": "integer"}}},
+            "method": "POST",
+            "url": f"{pay_api.url}/pay",
+        }
+        assert c.post("/tools/http", json=tool).status_code == 201
+        rules = {"rules": [{"tool": "http__pay", "action": "ask"}]}
+        assert c.put("/tools/policy", json=rules).status_code == 200
+        approve = _asking(c, _pay(1))
+        reject = _asking(c, _pay(2))
+        expire = _asking(c, _pay(3, approval_timeout_s=3))
+        step_ok = _asking(c, _approval())
+        step_no = _asking(c, _approval())
+        asked = {w: _asked(c, w) for w in (approve, reject, expire, step_ok, step_no)}
+        assert all(iv["status"] in ("pending", "expired") for iv in asked.values())
+        assert asked[step_ok]["question"] == "Ship READY?"
+        assert pay_api.requests == []
     steps = [{"name": f"s{i}", "prompt": f"[sleep 1.5] part {i}"} for i in range(3)]
     with service.client() as c:
         ids = [
@@ -505,6 +590,36 @@ def test_service_restart_resumes_unfinished_workflows(service: Orchestrator) -> 
             got = _events(c, wid)
             assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
             assert sum(e["type"] == "workflow.started" for e in got) == 1
+
+    with service.client() as c:
+        r = c.post(f"/interventions/{asked[approve]['id']}/approve", json={"note": "fine"})
+        assert r.status_code == 200, r.text
+        r = c.post(f"/interventions/{asked[reject]['id']}/reject", json={"reason": "too much"})
+        assert r.status_code == 200, r.text
+        r = c.post(f"/interventions/{asked[step_ok]['id']}/approve", json={})
+        assert r.status_code == 200, r.text
+        r = c.post(f"/interventions/{asked[step_no]['id']}/reject", json={"reason": "not now"})
+        assert r.status_code == 200, r.text
+        final = _wait_all(c, list(asked), 120)
+
+        assert final[approve]["status"] == "completed", final[approve]
+        assert final[approve]["steps"][0]["result"].startswith("tool http__pay said:")
+        assert [r.json["amount"] for r in pay_api.requests] == [1]  # once, only the approved
+        assert final[reject]["status"] == "completed", final[reject]
+        assert "refused by a person: too much" in final[reject]["steps"][0]["result"]
+        assert final[expire]["status"] == "completed", final[expire]
+        assert "nobody decided in time" in final[expire]["steps"][0]["result"]
+        expired = c.get(f"/interventions/{asked[expire]['id']}").json()
+        assert expired["status"] == "expired" and expired["via"] == "timeout"
+
+        assert final[step_ok]["status"] == "completed", final[step_ok]
+        assert final[step_ok]["steps"][2]["result"] == "SHIPPED"
+        assert final[step_no]["status"] == "failed", final[step_no]
+        assert "rejected" in final[step_no]["steps"][1]["error"]
+        trail = c.get("/events", params={"aggregate": step_no, "limit": 500}).json()["data"]
+        steps_seen = [(e["type"], e["data"].get("step")) for e in trail]
+        assert ("workflow.compensating", "prepare") in steps_seen
+        assert steps_seen[-1] == ("workflow.failed", "ok")
 
 
 def test_a_jwts_admin_claim_is_not_trusted_unless_the_operator_names_it(
