@@ -10,8 +10,12 @@ from typing import Any
 
 from orchestrator.workflows._patterns import Search, check_pattern, pattern_found
 
-# `{{<step>.result}}` / `{{<step>.status}}`: a reference to an earlier step.
-REF = re.compile(r"\{\{\s*([A-Za-z0-9_][A-Za-z0-9_.\-]*?)\.(result|status)\s*\}\}")
+# `{{<step>.result}}` / `{{<step>.status}}`: a reference to an earlier step, its name
+# written exactly as declared (spaces and any script included: `{{My step.result}}`). A name
+# is any run of non-control characters that does not cross a `{{` or `}}`; the shortest one
+# followed by `.result}}` / `.status}}` is taken, so a name may itself contain dots.
+_REF_NAME = r"(?:(?!\{\{|\}\})[^\x00-\x1f\x7f-\x9f])+?"
+REF = re.compile(r"\{\{(" + _REF_NAME + r")\.(result|status)\}\}")
 
 __all__ = ["MAX_CONDITION_DEPTH", "REF", "Condition", "Lookup", "evaluate_condition", "truthy"]
 
@@ -20,7 +24,7 @@ __all__ = ["MAX_CONDITION_DEPTH", "REF", "Condition", "Lookup", "evaluate_condit
 
 _TOKEN = re.compile(
     r"""\s*(?:
-        (?P<ref>\{\{\s*[A-Za-z0-9_][A-Za-z0-9_.\-]*?\.(?:result|status)\s*\}\})
+        (?P<ref>\{\{(?:(?!\{\{|\}\})[^\x00-\x1f\x7f-\x9f])+?\.(?:result|status)\}\})
       | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
       | (?P<num>-?\d+(?:\.\d+)?)
       | (?P<op>==|!=|<=|>=|<|>|\(|\))

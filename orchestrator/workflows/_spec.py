@@ -85,7 +85,10 @@ if TYPE_CHECKING:
 
 MODES = ("build", "plan", "explore", "review", "general", "coordinate")
 STEP_TYPES = ("task", "branch", "spawn", "approval")
-STEP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+# A step name: any non-empty string of at most 128 characters without control characters
+# (SPEC part 1); references name it exactly (`{{My step.result}}`, _conditions.REF).
+STEP_NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
+STEP_NAME_MAX = 128
 VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
 MAX_TEXT = 100_000
 
@@ -230,10 +233,11 @@ class WorkflowSpec:
         names: list[str] = []
         for i, raw in enumerate(steps):
             step_name = raw.get("name") if isinstance(raw, dict) else None
-            if not isinstance(step_name, str) or not STEP_NAME.match(step_name):
+            if not isinstance(step_name, str) or not STEP_NAME.fullmatch(step_name):
                 raise _bad(
                     f"{where}steps[{i}].name",
-                    "required: letters, digits, _ . - (at most 64, not starting with . or -)",
+                    f"required: a non-empty string of at most {STEP_NAME_MAX} characters,"
+                    " without control characters",
                 )
             if step_name in names:
                 raise _bad(f"{where}steps[{i}].name", f"duplicate step name {step_name!r}")

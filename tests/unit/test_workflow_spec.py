@@ -206,13 +206,51 @@ def test_branch_match_without_pattern_tests_non_empty() -> None:
         ),
         ([{"name": "a", "type": "spawn", "workflows": []}], "steps[0].workflows"),
         ([{"name": "a", "type": "spawn", "workflows": [{"x": 1}]}], "steps[0].workflows[0]"),
-        ([{"name": "-a", "prompt": "x"}], "steps[0].name"),
+        ([{"name": "", "prompt": "x"}], "steps[0].name"),
+        ([{"name": "a\nb", "prompt": "x"}], "steps[0].name"),
+        ([{"name": "x" * 129, "prompt": "x"}], "steps[0].name"),
+        ([{"name": 7, "prompt": "x"}], "steps[0].name"),
     ],
 )
 def test_spec_errors_name_the_field(steps: list[dict[str, Any]], field: str) -> None:
     with pytest.raises(ValidationFailed) as caught:
         spec(steps)
     assert caught.value.message.startswith(f"{field}:")
+
+
+def test_step_names_are_any_text_and_references_name_them_exactly() -> None:
+    """Issue 33: a step name is any non-empty string of at most 128 characters without
+    control characters; `{{<name>.result}}` refers to it as written."""
+    names = ["My step", "-a", "données/étape 2", "a.b", "x" * 128]
+    steps = [{"name": names[0], "prompt": "go"}]
+    steps += [{"name": n, "prompt": f"after {{{{{names[0]}.result}}}}"} for n in names[1:3]]
+    steps += [
+        {"name": names[3], "prompt": "{{données/étape 2.result}} / {{-a.status}}"},
+        {
+            "name": names[4],
+            "prompt": "{{a.b.result}}",
+            "condition": '{{My step.result}} contains "ok" and {{a.b.status}} == "completed"',
+        },
+        {
+            "name": "pick",
+            "type": "branch",
+            "conditions": {"yes": {"match": "{{My step.result}}", "then": names[1]}},
+        },
+    ]
+    parsed = spec(steps)
+    assert [s.name for s in parsed.steps] == [*names, "pick"]
+    results = {"My step": "ok", "a.b": "AB", "données/étape 2": "D", "-a": "A"}
+
+    def look(step: str, attr: str) -> str:
+        return results.get(step, "") if attr == "result" else "completed"
+
+    assert fill_refs(parsed.steps[3].prompt or "", look) == "D / completed"
+    assert fill_refs(parsed.steps[4].prompt or "", look) == "AB"
+    assert fill_refs("{{x}} {{My step.result}}", look) == "{{x}} ok"  # a variable is not crossed
+    assert Condition(parsed.steps[4].condition or "", names).evaluate(look)
+    assert parsed.steps[5].conditions[0].match == "My step"
+    with pytest.raises(ValidationFailed, match="names no step"):
+        spec([{"name": "My step", "prompt": "x"}, {"name": "b", "prompt": "{{my step.result}}"}])
 
 
 def test_spec_round_trips_through_json() -> None:
