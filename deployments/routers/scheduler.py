@@ -5,6 +5,7 @@ detail is visible to admins and to its creator. Jobs live in Postgres; the Sched
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any, Literal
 
@@ -13,10 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from deployments.deps import AdminUser, Catalog, Config, CurrentUser, Jobs
 from orchestrator import wire
-from orchestrator.errors import BadRequest, ValidationFailed
+from orchestrator.errors import BadRequest, ServiceUnavailable, ValidationFailed
 from orchestrator.scheduler import InvalidSchedule, JobSpec, Schedule, at, cron, every, natural
 
 router = APIRouter(tags=["scheduler"])
+
+# POST /schedules/<id>/run answers once the scheduler has dispatched the run: it polls the
+# job's row this often, for at most this long (a scheduler's tick is woken by NOTIFY at once).
+RUN_POLL_S = 0.05
+RUN_WAIT_S = 30.0
 
 MODES = ("build", "plan", "explore", "review", "general", "coordinate")
 
@@ -191,15 +197,28 @@ async def pause_job(job_id: JobId, jobs: Jobs, _: AdminUser) -> wire.JobStatus:
 
 
 @router.post("/schedules/{job_id}/unpause", response_model=wire.JobStatus)
-async def unpause_job(job_id: JobId, jobs: Jobs, _: AdminUser) -> wire.JobStatus:
+async def unpause_job(job_id: JobId, jobs: Jobs, settings: Config, _: AdminUser) -> wire.JobStatus:
+    """409 when max_scheduled_jobs jobs can already run; an active job is left as it is."""
     jid = _job_id(job_id)
-    job = await jobs.unpause(jid)
+    job = await jobs.unpause(jid, settings.max_scheduled_jobs)
     return wire.JobStatus(status="active", id=jid, next_run=job.next_run)
 
 
 @router.post("/schedules/{job_id}/run", response_model=wire.JobStatus)
 async def run_job(job_id: JobId, jobs: Jobs, _: AdminUser) -> wire.JobStatus:
-    """Dispatch now, whatever the schedule (400 paused, 409 running)."""
+    """Dispatch now, whatever the schedule (400 paused, 409 running). Answers once the
+    scheduler has dispatched the run (its task created), with the run's task id; the
+    request is durable, so a scheduler that is away dispatches it when it is back: 503
+    after RUN_WAIT_S without a dispatch (the run stays asked for)."""
     jid = _job_id(job_id)
-    await jobs.request_run(jid)
-    return wire.JobStatus(status="dispatched", id=jid)
+    last = await jobs.request_run(jid)
+    deadline = time.monotonic() + RUN_WAIT_S
+    while (task_id := await jobs.dispatched(jid, last)) is None:
+        if time.monotonic() >= deadline:
+            raise ServiceUnavailable(
+                f"job {jid}: the run is asked for but no scheduler has dispatched it within"
+                f" {RUN_WAIT_S:.0f} s; it will be dispatched when the scheduler is back",
+                extra={"retry_after": 5},
+            )
+        await asyncio.sleep(RUN_POLL_S)
+    return wire.JobStatus(status="dispatched", id=jid, task_id=task_id)

@@ -586,7 +586,7 @@ class Settings(BaseSettings):
     schedules_per_page: int = Field(50, ge=1, description="GET /schedules per_page default")
     catchup_enabled: bool = Field(True, description="Dispatch missed jobs on scheduler start")
     catchup_window_ms: int = Field(
-        24 * 3600 * 1000, ge=0, description="Missed longer ago than this: not caught up (0: any)"
+        0, ge=0, description="Missed longer ago than this: not caught up (0: any, however long ago)"
     )
     scheduler_overlap: Literal["skip", "allow", "queue"] = Field(
         "skip", description="A due job whose run is still going: skip, allow, or queue"

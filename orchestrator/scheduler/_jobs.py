@@ -18,7 +18,10 @@ from orchestrator.runtime.claims import Fence, StaleClaim
 from orchestrator.scheduler._schedule import Schedule
 
 WAKE_CHANNEL = "orch_scheduler"
-CREATE_LOCK = 947736  # serialises creations, so max_scheduled_jobs holds under concurrency
+CREATE_LOCK = 947736  # serialises creations and unpauses, so max_scheduled_jobs holds
+# The jobs max_scheduled_jobs counts: those that can still run (enabled, with a run ahead or
+# asked for). A fired one-time (`at`) job and a paused job do not count.
+_LIVE = "enabled AND (next_run IS NOT NULL OR run_requested)"
 
 _COLUMNS = (
     "id, name, user_uuid, prompt, model, opts, schedule_type, cron_expr, interval_ms, at_ms,"
@@ -202,14 +205,7 @@ class JobStore:
         ts = now_ms()
         first = spec.schedule.next_after(ts, ts)
         async with self._events.transaction() as tx:
-            await tx.conn.execute("SELECT pg_advisory_xact_lock($1)", CREATE_LOCK)
-            active = await tx.conn.fetchval("SELECT count(*) FROM scheduled_jobs WHERE enabled")
-            if active >= max_active:
-                raise Conflict(
-                    f"max_scheduled_jobs reached: {active} active jobs (the limit is "
-                    f"{max_active}); delete or pause some first",
-                    extra={"active": int(active), "limit": max_active},
-                )
+            await self._check_limit(tx, max_active)
             s = spec.schedule
             row = await tx.conn.fetchrow(
                 "INSERT INTO scheduled_jobs (name, user_uuid, prompt, model, opts, schedule_type,"
@@ -247,6 +243,18 @@ class JobStore:
             )
             await self._wake(tx)
         return job
+
+    @staticmethod
+    async def _check_limit(tx: EventTransaction, max_active: int) -> None:
+        """409 when `max_active` jobs that can still run exist (under CREATE_LOCK)."""
+        await tx.conn.execute("SELECT pg_advisory_xact_lock($1)", CREATE_LOCK)
+        active = await tx.conn.fetchval(f"SELECT count(*) FROM scheduled_jobs WHERE {_LIVE}")
+        if active >= max_active:
+            raise Conflict(
+                f"max_scheduled_jobs reached: {active} active jobs (the limit is "
+                f"{max_active}); delete or pause some first",
+                extra={"active": int(active), "limit": max_active},
+            )
 
     async def get(self, job_id: int, conn: Any = None) -> Job | None:
         row = await (conn or self._pool).fetchrow(
@@ -319,12 +327,18 @@ class JobStore:
             )
             await self._wake(tx)
 
-    async def unpause(self, job_id: int) -> Job:
-        """Active again, with its next run computed from now (an errors count starts over)."""
+    async def unpause(self, job_id: int, max_active: int) -> Job:
+        """Active again, with its next run computed from now (an errors count starts over);
+        409 when that would exceed `max_active` (max_scheduled_jobs). An active job is left
+        as it is (same next run, same errors count)."""
         ts = now_ms()
         async with self._events.transaction() as tx:
             job = await self._locked(tx, job_id)
+            if job.enabled:
+                return job
             nxt = job.schedule.next_after(ts, job.created_at)
+            if nxt is not None:  # a fired `at` job comes back with nothing to run: not counted
+                await self._check_limit(tx, max_active)
             await tx.conn.execute(
                 "UPDATE scheduled_jobs SET enabled = true, paused_reason = NULL, next_run = $2,"
                 " consecutive_errors = 0, updated_at = $3 WHERE id = $1",
@@ -335,19 +349,42 @@ class JobStore:
             await self._wake(tx)
         return await self.require(job_id)
 
-    async def request_run(self, job_id: int) -> None:
+    async def request_run(self, job_id: int) -> int:
+        """Ask the scheduler for a run now (its next tick dispatches it: `dispatched`). The
+        id of the job's last run before this one (0: none), for `dispatched`."""
         async with self._events.transaction() as tx:
             job = await self._locked(tx, job_id)
             if not job.enabled:
                 raise BadRequest(f"job {job_id} is disabled (paused); unpause it first")
             if job.running or job.run_requested:
                 raise Conflict(f"job {job_id} is already running")
-            await tx.conn.execute(
-                "UPDATE scheduled_jobs SET run_requested = true, updated_at = $2 WHERE id = $1",
+            last = await tx.conn.fetchval(
+                "UPDATE scheduled_jobs SET run_requested = true, updated_at = $2 WHERE id = $1"
+                " RETURNING (SELECT coalesce(max(id), 0) FROM scheduled_runs WHERE job_id = $1)",
                 job_id,
                 now_ms(),
             )
             await self._wake(tx)
+        return int(last)
+
+    async def dispatched(self, job_id: int, after_run: int) -> str | None:
+        """After `request_run`: the task id of the run it became once the scheduler has
+        dispatched it (None while it waits). A job deleted or paused before its dispatch:
+        NotFound / BadRequest, as the request would have been answered then."""
+        row = await self._pool.fetchrow(
+            "SELECT j.enabled, j.run_requested, (SELECT task_id FROM scheduled_runs"
+            " WHERE job_id = j.id AND id > $2 ORDER BY id LIMIT 1) AS task_id"
+            " FROM scheduled_jobs j WHERE j.id = $1",
+            job_id,
+            after_run,
+        )
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        if row["task_id"] is not None:
+            return str(row["task_id"])
+        if not row["enabled"]:
+            raise BadRequest(f"job {job_id} is disabled (paused); unpause it first")
+        return None
 
     # --- the scheduler's side -------------------------------------------------------------
 
@@ -389,6 +426,20 @@ class JobStore:
                 tx, now, runs, list(rows[0]["_run_ids"]), skips, extra_events
             )
         return len(due), out
+
+    async def pause_failing(self, max_errors: int) -> list[int]:
+        """On start (SPEC part 4): enabled jobs with `max_errors` or more consecutive errors
+        (left so by an older version, or by a lowered setting) are paused, as a pause by an
+        admin is (no event); their ids."""
+        rows = await self._pool.fetch(
+            "UPDATE scheduled_jobs SET enabled = false, run_requested = false,"
+            " queued = false, paused_reason = 'auto-paused at startup after '"
+            " || consecutive_errors || ' consecutive errors', updated_at = $2"
+            " WHERE enabled AND consecutive_errors >= $1 RETURNING id",
+            max_errors,
+            now_ms(),
+        )
+        return [r["id"] for r in rows]
 
     async def next_due(self) -> int | None:
         value = await self._pool.fetchval(

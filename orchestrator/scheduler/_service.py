@@ -8,9 +8,10 @@ that transaction is not dispatched (once the pause or DELETE has answered, never
 
 On start: runs a crash interrupted are recorded `error` (and counted); then catch-up: jobs
 whose next run passed while nobody was scheduling are missed; up to `max_catchup_runs`, most
-overdue first, are dispatched `catchup_stagger_ms` apart (only those missed within
-`catchup_window_ms`; none with `catchup_enabled` off); every other missed job moves to its
-next future run. Jobs paused at `max_consecutive_errors` stay paused.
+overdue first, are dispatched `catchup_stagger_ms` apart, however long ago they were missed
+(unless `catchup_window_ms` is set: then only those missed within it; none with
+`catchup_enabled` off); every other missed job moves to its next future run. Jobs with
+`max_consecutive_errors` or more errors in a row are paused first (and stay paused).
 
 A tick dispatches at most `max_dispatch_per_tick` due jobs. A job whose run is still going is
 not dispatched again unless its overlap policy says so: `skip` (default: the slot is skipped),
@@ -138,6 +139,9 @@ class SchedulerService:
     async def _schedule(self) -> None:
         assert self._conn is not None
         await self._recover()
+        paused = await self._store.pause_failing(self._settings.max_consecutive_errors)
+        if paused:
+            log.warning("%s: paused at startup (too many errors in a row): %s", self.name, paused)
         await self._catch_up()
         while True:
             # A full tick means more may be due already: the next one goes at once, without

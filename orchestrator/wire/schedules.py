@@ -69,6 +69,7 @@ class JobStatus(ApiModel):
     status: str
     id: int
     next_run: int | None = None
+    task_id: str | None = None  # run: the dispatched run's task
 
 
 class SchedulePreview(ApiModel):

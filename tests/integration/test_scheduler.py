@@ -15,9 +15,10 @@ import pytest
 
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.db import connect
+from orchestrator.errors import Conflict
 from orchestrator.events import EventStore
 from orchestrator.runtime.supervisor import Supervisor
-from orchestrator.scheduler import JobSpec, JobStore, SchedulerService, every
+from orchestrator.scheduler import JobSpec, JobStore, SchedulerService, at, every
 from tests.conftest import ADMIN_TOKEN, ServedApp, make_supervisor
 from tests.fakes.agent_llm import agent_reply
 from tests.fakes.openai_server import OpenAIFake
@@ -457,3 +458,111 @@ async def _started(s: _Slow) -> bool:
 
 async def _ended(s: _Slow) -> bool:
     return bool(s.ended)
+
+
+# --- issue 33 ---------------------------------------------------------------------------------
+
+
+async def test_startup_catches_up_however_long_ago_and_pauses_failing_jobs(
+    make_settings: Any, supervisor: Supervisor
+) -> None:
+    """Catch-up has no window by default (a job missed three days ago runs), and a job at
+    max_consecutive_errors is paused at startup rather than caught up."""
+    settings = make_settings(catchup_stagger_ms=0)
+    assert settings.catchup_window_ms == 0
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    seen = _Recorder()
+    store = JobStore(db.pool, EventStore(db.pool))
+    old = await store.create(JobSpec(name="old", prompt="old", schedule=every(3_600_000)), "a", 9)
+    bad = await store.create(JobSpec(name="bad", prompt="bad", schedule=every(3_600_000)), "a", 9)
+    now = int(time.time() * 1000)
+    await db.pool.execute(
+        "UPDATE scheduled_jobs SET next_run = $1 WHERE id = ANY($2::bigint[])",
+        now - 3 * 86_400_000,
+        [old.id, bad.id],
+    )
+    await db.pool.execute(
+        "UPDATE scheduled_jobs SET consecutive_errors = $2 WHERE id = $1",
+        bad.id,
+        settings.max_consecutive_errors,
+    )
+    service = SchedulerService(store, seen, settings, settings.database_url, supervisor)
+    service.start()
+    try:
+        await _until(lambda: _settled(seen, _Recorder(), 1))
+        paused = await store.get(bad.id)
+        assert paused is not None and not paused.enabled
+        assert paused.paused_reason and "consecutive errors" in paused.paused_reason
+        await asyncio.sleep(0.3)
+        assert [t.prompt for _, t in seen.seen] == ["old"]
+        caught = await db.pool.fetchval(
+            "SELECT catchup FROM scheduled_runs WHERE job_id = $1", old.id
+        )
+        assert caught is True
+    finally:
+        await service.shutdown()
+        await db.close()
+
+
+async def test_job_limit_counts_runnable_jobs_and_unpause(make_settings: Any) -> None:
+    """max_scheduled_jobs counts jobs that can still run (not a fired `at` job, not a paused
+    one) and is checked on unpause; unpausing an active job changes nothing."""
+    settings = make_settings()
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    try:
+        store = JobStore(db.pool, EventStore(db.pool))
+        fired = await store.create(
+            JobSpec(name="at", prompt="p", schedule=at(int(time.time() * 1000) + 60_000)), "a", 2
+        )
+        # As the scheduler leaves a fired one-time job: no run ahead.
+        await db.pool.execute("UPDATE scheduled_jobs SET next_run = NULL WHERE id = $1", fired.id)
+        one = await store.create(JobSpec(name="1", prompt="p", schedule=every(60_000)), "a", 2)
+        two = await store.create(JobSpec(name="2", prompt="p", schedule=every(60_000)), "a", 2)
+        with pytest.raises(Conflict, match="max_scheduled_jobs"):
+            await store.create(JobSpec(name="3", prompt="p", schedule=every(60_000)), "a", 2)
+        await store.pause(one.id)
+        three = await store.create(JobSpec(name="3", prompt="p", schedule=every(60_000)), "a", 2)
+        with pytest.raises(Conflict, match="max_scheduled_jobs"):
+            await store.unpause(one.id, 2)
+        still = await store.get(one.id)
+        assert still is not None and not still.enabled
+        # An active job: same next run, errors count and updated_at, no event.
+        await db.pool.execute(
+            "UPDATE scheduled_jobs SET consecutive_errors = 2 WHERE id = $1", two.id
+        )
+        before = await store.require(two.id)
+        events_before = await db.pool.fetchval("SELECT count(*) FROM events")
+        after = await store.unpause(two.id, 2)
+        assert (after.next_run, after.consecutive_errors, after.updated_at) == (
+            before.next_run,
+            2,
+            before.updated_at,
+        )
+        assert await db.pool.fetchval("SELECT count(*) FROM events") == events_before
+        await store.delete(three.id)
+        assert (await store.unpause(one.id, 2)).enabled
+    finally:
+        await db.close()
+
+
+async def test_run_now_answers_once_dispatched(api: httpx.AsyncClient) -> None:
+    """POST /schedules/<id>/run answers after the run's dispatch: its task id is in the
+    answer and the dispatch event is already there."""
+    jid = (
+        await api.post("/schedules", headers=ADMIN, json={"prompt": "[sleep 1]", "every": 60_000})
+    ).json()["id"]
+    await api.post(f"/schedules/{jid}/pause", headers=ADMIN)
+    assert (await api.post(f"/schedules/{jid}/run", headers=ADMIN)).status_code == 400
+    slow = (
+        await api.post("/schedules", headers=ADMIN, json={"prompt": "x", "cron": "0 0 1 1 *"})
+    ).json()["id"]
+    r = await api.post(f"/schedules/{slow}/run", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "dispatched" and body["task_id"].startswith(f"job-{slow}-run-")
+    dispatched = await _events(api, "scheduler.task_dispatched")
+    assert [e["data"]["task_id"] for e in dispatched if e["data"]["job_id"] == slow] == [
+        body["task_id"]
+    ]

@@ -74,9 +74,12 @@ def test_every_keeps_its_phase() -> None:
     assert job.next_after(anchor, anchor) == anchor + 60_000
     assert job.next_after(anchor + 90_000, anchor) == anchor + 120_000  # missed: next slot
     assert job.next_after(anchor + 120_000, anchor) == anchor + 180_000
-    for bad in (0, -5, 1.5, "60000", True, 999):
+    for bad in (0, -5, 1.5, "60000", True, 2**63):
         with pytest.raises(InvalidSchedule, match="every"):
             every(bad)
+    # Issue 33: any positive integer (a job does not overlap itself unless `allow`).
+    assert every(1).next_after(anchor + 5, anchor) == anchor + 6
+    assert every(999).interval_ms == 999
 
 
 def test_at() -> None:
