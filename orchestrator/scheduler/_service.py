@@ -48,6 +48,10 @@ LEASE_RETRY_S = 1.0
 # How a session ends without a bug: the lease lost, the database away.
 SESSION_ENDS = (StaleClaim, OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 FINISH_ATTEMPTS = 60  # one a second: a Postgres restart is over long before
+# A slot skipped for a run still going moves to a slot at least this far ahead: with a tiny
+# `every` (any positive integer is allowed), the tick would otherwise rewrite the job every
+# millisecond until the run ends.
+SKIP_RECHECK_MS = 100
 
 
 class SchedulerService:
@@ -239,6 +243,8 @@ class SchedulerService:
                 nxt = job.schedule.next_after(now, job.created_at)
                 if job.running and job.overlap != "allow":
                     # Still going: this slot is skipped (or, with `queue`, waits for the end).
+                    if nxt is not None and nxt - now < SKIP_RECHECK_MS:
+                        nxt = job.schedule.next_after(now + SKIP_RECHECK_MS - 1, job.created_at)
                     skips.append((job, nxt, job.overlap == "queue"))
                 else:
                     runs.append((job, nxt, False))

@@ -566,3 +566,37 @@ async def test_run_now_answers_once_dispatched(api: httpx.AsyncClient) -> None:
     assert [e["data"]["task_id"] for e in dispatched if e["data"]["job_id"] == slow] == [
         body["task_id"]
     ]
+
+
+async def test_a_one_ms_interval_never_overlaps_itself(
+    make_settings: Any, supervisor: Supervisor
+) -> None:
+    """`every: 1` is accepted; under `skip` its runs go one after another, none side by side,
+    and the slots skipped meanwhile are not rewritten every millisecond."""
+    settings = make_settings()
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    slow = _Slow(0.6)
+    store = JobStore(db.pool, EventStore(db.pool))
+    service = SchedulerService(store, slow, settings, settings.database_url, supervisor)
+    service.start()
+    try:
+        job = await store.create(JobSpec(name="fast", prompt="p", schedule=every(1)), "a", 10)
+        await _until(lambda: _ended(slow, 2), within=10)
+        await service.shutdown()
+        starts = [t for t, _ in slow.seen]
+        for start, end in zip(starts[1:], slow.ended, strict=False):
+            assert start >= end - 0.01  # the next run began after the previous ended
+        # While a run went on (0.6 s), its skipped slots were rewritten at most every 100 ms.
+        updates = await db.pool.fetchval(
+            "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'scheduled_jobs'"
+        )
+        assert updates is None or updates < 200, updates
+        assert (await store.require(job.id)).running <= 1
+    finally:
+        await service.shutdown()
+        await db.close()
+
+
+async def _ended(slow: _Slow, n: int) -> bool:
+    return len(slow.ended) >= n
