@@ -582,7 +582,7 @@ async def test_a_one_ms_interval_never_overlaps_itself(
     service.start()
     try:
         job = await store.create(JobSpec(name="fast", prompt="p", schedule=every(1)), "a", 10)
-        await _until(lambda: _ended(slow, 2), within=10)
+        await _until(lambda: _ended_n(slow, 2), within=10)
         await service.shutdown()
         starts = [t for t, _ in slow.seen]
         for start, end in zip(starts[1:], slow.ended, strict=False):
@@ -598,5 +598,5 @@ async def test_a_one_ms_interval_never_overlaps_itself(
         await db.close()
 
 
-async def _ended(slow: _Slow, n: int) -> bool:
+async def _ended_n(slow: _Slow, n: int) -> bool:
     return len(slow.ended) >= n
