@@ -1,10 +1,14 @@
 """Memory entries: durable in Postgres, hot reads cached in Redis (never the only copy).
 
-Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`, and keys are
-unique per owner: two users' `config` in one namespace are two entries (migration 0011).
+Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`. A key is unique
+within its agent namespace (SPEC part 2; `memory_key_scope = "agent"`): a store of a key
+another user holds is a 403 (the partial unique index of migration 0029 decides, so two
+users racing for a new key cannot both win). With `memory_key_scope = "owner"` keys are
+unique per owner instead: two users' `config` in one namespace are two entries, the later
+marked `per_owner` (outside that index), as are duplicates left from before 0029.
 Non-admins see their own entries and ownerless ones (their own first); someone else's entry
-is a 404 (not theirs to know about). Admins see all: a key held by several owners is a 409
-naming them unless the admin picks one (`owner`).
+is a 404 (not theirs to know about). Admins see all: a key held by several owners (only
+`per_owner` entries make that possible) is a 409 naming them unless the admin picks one.
 Expired entries (`ttl` ms after their write) answer 410 until they are purged, and never
 show in lists or searches.
 
@@ -77,6 +81,8 @@ def _visible(principal: Principal, arg: int) -> str:
 
 
 PREPARE_LOCK = 947738
+# Migration 0029's partial unique index: one entry per (agent_id, key) but `per_owner` ones.
+AGENT_KEY_INDEX = "memory_entries_agent_key"
 
 
 def _version(text: str | None) -> tuple[int, ...]:
@@ -119,11 +125,17 @@ class MemoryStore:
         auto_embed: bool | None = None,
         ef_search: int = 100,
         supervisor: Supervisor | None = None,
+        key_scope: str = "agent",
     ) -> None:
         """`embedder` makes embeddings here (query texts, and `run_filler`); `auto_embed`
         marks entries stored without an embedding for a filler to embed (default: when
         this store has an embedder; agent workers set it without one). `supervisor`: the
-        process's, which runs the cache's retries of owed DELs."""
+        process's, which runs the cache's retries of owed DELs. `key_scope`: the
+        `memory_key_scope` setting ("agent": a key is unique within the namespace; "owner":
+        per owner)."""
+        if key_scope not in ("agent", "owner"):
+            raise ValueError(f"memory_key_scope: agent or owner, not {key_scope!r}")
+        self._per_owner = key_scope == "owner"
         self._pool = pool
         self._events = events
         self._dim = dim
@@ -288,7 +300,8 @@ class MemoryStore:
             )
         ts = now_ms()
         expires = ts + ttl_ms if ttl_ms else None
-        # The caller's own entry: another owner's same-named entry is untouched.
+        # The caller's own entry: another owner's same-named entry is never touched (a 403
+        # under "agent" scope; a second entry under "owner" scope).
         pending = embedding is None and self._auto_embed
         events = [
             NewEvent(
@@ -305,13 +318,26 @@ class MemoryStore:
             )
         # The entry and its events in one statement, autocommitted: one round trip and one
         # commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
-        statement = self._events.write(
-            [_store_cte(self.pgvector)],
-            [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
-            events,
-            returning="entry",
-        )
-        row, _ = await self._write_one(agent_id, principal.user_uuid, key, statement)
+        args = [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending]
+        args.append(self._per_owner)
+        # Under "owner" scope a race with another owner's first store of the key is won by
+        # one; the other, written again, sees that entry and marks its own `per_owner`.
+        for attempt in range(2 if self._per_owner else 1):
+            statement = self._events.write(
+                [_store_cte(self.pgvector)], args, events, returning="entry"
+            )
+            try:
+                row, _ = await self._write_one(agent_id, principal.user_uuid, key, statement)
+                break
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name != AGENT_KEY_INDEX:
+                    raise
+                if not self._per_owner:
+                    raise Forbidden(
+                        f"memory key {key!r} in {agent_id!r} belongs to another user"
+                    ) from None
+                if attempt:
+                    raise
         assert row is not None
         if pending:
             self._filler.stored()
@@ -422,6 +448,9 @@ class MemoryStore:
         owner: str | None = None,
     ) -> None:
         entry = await self._resolve(agent_id, key, principal, owner)
+        # As delete: the owner or an admin (an ownerless entry: admins only).
+        if entry.user_uuid != principal.user_uuid and not principal.is_admin:
+            raise Forbidden("only the owner pins or unpins an entry")
         await self._write_one(
             agent_id,
             entry.user_uuid,
@@ -576,17 +605,39 @@ class MemoryStore:
 
     async def share(self, source: str, target: str, pattern: str) -> int:
         """Copy `source`'s entries whose key matches the glob into `target` (owners kept;
-        a copy replaces a same-named entry whole, owner and embedding included). Returns how
-        many were copied."""
+        a copy replaces a same-named entry whole, owner and embedding included: under
+        "agent" scope whoever held the key in `target`, under "owner" scope the same
+        owner's). Returns how many were copied."""
         ts = now_ms()
         vector_col = ", embedding" if self.pgvector else ""
+        if self._per_owner:
+            # A second owner's entry of a key in `target` is outside the namespace's index.
+            picked = (
+                "SELECT s.*, s.per_owner OR EXISTS (SELECT 1 FROM memory_entries t"
+                " WHERE t.agent_id = $2 AND t.key = s.key AND t.owner <> s.owner) AS marked"
+                " FROM memory_entries s WHERE s.agent_id = $1 AND s.key LIKE $3"
+                " AND (s.expires_at IS NULL OR s.expires_at > $4)"
+            )
+        else:
+            # One entry per key (the bound one of a group left from before 0029).
+            picked = (
+                "SELECT DISTINCT ON (key) *, false AS marked FROM memory_entries"
+                " WHERE agent_id = $1 AND key LIKE $3 AND (expires_at IS NULL OR expires_at > $4)"
+                " ORDER BY key, per_owner, owner <> '', created_at, owner"
+            )
+        # Under "agent" scope other owners' entries of the copied keys in `target` go first.
+        evict = (
+            "DELETE FROM memory_entries t USING (" + picked + ") AS p"
+            " WHERE t.agent_id = $2 AND t.key = p.key AND t.owner <> p.owner"
+            " RETURNING t.agent_id, t.user_uuid, t.key"
+        )
         sql = (
             "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at, updated_at,"
             f" expires_at, pinned, importance, accessed_at, embedding_raw, embed_pending,"
-            f" embed_attempts{vector_col})"
+            f" embed_attempts, per_owner{vector_col})"
             " SELECT $2, key, value, user_uuid, $4, $4, expires_at, pinned, importance, $4,"
-            f" embedding_raw, embed_pending, embed_attempts{vector_col} FROM memory_entries"
-            " WHERE agent_id = $1 AND key LIKE $3 AND (expires_at IS NULL OR expires_at > $4)"
+            f" embedding_raw, embed_pending, embed_attempts, marked{vector_col}"
+            f" FROM ({picked}) AS p"
             # A copy replaces a same-named entry whole: value, owner, vector and its state.
             " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
             " updated_at = EXCLUDED.updated_at,"
@@ -597,7 +648,16 @@ class MemoryStore:
             + " RETURNING agent_id, user_uuid, key"
         )
         like = _like(pattern)
-        return len(await self._write_rows(lambda tx: tx.conn.fetch(sql, source, target, like, ts)))
+
+        copied: list[asyncpg.Record] = []
+
+        async def write(tx: EventTransaction) -> list[asyncpg.Record]:
+            gone = [] if self._per_owner else await tx.conn.fetch(evict, source, target, like, ts)
+            copied[:] = await tx.conn.fetch(sql, source, target, like, ts)
+            return gone + copied
+
+        await self._write_rows(write)
+        return len(copied)
 
     async def stats(self, pgvector: bool) -> dict[str, Any]:
         row = await self._pool.fetchrow(
@@ -622,8 +682,13 @@ def _store_cte(pgvector: bool) -> str:
     )
     return (
         "entry AS (INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
-        f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
-        f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
+        f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending, per_owner{vcol})"
+        f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8,"
+        # "owner" scope ($9): outside the namespace's unique index when another owner holds
+        # the key; "agent" scope: inside it, so another owner's entry is a unique violation.
+        " $9::bool AND EXISTS (SELECT 1 FROM memory_entries WHERE agent_id = $1 AND key = $2"
+        f" AND owner <> coalesce($4::text, ''))"
+        f"{vval})"
         " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
         # Strictly increasing per row: the version the filler compares (two stores in one
         # millisecond, or a clock behind, still make a newer version).
