@@ -96,6 +96,7 @@ ACTOR_SETTINGS: tuple[str, ...] = (
     "memory_agent_id_max",
     "memory_embedding_dim",
     "memory_enabled",
+    "memory_key_scope",
     "outbound_allowed_cidrs",
     "skill_body_max",
     "workspace_isolation",

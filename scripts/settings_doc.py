@@ -20,6 +20,8 @@ def table() -> str:
         default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
         if name == "data_dir":
             default = "./.orchestrator"
+        if name == "embedder":  # depends on the install: the page says how
+            default = "local, or none without the [embed] extra"
         shown = (
             "unset"
             if default is None or hasattr(default, "get_secret_value")

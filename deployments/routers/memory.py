@@ -179,7 +179,8 @@ async def store(
     caller: CurrentUser,
     once: Idempotent,
 ) -> wire.MemoryOk | Response:
-    """Write (or overwrite your own) entry; another user's key is 403. With an
+    """Write (or overwrite your own) entry; a key another user holds in this namespace is
+    403 (memory_key_scope "agent", the default). With an
     `Idempotency-Key`, a retry answers the first write again and does not write."""
     memory = _memory(memory, settings)
 
@@ -249,7 +250,8 @@ async def clear(
     return wire.MemoryCleared(cleared=await _memory(memory, settings).clear(agent_id, caller))
 
 
-# Admins name which owner's entry they mean when several users hold the key (409 otherwise).
+# Admins name which owner's entry they mean when several users hold the key (409 otherwise;
+# only under memory_key_scope "owner", or duplicates left from before migration 0029).
 Owner = Annotated[
     str | None,
     Query(
@@ -257,7 +259,8 @@ Owner = Annotated[
         min_length=1,
         max_length=200,
         pattern=NO_NUL,
-        description="Admin only: whose entry (keys are unique per owner)",
+        description="Admin only: whose entry, when several users hold the key"
+        " (memory_key_scope: owner)",
     ),
 ]
 
@@ -301,6 +304,7 @@ async def pin(
     body: PinBody | None = None,
     owner: Owner = None,
 ) -> wire.MemoryPinned:
+    """Pin or unpin: the owner or an admin (403 otherwise; an ownerless entry: admins)."""
     pinned = body.pinned if body is not None else True
     await _memory(memory, settings).pin(agent_id, key, pinned, caller, owner)
     return wire.MemoryPinned(pinned=pinned)

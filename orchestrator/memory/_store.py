@@ -1,10 +1,14 @@
 """Memory entries: durable in Postgres, hot reads cached in Redis (never the only copy).
 
-Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`, and keys are
-unique per owner: two users' `config` in one namespace are two entries (migration 0011).
+Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`. A key is unique
+within its agent namespace (SPEC part 2; `memory_key_scope = "agent"`): a store of a key
+another user holds is a 403 (the partial unique index of migration 0029 decides, so two
+users racing for a new key cannot both win). With `memory_key_scope = "owner"` keys are
+unique per owner instead: two users' `config` in one namespace are two entries, the later
+marked `per_owner` (outside that index), as are duplicates left from before 0029.
 Non-admins see their own entries and ownerless ones (their own first); someone else's entry
-is a 404 (not theirs to know about). Admins see all: a key held by several owners is a 409
-naming them unless the admin picks one (`owner`).
+is a 404 (not theirs to know about). Admins see all: a key held by several owners (only
+`per_owner` entries make that possible) is a 409 naming them unless the admin picks one.
 Expired entries (`ttl` ms after their write) answer 410 until they are purged, and never
 show in lists or searches.
 
@@ -17,7 +21,6 @@ goes away, so a committed change is never left behind an older copy.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -40,6 +43,7 @@ from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.memory._cache import CACHE_TTL_S, GUARD_MS, MemoryCache
 from orchestrator.memory._embed import Embedder
 from orchestrator.memory._filler import EmbeddingFiller
+from orchestrator.memory._sql import like_pattern, share_sql, store_cte
 from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,8 @@ def _visible(principal: Principal, arg: int) -> str:
 
 
 PREPARE_LOCK = 947738
+# Migration 0029's partial unique index: one entry per (agent_id, key) but `per_owner` ones.
+AGENT_KEY_INDEX = "memory_entries_agent_key"
 
 
 def _version(text: str | None) -> tuple[int, ...]:
@@ -89,21 +95,6 @@ def _version(text: str | None) -> tuple[int, ...]:
 
 def _vector(values: list[float]) -> str:
     return "[" + ",".join(repr(float(v)) for v in values) + "]"
-
-
-def _like(glob: str) -> str:
-    """A glob (`*`, `?`) as a LIKE pattern (with `\\` escaping LIKE's own wildcards)."""
-    out = []
-    for ch in glob:
-        if ch in "%_\\":
-            out.append("\\" + ch)
-        elif ch == "*":
-            out.append("%")
-        elif ch == "?":
-            out.append("_")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 class MemoryStore:
@@ -119,11 +110,17 @@ class MemoryStore:
         auto_embed: bool | None = None,
         ef_search: int = 100,
         supervisor: Supervisor | None = None,
+        key_scope: str = "agent",
     ) -> None:
         """`embedder` makes embeddings here (query texts, and `run_filler`); `auto_embed`
         marks entries stored without an embedding for a filler to embed (default: when
         this store has an embedder; agent workers set it without one). `supervisor`: the
-        process's, which runs the cache's retries of owed DELs."""
+        process's, which runs the cache's retries of owed DELs. `key_scope`: the
+        `memory_key_scope` setting ("agent": a key is unique within the namespace; "owner":
+        per owner)."""
+        if key_scope not in ("agent", "owner"):
+            raise ValueError(f"memory_key_scope: agent or owner, not {key_scope!r}")
+        self._per_owner = key_scope == "owner"
         self._pool = pool
         self._events = events
         self._dim = dim
@@ -288,7 +285,8 @@ class MemoryStore:
             )
         ts = now_ms()
         expires = ts + ttl_ms if ttl_ms else None
-        # The caller's own entry: another owner's same-named entry is untouched.
+        # The caller's own entry: another owner's same-named entry is never touched (a 403
+        # under "agent" scope; a second entry under "owner" scope).
         pending = embedding is None and self._auto_embed
         events = [
             NewEvent(
@@ -305,13 +303,26 @@ class MemoryStore:
             )
         # The entry and its events in one statement, autocommitted: one round trip and one
         # commit, like a plain INSERT (BEGIN, INSERT, append, COMMIT were four).
-        statement = self._events.write(
-            [_store_cte(self.pgvector)],
-            [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending],
-            events,
-            returning="entry",
-        )
-        row, _ = await self._write_one(agent_id, principal.user_uuid, key, statement)
+        args = [agent_id, key, value, principal.user_uuid, ts, expires, embedding, pending]
+        args.append(self._per_owner)
+        # Under "owner" scope a race with another owner's first store of the key is won by
+        # one; the other, written again, sees that entry and marks its own `per_owner`.
+        for attempt in range(2 if self._per_owner else 1):
+            statement = self._events.write(
+                [store_cte(self.pgvector)], args, events, returning="entry"
+            )
+            try:
+                row, _ = await self._write_one(agent_id, principal.user_uuid, key, statement)
+                break
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name != AGENT_KEY_INDEX:
+                    raise
+                if not self._per_owner:
+                    raise Forbidden(
+                        f"memory key {key!r} in {agent_id!r} belongs to another user"
+                    ) from None
+                if attempt:
+                    raise
         assert row is not None
         if pending:
             self._filler.stored()
@@ -422,6 +433,9 @@ class MemoryStore:
         owner: str | None = None,
     ) -> None:
         entry = await self._resolve(agent_id, key, principal, owner)
+        # As delete: the owner or an admin (an ownerless entry: admins only).
+        if entry.user_uuid != principal.user_uuid and not principal.is_admin:
+            raise Forbidden("only the owner pins or unpins an entry")
         await self._write_one(
             agent_id,
             entry.user_uuid,
@@ -576,28 +590,22 @@ class MemoryStore:
 
     async def share(self, source: str, target: str, pattern: str) -> int:
         """Copy `source`'s entries whose key matches the glob into `target` (owners kept;
-        a copy replaces a same-named entry whole, owner and embedding included). Returns how
-        many were copied."""
+        a copy replaces a same-named entry whole, owner and embedding included: under
+        "agent" scope whoever held the key in `target`, under "owner" scope the same
+        owner's). Returns how many were copied."""
         ts = now_ms()
-        vector_col = ", embedding" if self.pgvector else ""
-        sql = (
-            "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at, updated_at,"
-            f" expires_at, pinned, importance, accessed_at, embedding_raw, embed_pending,"
-            f" embed_attempts{vector_col})"
-            " SELECT $2, key, value, user_uuid, $4, $4, expires_at, pinned, importance, $4,"
-            f" embedding_raw, embed_pending, embed_attempts{vector_col} FROM memory_entries"
-            " WHERE agent_id = $1 AND key LIKE $3 AND (expires_at IS NULL OR expires_at > $4)"
-            # A copy replaces a same-named entry whole: value, owner, vector and its state.
-            " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
-            " updated_at = EXCLUDED.updated_at,"
-            " expires_at = EXCLUDED.expires_at, pinned = EXCLUDED.pinned,"
-            " importance = EXCLUDED.importance, embedding_raw = EXCLUDED.embedding_raw,"
-            " embed_pending = EXCLUDED.embed_pending, embed_attempts = EXCLUDED.embed_attempts"
-            + (", embedding = EXCLUDED.embedding" if self.pgvector else "")
-            + " RETURNING agent_id, user_uuid, key"
-        )
-        like = _like(pattern)
-        return len(await self._write_rows(lambda tx: tx.conn.fetch(sql, source, target, like, ts)))
+        evict, sql = share_sql(self.pgvector, self._per_owner)
+        like = like_pattern(pattern)
+
+        copied: list[asyncpg.Record] = []
+
+        async def write(tx: EventTransaction) -> list[asyncpg.Record]:
+            gone = [] if self._per_owner else await tx.conn.fetch(evict, source, target, like, ts)
+            copied[:] = await tx.conn.fetch(sql, source, target, like, ts)
+            return gone + copied
+
+        await self._write_rows(write)
+        return len(copied)
 
     async def stats(self, pgvector: bool) -> dict[str, Any]:
         row = await self._pool.fetchrow(
@@ -609,30 +617,6 @@ class MemoryStore:
             "pg_enabled": True,
             "pgvector_enabled": pgvector,
         }
-
-
-@functools.cache
-def _store_cte(pgvector: bool) -> str:
-    """A store's upsert (`MemoryStore.store`) as the CTE `entry` of the writer's statement:
-    one row version, the pgvector column (when there is one) written with the rest."""
-    vcol, vval, vset = (
-        (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
-        if pgvector
-        else ("", "", "")
-    )
-    return (
-        "entry AS (INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
-        f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending{vcol})"
-        f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8{vval})"
-        " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
-        # Strictly increasing per row: the version the filler compares (two stores in one
-        # millisecond, or a clock behind, still make a newer version).
-        " updated_at = greatest(EXCLUDED.updated_at, memory_entries.updated_at + 1),"
-        " expires_at = EXCLUDED.expires_at,"
-        f" embedding_raw = EXCLUDED.embedding_raw,{vset} importance = 1.0,"
-        " embed_pending = EXCLUDED.embed_pending, embed_attempts = 0"
-        " RETURNING created_at, user_uuid, pinned)"
-    )
 
 
 def _accessed_appended(appended: asyncio.Future[Any]) -> None:

@@ -181,6 +181,7 @@ class AgentWorkerServices(Core):
             pgvector=core.db.pgvector,
             auto_embed=s.embedder != "none",
             supervisor=supervisor,
+            key_scope=s.memory_key_scope,
         )
         # Before Redis closes (the stack runs last-in first): the DELs it still owes.
         stack.push_async_callback(memory.settle)

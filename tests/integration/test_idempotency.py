@@ -326,8 +326,8 @@ async def test_memory_store_replays_without_writing(api: Api) -> None:
     assert_error(other, 409, "idempotency_key_reused")
     elsewhere = await api.http.post("/memory/team/store", headers=keyed(ann, "note-7"), json=note)
     assert_error(elsewhere, 409, "idempotency_key_reused")
-    # Bob's note-7 is his own.
-    bobs = await api.http.post("/memory/default/store", headers=keyed(bob, "note-7"), json=note)
+    # Bob's note-7 is his own (in a namespace of his: Ann holds `plan` in `default`).
+    bobs = await api.http.post("/memory/bobs/store", headers=keyed(bob, "note-7"), json=note)
     assert bobs.status_code == 200 and REPLAYED not in bobs.headers
     bad = await api.http.post("/memory/default/store", headers=keyed(ann, ""), json=note)
     assert_error(bad, 400, "validation_error")

@@ -18,7 +18,17 @@ STORE_FACT = '{"key": "fact", "value": "sky is blue"}'
 
 @pytest.fixture
 async def api(make_settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with ServedApp(make_settings(rate_limit_per_minute=0)) as served:
+    # No embedder: these tests give their embeddings (and nothing embeds behind them).
+    async with ServedApp(make_settings(rate_limit_per_minute=0, embedder="none")) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as client:
+            yield client
+
+
+@pytest.fixture
+async def per_owner(make_settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """`memory_key_scope: "owner"`: keys unique per owner (the setting, not the spec)."""
+    settings = make_settings(rate_limit_per_minute=0, embedder="none", memory_key_scope="owner")
+    async with ServedApp(settings) as served:
         async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as client:
             yield client
 
@@ -91,7 +101,8 @@ async def test_ownership_matrix(api: httpx.AsyncClient) -> None:
     assert (await api.get("/memory/team/secret", headers=ann)).status_code == 200
 
 
-async def test_keys_are_unique_per_owner(api: httpx.AsyncClient) -> None:
+async def test_keys_are_unique_per_owner(per_owner: httpx.AsyncClient) -> None:
+    api = per_owner
     ann, bob = await _user(api, "ann"), await _user(api, "bob")
     r = await api.post("/memory/default/store", headers=ann, json={"key": "config", "value": "A"})
     assert r.status_code == 200
@@ -334,7 +345,8 @@ async def test_input_postgres_cannot_hold_is_a_400(api: httpx.AsyncClient) -> No
     assert r.status_code == 400
 
 
-async def test_share_replaces_a_same_named_entry_whole(api: httpx.AsyncClient) -> None:
+async def test_share_replaces_a_same_named_entry_whole(per_owner: httpx.AsyncClient) -> None:
+    api = per_owner
     one = [1.0] + [0.0] * 383
     two = [0.0, 1.0] + [0.0] * 382
     await api.post(
@@ -389,3 +401,143 @@ async def test_agent_id_limit_is_the_setting(make_settings: Any) -> None:
                 "/memory/share", headers=ADMIN, json={"from": "a2345678", "to": "b" * 9}
             )
             assert r.status_code == 400 and [f["field"] for f in r.json()["fields"]] == ["to"]
+
+
+async def test_a_key_is_unique_within_the_agent_namespace(
+    api: httpx.AsyncClient, make_settings: Any
+) -> None:
+    """SPEC part 2 (the default `memory_key_scope: "agent"`): a store of a key another user
+    holds is a 403 and writes nothing; the admin's read is that one entry; share replaces
+    whoever held a key in the target."""
+    ann, bob = await _user(api, "ann"), await _user(api, "bob")
+    r = await api.post("/memory/default/store", headers=ann, json={"key": "config", "value": "A"})
+    assert r.status_code == 200
+    for who in (bob, ADMIN):
+        r = await api.post(
+            "/memory/default/store", headers=who, json={"key": "config", "value": "B"}
+        )
+        assert r.status_code == 403, r.text
+        body = r.json()
+        assert body["code"] == "forbidden" and "config" in body["error"] and "ann" not in r.text
+    assert (await api.get("/memory/default/config", headers=ann)).json()["value"] == "A"
+    assert (await api.get("/memory/default/config", headers=bob)).status_code == 404
+    assert (await api.get("/memory/default/list", headers=bob)).json()["entries"] == []
+    r = await api.get("/memory/default/config", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["value"] == "A"
+    # Ann overwrites her own; once she deletes it the key is free for Bob.
+    r = await api.post("/memory/default/store", headers=ann, json={"key": "config", "value": "A2"})
+    assert r.status_code == 200
+    assert (await api.delete("/memory/default/config", headers=ann)).status_code == 200
+    r = await api.post("/memory/default/store", headers=bob, json={"key": "config", "value": "B"})
+    assert r.status_code == 200
+    assert (await api.get("/memory/default/config", headers=ADMIN)).json()["value"] == "B"
+    # Two users racing for a new key: exactly one wins.
+    answers = await asyncio.gather(
+        *(
+            api.post("/memory/race/store", headers=who, json={"key": "k", "value": str(i)})
+            for i, who in enumerate((ann, bob) * 4)
+        )
+    )
+    codes = sorted(a.status_code for a in answers)
+    assert set(codes) == {200, 403} and codes.count(200) == 4, codes
+    # Share replaces the target's entry of a key whoever held it (one entry per key).
+    await api.post("/memory/src2/store", headers=ann, json={"key": "a", "value": "ann's"})
+    await api.post("/memory/dst2/store", headers=bob, json={"key": "a", "value": "bob's"})
+    r = await api.post("/memory/share", headers=ADMIN, json={"from": "src2", "to": "dst2"})
+    assert r.json() == {"status": "ok", "copied": 1}
+    assert (await api.get("/memory/dst2/a", headers=ADMIN)).json()["value"] == "ann's"
+    assert (await api.get("/memory/dst2/a", headers=bob)).status_code == 404
+
+
+async def test_pin_checks_ownership_as_delete_does(
+    api: httpx.AsyncClient, make_settings: Any
+) -> None:
+    """Pin and unpin: the owner or an admin; an ownerless entry (written before entries had
+    owners) is visible to everyone but pinned only by admins, as it is deleted."""
+    from orchestrator.db import connect
+
+    settings = make_settings()
+    db = await connect(settings.database_url)
+    try:
+        await db.pool.execute(
+            "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
+            " updated_at, accessed_at) VALUES ('team', 'shared', 'everyone''s', NULL, 1, 1, 1)"
+        )
+    finally:
+        await db.close()
+    ann = await _user(api, "ann")
+    assert (await api.get("/memory/team/shared", headers=ann)).json()["value"] == "everyone's"
+    for pinned in (True, False):
+        r = await api.post("/memory/team/shared/pin", headers=ann, json={"pinned": pinned})
+        assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+    assert (await api.delete("/memory/team/shared", headers=ann)).status_code == 403
+    r = await api.post("/memory/team/shared/pin", headers=ADMIN, json={"pinned": True})
+    assert r.json() == {"status": "ok", "pinned": True}
+    # Her own entry she pins and unpins.
+    await api.post("/memory/team/store", headers=ann, json={"key": "mine", "value": "m"})
+    for pinned in (True, False):
+        r = await api.post("/memory/team/mine/pin", headers=ann, json={"pinned": pinned})
+        assert r.json() == {"status": "ok", "pinned": pinned}
+
+
+async def test_the_migration_keeps_two_users_entries_of_one_key(
+    database_url: str, tmp_path: Any, make_settings: Any
+) -> None:
+    """Migration 0029 on a database holding several owners' entries of one key (per-owner
+    keys, migration 0011): nothing is lost; the ownerless (else oldest) stays bound by the
+    namespace's uniqueness, so a new store by anyone else is a 403; owners keep theirs."""
+    import shutil
+    from pathlib import Path
+
+    import asyncpg
+
+    from orchestrator.db import MIGRATIONS_DIR, apply_migrations
+
+    before = Path(tmp_path) / "before"
+    before.mkdir()
+    for path in MIGRATIONS_DIR.glob("*.sql"):
+        if int(path.name[:4]) < 29:
+            shutil.copy(path, before / path.name)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await apply_migrations(conn, before)
+        for agent, owner, created in (
+            ("ns", "ann", 1),
+            ("ns", "bob", 2),
+            ("ns2", "ann", 5),
+            ("ns2", None, 6),
+            ("ns2", "bob", 4),
+        ):
+            await conn.execute(
+                "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
+                " updated_at, accessed_at) VALUES ($1, 'config', $2, $3, $4, $4, $4)",
+                agent,
+                f"{owner}'s",
+                owner,
+                created,
+            )
+        assert "0029_memory_agent_keys.sql" in await apply_migrations(conn)
+        rows = await conn.fetch(
+            "SELECT agent_id, user_uuid, per_owner FROM memory_entries ORDER BY 1, 2"
+        )
+        assert [tuple(r) for r in rows] == [
+            ("ns", "ann", False),
+            ("ns", "bob", True),
+            ("ns2", "ann", True),
+            ("ns2", "bob", True),
+            ("ns2", None, False),
+        ]
+    finally:
+        await conn.close()
+    async with ServedApp(make_settings(rate_limit_per_minute=0, embedder="none")) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as api:
+            ann, bob, carol = [await _user(api, n) for n in ("ann", "bob", "carol")]
+            for who, value in ((ann, "ann's"), (bob, "bob's")):
+                assert (await api.get("/memory/ns/config", headers=who)).json()["value"] == value
+            # Bob overwrites his own (left) entry; Carol, new to the key, is refused.
+            config = {"key": "config", "value": "new"}
+            assert (await api.post("/memory/ns/store", headers=bob, json=config)).status_code == 200
+            assert (await api.get("/memory/ns/config", headers=bob)).json()["value"] == "new"
+            for ns in ("ns", "ns2"):
+                r = await api.post(f"/memory/{ns}/store", headers=carol, json=config)
+                assert r.status_code == 403

@@ -54,8 +54,11 @@ async def _until_embedded(
 
 
 async def test_local_embedder_ranks_by_meaning(make_settings: Any) -> None:
+    """Out of the box: with the [embed] extra installed the default embedder is the local
+    one, so stores are embedded and `text` searches work with no setting given."""
     assert LocalEmbedder.available() is None  # the [test] extra brings [embed]
-    settings = make_settings(rate_limit_per_minute=0, embedder="local")
+    settings = make_settings(rate_limit_per_minute=0)
+    assert settings.embedder == "local"
     async with ServedApp(settings) as served:
         async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
             ann = await _user(c, "ann")
@@ -182,7 +185,7 @@ async def test_embedder_failures_never_fail_a_store(
 
 
 async def test_text_search_without_an_embedder_is_a_400(make_settings: Any) -> None:
-    async with ServedApp(make_settings(rate_limit_per_minute=0)) as served:
+    async with ServedApp(make_settings(rate_limit_per_minute=0, embedder="none")) as served:
         async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
             r = await c.post("/memory/x/vector-search", headers=ADMIN, json={"text": "hello"})
             assert r.status_code == 400 and "embedder" in r.json()["error"]
