@@ -105,7 +105,7 @@ class OrchestratorError(Exception):
         return f"{type(self).__name__}({self.message!r}, code={self.code!r})"
 
 
-def field_error(field: str, message: str) -> dict[str, str]:
+def field_error(field: Any, message: Any) -> dict[str, str]:
     """One item of a 400's `fields`: `{field, message}` (issue 33: one shape for all)."""
     return {"field": str(field), "message": str(message)}
 
