@@ -53,7 +53,7 @@ PUBLISH_LOCK = 947740  # with hashtext(author): serialises one author's publishe
 _NAME_REFUSED = "/"
 _TAG_REFUSED = "/,"
 # `name@<digits>` at the end of a reference is its version, so a name may not end so.
-_LOOKS_VERSIONED = re.compile(r".*@[0-9]+")
+_LOOKS_VERSIONED = re.compile(r".*@[0-9]*", re.DOTALL)
 
 # SPEC part 4's reserved names, plus this API's other path words, so that a shorter
 # `/marketplace/<name>` route can be added later without any skill shadowing a literal one.
@@ -117,7 +117,7 @@ def check_name(name: str) -> str:
     if bad is not None:
         raise _invalid("name", f"{bad!r} is not allowed (no control characters or '/')")
     if _LOOKS_VERSIONED.fullmatch(name):
-        raise _invalid("name", "must not end in @<digits> (a reference's version)")
+        raise _invalid("name", "must not end in '@' or @<digits> (a reference's version)")
     return name
 
 
@@ -282,6 +282,9 @@ def parse_skill_ref(ref: str) -> tuple[str | None, str, int | None]:
     """`(author, name, version)` of a skill reference; a ValidationFailed naming it when it
     is not one."""
     found = SKILL_REF.fullmatch(ref) if isinstance(ref, str) else None
+    # A name no skill may have (`pdf@`, `pdf@0`): not a reference, rather than "not found".
+    if found is not None and _LOOKS_VERSIONED.fullmatch(found.group("name")):
+        found = None
     if found is None:
         raise _unpinnable(str(ref)[:300], f"not a skill reference ({REF_GRAMMAR})")
     version = found.group("version")
