@@ -31,6 +31,7 @@ from orchestrator.channels._posts import PostStore
 from orchestrator.channels._relay import ChannelRelay, ChannelRunner, LocalChannels, reply_of
 from orchestrator.channels._store import (
     CHANNEL_TYPES,
+    NO_AUDIENCE,
     Channel,
     ChannelStore,
     InboxItem,
@@ -56,6 +57,7 @@ from orchestrator.secret_box import secret_box
 
 __all__ = [
     "CHANNEL_TYPES",
+    "NO_AUDIENCE",
     "Answer",
     "Challenge",
     "Channel",

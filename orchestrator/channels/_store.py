@@ -34,7 +34,16 @@ STATUSES = ("active", "paused", "error")
 SECRET_KEYS = frozenset(
     {"signing_secret", "bot_token", "secret_token", "webhook_url", "app_password"}
 )
+# Kept sealed at rest like a secret, but shown as set on reads (SPEC part 4 lists it with the
+# channel's config; issue 33): `channel_mask_webhook_url` masks it instead.
+SHOWN_SECRETS = frozenset({"webhook_url"})
 REDACTED = "***"
+# A Teams channel without a token audience (its `app_id`, else the `teams_audience` setting)
+# is created, but its inbound activities are refused until one is set (issue 33).
+NO_AUDIENCE = (
+    "inbound activities are refused: no token audience to check them against;"
+    " set config.app_id (the bot's app id) or the teams_audience setting"
+)
 TOKEN_PREFIX = "chw_"
 # The claim a relay holds on an inbox item while handling it (orchestrator/runtime/claims.py),
 # keyed by the item's id.
@@ -237,11 +246,13 @@ class Channel:
     created_at: int
     updated_at: int
 
-    def wire(self) -> dict[str, Any]:
-        """As the API shows it: secrets redacted, the receiver path without its token."""
+    def wire(self, *, mask_webhook_url: bool = False) -> dict[str, Any]:
+        """As the API shows it: secrets redacted (`webhook_url` shown as set unless
+        `mask_webhook_url`), the receiver path without its token."""
         shown = dict(self.config)
-        for key in self.secrets:
-            shown[key] = REDACTED
+        for key, value in self.secrets.items():
+            visible = key in SHOWN_SECRETS and not mask_webhook_url
+            shown[key] = value if visible else REDACTED
         return {
             "id": self.id,
             "type": self.type,
@@ -312,12 +323,9 @@ class ChannelStore:
                     "(outbound_allowed_cidrs)",
                 )
 
-    def _check_teams(self, kind: str, config: Mapping[str, Any]) -> None:
-        if kind == "teams" and not config.get("app_id") and not self._teams_audience:
-            raise _bad(
-                "app_id",
-                "required: the bot's app id (the token audience), unless teams_audience is set",
-            )
+    def _audience_missing(self, kind: str, config: Mapping[str, Any]) -> bool:
+        """A Teams channel with no token audience: created, its inbound refused."""
+        return kind == "teams" and not config.get("app_id") and not self._teams_audience
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -370,15 +378,14 @@ class ChannelStore:
         kind = check_type(kind)
         name = _name(name)
         checked = validate_config(kind, config)
-        self._check_teams(kind, checked)
         self._check_destinations(checked)
         plain, hidden = self._split(checked)
         token = TOKEN_PREFIX + pysecrets.token_urlsafe(32)
         ts = now_ms()
         row = await self._pool.fetchrow(
             "INSERT INTO channels (id, user_uuid, type, name, config, secrets, token_hash,"
-            " created_at, updated_at) VALUES ('ch-' || nextval('channel_seq'), $1, $2, $3,"
-            f" $4::jsonb, $5, $6, $7, $7) RETURNING {_CHANNEL_COLUMNS}",
+            " created_at, updated_at, last_error) VALUES ('ch-' || nextval('channel_seq'), $1,"
+            f" $2, $3, $4::jsonb, $5, $6, $7, $7, $8) RETURNING {_CHANNEL_COLUMNS}",
             principal.user_uuid,
             kind,
             name,
@@ -386,6 +393,7 @@ class ChannelStore:
             self._seal(hidden),
             hash_token(token),
             ts,
+            NO_AUDIENCE if self._audience_missing(kind, checked) else None,
         )
         return self._channel(row), token
 
@@ -449,8 +457,12 @@ class ChannelStore:
                     elif not (key in SECRET_KEYS and value == REDACTED):
                         merged[key] = value
             checked = validate_config(current.type, merged)
-            self._check_teams(current.type, checked)
             self._check_destinations(checked)
+            last_error = current.last_error
+            if self._audience_missing(current.type, checked):
+                last_error = NO_AUDIENCE
+            elif last_error == NO_AUDIENCE:
+                last_error = None  # an audience is configured now
             plain, hidden = self._split(checked)
             new_status = current.status
             failures = current.failures
@@ -466,8 +478,8 @@ class ChannelStore:
             token = TOKEN_PREFIX + pysecrets.token_urlsafe(32) if rotate_token else None
             row = await conn.fetchrow(
                 "UPDATE channels SET name = $2, config = $3::jsonb, secrets = $4, status = $5,"
-                " failures = $6, token_hash = coalesce($7, token_hash), updated_at = $8"
-                f" WHERE id = $1 RETURNING {_CHANNEL_COLUMNS}",
+                " failures = $6, token_hash = coalesce($7, token_hash), updated_at = $8,"
+                f" last_error = $9 WHERE id = $1 RETURNING {_CHANNEL_COLUMNS}",
                 channel_id,
                 current.name if name is None else _name(name),
                 json.dumps(plain),
@@ -476,6 +488,7 @@ class ChannelStore:
                 failures,
                 hash_token(token) if token else None,
                 now_ms(),
+                last_error,
             )
         return self._channel(row), token
 
@@ -490,6 +503,17 @@ class ChannelStore:
         return self._channel(row) if row is not None else None
 
     # --- delivery health -------------------------------------------------------------------
+
+    async def inbound_refused(self, channel_id: str, error: str) -> None:
+        """Say on the channel why its inbound deliveries are refused (`last_error`); its
+        status and failure count are the outbound side's."""
+        await self._pool.execute(
+            "UPDATE channels SET last_error = $2, updated_at = $3"
+            " WHERE id = $1 AND last_error IS DISTINCT FROM $2",
+            channel_id,
+            error[:1000],
+            now_ms(),
+        )
 
     async def delivered(self, channel_id: str) -> None:
         await self._pool.execute(

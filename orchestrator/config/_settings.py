@@ -517,6 +517,10 @@ class Settings(BaseSettings):
     )
     teams_issuer: str = Field("https://api.botframework.com", description="Teams JWT issuer")
     teams_audience: str | None = Field(None, description="Teams JWT audience (the bot's app id)")
+    channel_mask_webhook_url: bool = Field(
+        False,
+        description="Show a channel's webhook_url as *** on reads (the spec shows it as set)",
+    )
     channel_api_base_urls: dict[str, str] = Field(
         default_factory=dict, description="Platform API base URLs, e.g. {telegram: ...}"
     )
