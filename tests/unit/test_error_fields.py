@@ -67,6 +67,15 @@ def _offences(path: Path) -> list[str]:
         keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
         if "field" in keys and "error" in keys:
             found.append(f"{path}:{node.lineno}: a fields item with `error`")
+        for key, value in zip(node.keys, node.values, strict=True):
+            if not (isinstance(key, ast.Constant) and key.value == "fields"):
+                continue
+            if isinstance(value, ast.Dict):
+                found.append(f"{path}:{node.lineno}: fields as a {{name: message}} object")
+            if isinstance(value, ast.List) and any(
+                isinstance(item, ast.Constant) for item in value.elts
+            ):
+                found.append(f"{path}:{node.lineno}: fields as bare names")
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if (
             isinstance(node, ast.keyword)
