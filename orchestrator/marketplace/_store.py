@@ -116,6 +116,8 @@ def check_name(name: str) -> str:
     bad = _bad_char(name, _NAME_REFUSED)
     if bad is not None:
         raise _invalid("name", f"{bad!r} is not allowed (no control characters or '/')")
+    if name in (".", ".."):  # a path's dot segments: clients resolve them away
+        raise _invalid("name", f"{name!r} is not allowed (a path's dot segment)")
     if _LOOKS_VERSIONED.fullmatch(name):
         raise _invalid("name", "must not end in '@' or @<digits> (a reference's version)")
     return name

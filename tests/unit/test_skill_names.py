@@ -24,7 +24,8 @@ def test_names_kept_as_sent(sent: str, stored: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["", " ", "a/b", "x\x00y", "tab\tx", "\x7f", "\u200e", "v@12", "Search", "x" * 65]
+    "name",
+    ["", " ", "a/b", "x\x00y", "tab\tx", "\x7f", "\u200e", "v@12", "Search", "x" * 65, ".", ".."],
 )
 def test_names_refused(name: str) -> None:
     with pytest.raises(ValidationFailed) as caught:
