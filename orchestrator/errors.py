@@ -30,6 +30,9 @@ __all__ = [
     "Unauthorized",
     "Unprocessable",
     "ValidationFailed",
+    "field_error",
+    "field_items",
+    "invalid_field",
 ]
 
 
@@ -85,16 +88,62 @@ class OrchestratorError(Exception):
         return (_rebuild, (type(self), self.message, self.code, self.extra, self.headers))
 
     def body(self, request_id: str | None) -> dict[str, Any]:
+        """The error body (DESIGN.md): the one place it is built, so `fields` always has one
+        shape whatever form a producer passed (`field_items`)."""
+        extra = dict(self.extra)
+        if "fields" in extra or "field" in extra:
+            extra["fields"] = field_items(extra.pop("fields", None), extra.pop("field", None))
         return {
             "ok": False,
             "error": self.message,
             "code": self.code,
             "request_id": request_id,
-            **self.extra,
+            **extra,
         }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, code={self.code!r})"
+
+
+def field_error(field: Any, message: Any) -> dict[str, str]:
+    """One item of a 400's `fields`: `{field, message}` (issue 33: one shape for all)."""
+    return {"field": str(field), "message": str(message)}
+
+
+def field_items(fields: Any, field: Any = None) -> list[dict[str, str]]:
+    """`fields` in its one shape, a list of `{field, message}`. Takes the older forms a
+    producer may still pass: a `{name: message}` dict, bare names, items whose text is
+    under `error`, and a singular `field` name."""
+    items: list[dict[str, str]] = []
+    if isinstance(fields, dict):
+        items = [field_error(k, v) for k, v in fields.items()]
+    elif isinstance(fields, (list, tuple)):
+        for item in fields:
+            if isinstance(item, dict):
+                name = item.get("field", "body")
+                message = item.get("message", item.get("error", "invalid"))
+                items.append(field_error(name, message))
+            else:
+                items.append(field_error(item, "invalid"))
+    if field is not None and not any(i["field"] == str(field) for i in items):
+        items.append(field_error(field, "invalid"))
+    return items
+
+
+def invalid_field(
+    field: str,
+    message: str,
+    *,
+    limit: str | None = None,
+    cls: type[BadRequest] | None = None,
+    **extra: Any,
+) -> BadRequest:
+    """A 400 naming one bad field: `"<field>: <message>"` with `fields: [{field, message}]`
+    and, when the input went past a limit, `limit` naming its setting."""
+    body: dict[str, Any] = {"fields": [field_error(field, message)], **extra}
+    if limit is not None:
+        body["limit"] = limit
+    return (cls or ValidationFailed)(f"{field}: {message}", extra=body)
 
 
 def _rebuild(

@@ -33,8 +33,10 @@ from deployments.deps import (
 )
 from orchestrator import wire
 from orchestrator.channels import (
+    NO_AUDIENCE,
     Challenge,
     Channel,
+    ChannelStore,
     Inbound,
     InterventionDesk,
     Press,
@@ -110,36 +112,48 @@ def _path(token: str) -> str:
     return f"/api/v1/channels/webhook/{token}"
 
 
+def _shown(channel: Channel, settings: Settings) -> dict[str, Any]:
+    """As a read shows it: secrets masked, `webhook_url` as set (SPEC part 4) unless
+    `channel_mask_webhook_url`."""
+    return channel.wire(mask_webhook_url=settings.channel_mask_webhook_url)
+
+
 @router.get("/channels", response_model=wire.ChannelList)
-async def list_channels(store: Channels, caller: CurrentUser) -> wire.ChannelList:
+async def list_channels(store: Channels, caller: CurrentUser, settings: Config) -> wire.ChannelList:
     """The caller's channels (an admin's: every channel)."""
     channels = await store.list_for(caller)
-    return wire.ChannelList(data=[wire.Channel(**c.wire()) for c in channels])
+    return wire.ChannelList(data=[wire.Channel(**_shown(c, settings)) for c in channels])
 
 
 @router.post("/channels", response_model=wire.ChannelCreated)
 async def create_channel(
-    body: CreateBody, channels: Channels, caller: CurrentUser
+    body: CreateBody, channels: Channels, caller: CurrentUser, settings: Config
 ) -> wire.ChannelCreated:
     """Config by type: slack `signing_secret` and `webhook_url` (or `bot_token`); teams
     `webhook_url`, `tenant_id` (`app_id`); telegram `bot_token`, `chat_ids`
     (`secret_token`); webhook (`callback_url`). 400 names a bad field; 422 an unknown type."""
     channel, token = await channels.create(caller, body.type, body.name, body.config)
     return wire.ChannelCreated(
-        data=wire.CreatedChannel(**channel.wire(), webhook_token=token, webhook_path=_path(token))
+        data=wire.CreatedChannel(
+            **_shown(channel, settings), webhook_token=token, webhook_path=_path(token)
+        )
     )
 
 
 @router.get("/channels/{channel_id}", response_model=wire.Channel)
 async def get_channel(
-    channel_id: ChannelId, channels: Channels, caller: CurrentUser
+    channel_id: ChannelId, channels: Channels, caller: CurrentUser, settings: Config
 ) -> wire.Channel:
-    return wire.Channel(**(await channels.get(channel_id, caller)).wire())
+    return wire.Channel(**_shown(await channels.get(channel_id, caller), settings))
 
 
 @router.put("/channels/{channel_id}", response_model=wire.ChannelUpdated)
 async def update_channel(
-    body: UpdateBody, channel_id: ChannelId, channels: Channels, caller: CurrentUser
+    body: UpdateBody,
+    channel_id: ChannelId,
+    channels: Channels,
+    caller: CurrentUser,
+    settings: Config,
 ) -> wire.ChannelUpdated:
     channel, token = await channels.update(
         channel_id,
@@ -150,7 +164,7 @@ async def update_channel(
         rotate_token=body.rotate_token,
     )
     return wire.ChannelUpdated(
-        data=wire.Channel(**channel.wire()),
+        data=wire.Channel(**_shown(channel, settings)),
         webhook_token=token,
         webhook_path=_path(token) if token else None,
     )
@@ -174,9 +188,13 @@ def _json_body(raw: bytes) -> Any:
         raise ValidationFailed("body: not JSON") from exc
 
 
-def _teams_verifier(s: Settings, verifiers: TeamsVerifiers, channel: Channel) -> TeamsVerifier:
+async def _teams_verifier(
+    s: Settings, verifiers: TeamsVerifiers, channel: Channel, channels: ChannelStore
+) -> TeamsVerifier:
     audience = channel.config.get("app_id") or s.teams_audience
     if not audience:
+        # Created without one (the spec's config has none): refused, and said on the channel.
+        await channels.inbound_refused(channel.id, NO_AUDIENCE)
         raise VerificationFailed("teams channel has no app_id (the token audience) to check")
     return verifiers.for_audience(audience)
 
@@ -233,7 +251,7 @@ async def receive(
         if isinstance(inbound, Challenge):
             return PlainTextResponse(inbound.challenge)
     elif channel.type == "teams":
-        verifier = _teams_verifier(s, teams_verifiers, channel)
+        verifier = await _teams_verifier(s, teams_verifiers, channel, channels)
         claims = await verifier.verify(headers.get("authorization"), teams_channel_id(raw))
         body = _json_body(raw)
         press = parse_teams_action(body)

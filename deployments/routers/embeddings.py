@@ -39,17 +39,18 @@ def _inputs(body: dict[str, Any], limits: EmbeddingLimits) -> list[str]:
     if not isinstance(value, list) or not value:
         raise BadRequest(
             "input must be a non-empty string or array of strings",
-            extra={"fields": {"input": "required"}},
+            extra={"fields": [{"field": "input", "message": "required"}]},
         )
     limits.check_inputs(len(value))
     if any(isinstance(v, int) or isinstance(v, list) for v in value):
         raise BadRequest(
             "input as token arrays is not supported: send strings",
-            extra={"fields": {"input": "token arrays"}},
+            extra={"fields": [{"field": "input", "message": "token arrays"}]},
         )
     if not all(isinstance(v, str) and v for v in value):
         raise BadRequest(
-            "input: every item must be a non-empty string", extra={"fields": {"input": "type"}}
+            "input: every item must be a non-empty string",
+            extra={"fields": [{"field": "input", "message": "type"}]},
         )
     return value
 
@@ -59,7 +60,7 @@ def _encoding(body: dict[str, Any]) -> str:
     if encoding not in ("float", "base64"):
         raise BadRequest(
             "encoding_format must be float or base64",
-            extra={"fields": {"encoding_format": "enum"}},
+            extra={"fields": [{"field": "encoding_format", "message": "enum"}]},
         )
     return str(encoding)
 
@@ -70,7 +71,8 @@ def _dimensions(body: dict[str, Any]) -> int | None:
         return None
     if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
         raise BadRequest(
-            "dimensions must be a positive integer", extra={"fields": {"dimensions": "type"}}
+            "dimensions must be a positive integer",
+            extra={"fields": [{"field": "dimensions", "message": "type"}]},
         )
     return dimensions
 
@@ -96,7 +98,7 @@ async def _embed(
         if dimensions is not None and dimensions != LOCAL_DIM:
             raise BadRequest(
                 f"dimensions: {model} makes {LOCAL_DIM}-dimensional vectors only",
-                extra={"fields": {"dimensions": "unsupported"}},
+                extra={"fields": [{"field": "dimensions", "message": "unsupported"}]},
             )
         local = local_embedder(settings.embedder_threads)
         vectors, tokens = await local.embed_counted(texts, limits, user=user)
@@ -106,7 +108,7 @@ async def _embed(
     if dimensions is not None and any(len(v) != dimensions for v in vectors):
         raise BadRequest(
             f"dimensions: {model} does not shorten its vectors to {dimensions}",
-            extra={"fields": {"dimensions": "unsupported"}},
+            extra={"fields": [{"field": "dimensions", "message": "unsupported"}]},
         )
     return vectors, tokens, provider
 
@@ -123,7 +125,9 @@ async def embeddings(
     """OpenAI's CreateEmbeddingResponse: one `embedding` per input, in order."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise BadRequest("model is required", extra={"fields": {"model": "required"}})
+        raise BadRequest(
+            "model is required", extra={"fields": [{"field": "model", "message": "required"}]}
+        )
     limits = EmbeddingLimits.of(settings)
     texts = _inputs(body, limits)
     encoding = _encoding(body)

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from deployments.deps import BIGINT_MAX, Config, CurrentUser, Events, Feed, Offset, Position
 from orchestrator import wire
 from orchestrator.auth import Principal
-from orchestrator.errors import BadRequest
+from orchestrator.errors import BadRequest, field_error
 from orchestrator.events import CATALOG, EventQuery, Fanout, StreamFilter, SubscriberTooSlow
 from orchestrator.events import stream_name as to_stream_name
 
@@ -23,11 +23,15 @@ _TYPE_NAMES = {name: name for name in CATALOG} | {to_stream_name(n): n for n in 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
 
+def _names(field: str) -> dict[str, Any]:
+    return {"fields": [field_error(field, "invalid")]}
+
+
 def _types(type_: str | None, types: str | None) -> tuple[str, ...]:
     names = [n.strip() for n in f"{type_ or ''},{types or ''}".split(",") if n.strip()]
     unknown = [n for n in names if n not in _TYPE_NAMES]
     if unknown:
-        raise BadRequest(f"unknown event type(s): {', '.join(unknown)}", extra={"field": "types"})
+        raise BadRequest(f"unknown event type(s): {', '.join(unknown)}", extra=_names("types"))
     return tuple(dict.fromkeys(_TYPE_NAMES[n] for n in names))
 
 
@@ -128,7 +132,7 @@ async def list_events(
     limit = limit or settings.events_limit
     if limit > settings.events_max_limit:
         raise BadRequest(
-            f"limit must be at most {settings.events_max_limit}", extra={"field": "limit"}
+            f"limit must be at most {settings.events_max_limit}", extra=_names("limit")
         )
     query = EventQuery(
         aggregate=None if aggregate == "all" else aggregate,

@@ -202,7 +202,9 @@ def _with_default_model(chat: ChatRequest, services: ApiServices) -> ChatRequest
         return chat
     if services.settings.default_model:
         return chat.with_model(services.settings.default_model)
-    raise BadRequest("model is required", extra={"fields": {"model": "required"}})
+    raise BadRequest(
+        "model is required", extra={"fields": [{"field": "model", "message": "required"}]}
+    )
 
 
 class _Call:

@@ -42,13 +42,18 @@ class PublishBody(BaseModel):
     # Exact rules (and their messages) are the domain's; these bounds only refuse the absurd.
     name: str = Field(
         max_length=256,
-        description="1-64 of a-z 0-9 . _ - (starting with a letter or digit); not one of"
-        " search, reports, dismiss, feature, rate, ratings, browse, detail, publish, delete,"
-        " report",
+        description="1-64 characters of any script, case kept, spaces allowed; no control"
+        " characters or '/', not ending in @<digits>; not one of search, reports, dismiss,"
+        " feature, rate, ratings, browse, detail, publish, delete, report",
     )
-    description: str = Field("", max_length=100_000, description="At most 1000 characters")
+    description: str = Field(
+        "", max_length=100_000, description="At most skill_description_max (1000) characters"
+    )
     tags: list[Annotated[str, Field(max_length=256)]] = Field(
-        default_factory=list, max_length=256, description="At most 16; lowercased"
+        default_factory=list,
+        max_length=256,
+        description="At most 16, each 1-32 characters without control characters, '/'"
+        " or ','; lowercased",
     )
     body: str = Field(
         max_length=1_000_000, description="Skill content, 1 to skill_body_max (4096) characters"

@@ -69,7 +69,7 @@ class PreviewBody(BaseModel):
 
 def _bad(field: str, message: str) -> ValidationFailed:
     return ValidationFailed(
-        f"{field}: {message}", extra={"fields": [{"field": field, "error": message}]}
+        f"{field}: {message}", extra={"fields": [{"field": field, "message": message}]}
     )
 
 

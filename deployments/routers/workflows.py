@@ -145,8 +145,8 @@ async def _check_step_tools(
         for k, name in enumerate(named):
             if name in unknown:
                 at = f"{where}[{k}]"
-                bad = {"field": at, "error": f"no tool {name!r} (GET /tools lists yours)"}
-                raise BadRequest(f"{at}: {bad['error']}", extra={"fields": [bad]})
+                bad = {"field": at, "message": f"no tool {name!r} (GET /tools lists yours)"}
+                raise BadRequest(f"{at}: {bad['message']}", extra={"fields": [bad]})
     asked: dict[str, bool | None] = {}  # one question per model, however many steps use it
     for where, model, _ in steps:
         if model is None:
@@ -155,7 +155,7 @@ async def _check_step_tools(
             asked[model] = await gateway.takes_tools(model)
         if asked[model] is False:
             # The shape of every other field-level 400 (orchestrator/workflows/_spec.py _bad).
-            bad = {"field": where, "error": f"{model} takes no tools"}
+            bad = {"field": where, "message": f"{model} takes no tools"}
             raise BadRequest(f"{where}: {tools_refused(model)}", extra={"fields": [bad]})
 
 
@@ -178,7 +178,7 @@ async def _check_notify(spec: WorkflowSpec, channels: ChannelStore, caller: Prin
                 + ", config.".join(missing)
                 + " first (approvers: the platform users who may decide)"
             )
-        bad = {"field": where, "error": error}
+        bad = {"field": where, "message": error}
         raise BadRequest(f"{where}: {error}", extra={"fields": [bad]})
 
 

@@ -6,6 +6,7 @@ interventions' questions with Approve/Reject buttons, and the presses that decid
 
 from orchestrator.channels._approvals import Answer, InterventionDesk, InterventionPoster
 from orchestrator.channels._asks import ask_missing
+from orchestrator.channels._config import CHANNEL_TYPES, validate_config
 from orchestrator.channels._interactive import (
     Press,
     parse_slack_action,
@@ -30,12 +31,11 @@ from orchestrator.channels._platforms import (
 from orchestrator.channels._posts import PostStore
 from orchestrator.channels._relay import ChannelRelay, ChannelRunner, LocalChannels, reply_of
 from orchestrator.channels._store import (
-    CHANNEL_TYPES,
+    NO_AUDIENCE,
     Channel,
     ChannelStore,
     InboxItem,
     channel_shard,
-    validate_config,
 )
 from orchestrator.channels._verify import (
     TeamsVerifier,
@@ -56,6 +56,7 @@ from orchestrator.secret_box import secret_box
 
 __all__ = [
     "CHANNEL_TYPES",
+    "NO_AUDIENCE",
     "Answer",
     "Challenge",
     "Channel",

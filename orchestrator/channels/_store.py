@@ -1,48 +1,53 @@
-"""Channels in Postgres: per-type config validation, secrets encrypted at rest (Fernet), the
-webhook token kept as a hash, the inbox of inbound messages (deduplicated by the platform's
-delivery id) and each conversation's turns.
+"""Channels in Postgres: secrets encrypted at rest (Fernet), the webhook token kept as a
+hash, the inbox of inbound messages (deduplicated by the platform's delivery id) and each
+conversation's turns. The config is checked by type in _config.py.
 
 A channel belongs to its creator (`user_uuid`): others get a 404, admins see every channel.
-Secrets (`signing_secret`, `bot_token`, `secret_token`) are never returned: reads show them as
-`"***"`. The webhook token is shown once, when the channel is created (or its token rotated).
+Secrets (`signing_secret`, `bot_token`, `secret_token`, `app_password`) are never returned:
+reads show them as `"***"`; `webhook_url`, sealed too, is shown as set (issue 33). The
+webhook token is shown once, when the channel is created (or its token rotated).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets as pysecrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 from cryptography.fernet import Fernet, InvalidToken
 
 from orchestrator.auth import Principal
+from orchestrator.channels._config import bad_config, check_type, validate_config
 from orchestrator.egress import EgressPolicy
-from orchestrator.errors import NotFound, Unprocessable, ValidationFailed
+from orchestrator.errors import NotFound, ValidationFailed
 from orchestrator.runtime.claims import ClaimStore, Fence
 
-CHANNEL_TYPES = ("slack", "teams", "telegram", "webhook")
 STATUSES = ("active", "paused", "error")
 # `webhook_url` too: a Slack or Teams incoming-webhook URL lets anyone post to the channel.
 # `app_password`: a Teams bot's client secret (issue 32: it posts and updates approval cards).
 SECRET_KEYS = frozenset(
     {"signing_secret", "bot_token", "secret_token", "webhook_url", "app_password"}
 )
+# Kept sealed at rest like a secret, but shown as set on reads (SPEC part 4 lists it with the
+# channel's config; issue 33): `channel_mask_webhook_url` masks it instead.
+SHOWN_SECRETS = frozenset({"webhook_url"})
 REDACTED = "***"
+# A Teams channel without a token audience (its `app_id`, else the `teams_audience` setting)
+# is created, but its inbound activities are refused until one is set (issue 33).
+NO_AUDIENCE = (
+    "inbound activities are refused: no token audience to check them against;"
+    " set config.app_id (the bot's app id) or the teams_audience setting"
+)
 TOKEN_PREFIX = "chw_"
 # The claim a relay holds on an inbox item while handling it (orchestrator/runtime/claims.py),
 # keyed by the item's id.
 CLAIM_KIND = "channel_item"
 MAX_NAME = 200
-
-_TELEGRAM_TOKEN = re.compile(r"^\d{1,20}:[A-Za-z0-9_-]{20,100}$")
-_TELEGRAM_SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
 
 def now_ms() -> int:
@@ -56,168 +61,6 @@ def channel_shard(channel_id: str, shards: int) -> int:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-# --- config validation -------------------------------------------------------------------
-
-
-def _bad(field_name: str, message: str) -> ValidationFailed:
-    return ValidationFailed(
-        f"config.{field_name}: {message}",
-        extra={"fields": [{"field": f"config.{field_name}", "message": message}]},
-    )
-
-
-def _url(config: Mapping[str, Any], key: str, *, required: bool) -> None:
-    value = config.get(key)
-    if value is None:
-        if required:
-            raise _bad(key, "required (an http or https URL)")
-        return
-    if not isinstance(value, str) or len(value) > 2048 or not value.isprintable():
-        raise _bad(key, "an http or https URL")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        raise _bad(key, "an http or https URL") from None
-    if parts.scheme not in ("http", "https") or not parts.netloc or not parts.hostname:
-        raise _bad(key, "an http or https URL")
-
-
-def _string(config: Mapping[str, Any], key: str, *, required: bool, max_len: int = 512) -> None:
-    value = config.get(key)
-    if value is None:
-        if required:
-            raise _bad(key, "required")
-        return
-    if not isinstance(value, str) or not value.strip() or len(value) > max_len:
-        raise _bad(key, f"a non-empty string of at most {max_len} characters")
-    if not value.isprintable() or (key in _HEADER_VALUES and not value.isascii()):
-        raise _bad(key, "printable characters only" + (" (ASCII)" if key in _HEADER_VALUES else ""))
-
-
-_HEADER_VALUES = frozenset({"bot_token", "signing_secret"})  # sent in or keyed on headers
-
-# Issue 32: every type takes `approvers` (the platform users who may decide interventions
-# posted to it) and says where questions go: Slack `notify_channel`, Telegram
-# `notify_chat_id`, Teams `notify_conversation_id` (through the bot: `app_password`,
-# `service_url`), a generic webhook its `callback_url`.
-MAX_APPROVERS = 100
-_ALLOWED: dict[str, frozenset[str]] = {
-    "slack": frozenset(
-        {"webhook_url", "signing_secret", "bot_token", "approvers", "notify_channel"}
-    ),
-    "teams": frozenset(
-        {
-            "webhook_url",
-            "tenant_id",
-            "app_id",
-            "approvers",
-            "app_password",
-            "service_url",
-            "notify_conversation_id",
-        }
-    ),
-    "telegram": frozenset({"bot_token", "chat_ids", "secret_token", "approvers", "notify_chat_id"}),
-    "webhook": frozenset({"callback_url", "approvers"}),
-}
-_CHAT_ID = re.compile(r"-?\d{1,20}|@[A-Za-z0-9_]{1,64}")
-
-
-def check_type(kind: Any) -> str:
-    if not isinstance(kind, str) or kind not in CHANNEL_TYPES:
-        raise Unprocessable(
-            f"unsupported channel type {kind!r}: one of {', '.join(CHANNEL_TYPES)}",
-            extra={"fields": [{"field": "type", "message": "unsupported channel type"}]},
-        )
-    return kind
-
-
-def validate_config(kind: str, config: Any) -> dict[str, Any]:
-    """The config checked for its type (400 naming the field); `chat_ids` normalised to
-    strings."""
-    if not isinstance(config, dict):
-        raise ValidationFailed(
-            "config: an object", extra={"fields": [{"field": "config", "message": "an object"}]}
-        )
-    unknown = sorted(set(config) - _ALLOWED[kind])
-    if unknown:
-        raise _bad(
-            unknown[0], f"not a {kind} setting (allowed: {', '.join(sorted(_ALLOWED[kind]))})"
-        )
-    out = dict(config)
-    if "approvers" in out:
-        out["approvers"] = _approvers(out["approvers"])
-    if kind == "slack":
-        _string(out, "signing_secret", required=True)
-        _string(out, "bot_token", required=False)
-        _url(out, "webhook_url", required="bot_token" not in out)
-        _string(out, "notify_channel", required=False, max_len=64)
-        if "notify_channel" in out and "bot_token" not in out:
-            raise _bad("notify_channel", "needs bot_token (questions are posted by the bot)")
-    elif kind == "teams":
-        _url(out, "webhook_url", required=True)
-        _string(out, "tenant_id", required=True, max_len=128)
-        _string(out, "app_id", required=False, max_len=128)
-        _string(out, "app_password", required=False)
-        _url(out, "service_url", required=False)
-        _string(out, "notify_conversation_id", required=False)
-        if "notify_conversation_id" in out:
-            for needed in ("app_password", "service_url"):
-                if needed not in out:
-                    raise _bad(
-                        needed, "required with notify_conversation_id (the bot posts questions)"
-                    )
-    elif kind == "telegram":
-        token = out.get("bot_token")
-        if not isinstance(token, str) or not _TELEGRAM_TOKEN.match(token):
-            raise _bad("bot_token", "required: a Telegram bot token (<digits>:<35 characters>)")
-        chats = out.get("chat_ids")
-        if chats is not None:
-            if not isinstance(chats, list) or len(chats) > 1000:
-                raise _bad("chat_ids", "an array of chat ids (strings)")
-            normal: list[str] = []
-            for chat in chats:
-                if isinstance(chat, bool) or not isinstance(chat, str | int):
-                    raise _bad("chat_ids", "an array of chat ids (strings)")
-                text = str(chat).strip()
-                if not _CHAT_ID.fullmatch(text):
-                    raise _bad("chat_ids", f"{text!r} is not a chat id")
-                normal.append(text)
-            out["chat_ids"] = normal
-        secret = out.get("secret_token")
-        if secret is not None and (
-            not isinstance(secret, str) or not _TELEGRAM_SECRET.match(secret)
-        ):
-            raise _bad("secret_token", "1-256 characters of A-Z a-z 0-9 _ -")
-        notify = out.get("notify_chat_id")
-        if notify is not None:
-            text = "" if isinstance(notify, bool) else str(notify).strip()
-            if not isinstance(notify, str | int) or not _CHAT_ID.fullmatch(text):
-                raise _bad("notify_chat_id", "a chat id")
-            out["notify_chat_id"] = text
-    else:
-        _url(out, "callback_url", required=False)
-    return out
-
-
-def _approvers(value: Any) -> list[str]:
-    """Platform user ids (Slack `U…`, Telegram numeric ids, Teams AAD object ids, any name a
-    webhook's receiver uses), as strings, at most MAX_APPROVERS."""
-    message = f"an array of at most {MAX_APPROVERS} platform user ids (strings of 1-256)"
-    if not isinstance(value, list) or len(value) > MAX_APPROVERS:
-        raise _bad("approvers", message)
-    out: list[str] = []
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, str | int):
-            raise _bad("approvers", message)
-        text = str(item).strip()
-        if not text or len(text) > 256 or not text.isprintable():
-            raise _bad("approvers", message)
-        if text not in out:
-            out.append(text)
-    return out
 
 
 # --- records -----------------------------------------------------------------------------
@@ -237,11 +80,13 @@ class Channel:
     created_at: int
     updated_at: int
 
-    def wire(self) -> dict[str, Any]:
-        """As the API shows it: secrets redacted, the receiver path without its token."""
+    def wire(self, *, mask_webhook_url: bool = False) -> dict[str, Any]:
+        """As the API shows it: secrets redacted (`webhook_url` shown as set unless
+        `mask_webhook_url`), the receiver path without its token."""
         shown = dict(self.config)
-        for key in self.secrets:
-            shown[key] = REDACTED
+        for key, value in self.secrets.items():
+            visible = key in SHOWN_SECRETS and not mask_webhook_url
+            shown[key] = value if visible else REDACTED
         return {
             "id": self.id,
             "type": self.type,
@@ -306,18 +151,15 @@ class ChannelStore:
         for key in ("webhook_url", "callback_url", "service_url"):
             url = config.get(key)
             if isinstance(url, str) and self._egress.literal_refused(url):
-                raise _bad(
+                raise bad_config(
                     key,
                     "a private, loopback, link-local or metadata address is not allowed "
                     "(outbound_allowed_cidrs)",
                 )
 
-    def _check_teams(self, kind: str, config: Mapping[str, Any]) -> None:
-        if kind == "teams" and not config.get("app_id") and not self._teams_audience:
-            raise _bad(
-                "app_id",
-                "required: the bot's app id (the token audience), unless teams_audience is set",
-            )
+    def _audience_missing(self, kind: str, config: Mapping[str, Any]) -> bool:
+        """A Teams channel with no token audience: created, its inbound refused."""
+        return kind == "teams" and not config.get("app_id") and not self._teams_audience
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -370,15 +212,14 @@ class ChannelStore:
         kind = check_type(kind)
         name = _name(name)
         checked = validate_config(kind, config)
-        self._check_teams(kind, checked)
         self._check_destinations(checked)
         plain, hidden = self._split(checked)
         token = TOKEN_PREFIX + pysecrets.token_urlsafe(32)
         ts = now_ms()
         row = await self._pool.fetchrow(
             "INSERT INTO channels (id, user_uuid, type, name, config, secrets, token_hash,"
-            " created_at, updated_at) VALUES ('ch-' || nextval('channel_seq'), $1, $2, $3,"
-            f" $4::jsonb, $5, $6, $7, $7) RETURNING {_CHANNEL_COLUMNS}",
+            " created_at, updated_at, last_error) VALUES ('ch-' || nextval('channel_seq'), $1,"
+            f" $2, $3, $4::jsonb, $5, $6, $7, $7, $8) RETURNING {_CHANNEL_COLUMNS}",
             principal.user_uuid,
             kind,
             name,
@@ -386,6 +227,7 @@ class ChannelStore:
             self._seal(hidden),
             hash_token(token),
             ts,
+            NO_AUDIENCE if self._audience_missing(kind, checked) else None,
         )
         return self._channel(row), token
 
@@ -449,8 +291,12 @@ class ChannelStore:
                     elif not (key in SECRET_KEYS and value == REDACTED):
                         merged[key] = value
             checked = validate_config(current.type, merged)
-            self._check_teams(current.type, checked)
             self._check_destinations(checked)
+            last_error = current.last_error
+            if self._audience_missing(current.type, checked):
+                last_error = NO_AUDIENCE
+            elif last_error == NO_AUDIENCE:
+                last_error = None  # an audience is configured now
             plain, hidden = self._split(checked)
             new_status = current.status
             failures = current.failures
@@ -466,8 +312,8 @@ class ChannelStore:
             token = TOKEN_PREFIX + pysecrets.token_urlsafe(32) if rotate_token else None
             row = await conn.fetchrow(
                 "UPDATE channels SET name = $2, config = $3::jsonb, secrets = $4, status = $5,"
-                " failures = $6, token_hash = coalesce($7, token_hash), updated_at = $8"
-                f" WHERE id = $1 RETURNING {_CHANNEL_COLUMNS}",
+                " failures = $6, token_hash = coalesce($7, token_hash), updated_at = $8,"
+                f" last_error = $9 WHERE id = $1 RETURNING {_CHANNEL_COLUMNS}",
                 channel_id,
                 current.name if name is None else _name(name),
                 json.dumps(plain),
@@ -476,6 +322,7 @@ class ChannelStore:
                 failures,
                 hash_token(token) if token else None,
                 now_ms(),
+                last_error,
             )
         return self._channel(row), token
 
@@ -490,6 +337,17 @@ class ChannelStore:
         return self._channel(row) if row is not None else None
 
     # --- delivery health -------------------------------------------------------------------
+
+    async def inbound_refused(self, channel_id: str, error: str) -> None:
+        """Say on the channel why its inbound deliveries are refused (`last_error`); its
+        status and failure count are the outbound side's."""
+        await self._pool.execute(
+            "UPDATE channels SET last_error = $2, updated_at = $3"
+            " WHERE id = $1 AND last_error IS DISTINCT FROM $2",
+            channel_id,
+            error[:1000],
+            now_ms(),
+        )
 
     async def delivered(self, channel_id: str) -> None:
         await self._pool.execute(

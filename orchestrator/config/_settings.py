@@ -533,6 +533,10 @@ class Settings(BaseSettings):
     )
     teams_issuer: str = Field("https://api.botframework.com", description="Teams JWT issuer")
     teams_audience: str | None = Field(None, description="Teams JWT audience (the bot's app id)")
+    channel_mask_webhook_url: bool = Field(
+        False,
+        description="Show a channel's webhook_url as *** on reads (the spec shows it as set)",
+    )
     channel_api_base_urls: dict[str, str] = Field(
         default_factory=dict, description="Platform API base URLs, e.g. {telegram: ...}"
     )
@@ -611,6 +615,9 @@ class Settings(BaseSettings):
     # --- marketplace and events (SPEC part 8) --------------------------------------------
     marketplace_publish_per_hour: int = Field(10, ge=0, description="Publishes per user per hour")
     skill_body_max: int = Field(4096, ge=1, description="Longest skill body")
+    skill_description_max: int = Field(
+        1000, ge=0, description="Longest skill description, in characters"
+    )
     marketplace_browse_limit: int = Field(50, ge=1, description="Browse page default")
     events_limit: int = Field(100, ge=1, description="GET /events page default")
     events_max_limit: int = Field(1000, ge=1, description="GET /events largest page")

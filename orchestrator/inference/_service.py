@@ -181,7 +181,10 @@ class InferenceService:
         if self._local is None:
             raise ServiceUnavailable(NO_LOCAL_INFERENCE)
         if not request.model.strip():
-            raise BadRequest("model must name a model", extra={"fields": ["model"]})
+            raise BadRequest(
+                "model must name a model",
+                extra={"fields": [{"field": "model", "message": "not a model"}]},
+            )
         model = await self.resolve_model(request.model)
         assert model.path is not None  # resolve_model returns local models only
         s = self._settings

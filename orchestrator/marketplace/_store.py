@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,15 +37,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SKILL_BODY_LIMIT = 4096  # SPEC part 8; the table's CHECK holds the same ceiling
-DESCRIPTION_MAX = 1000
+DESCRIPTION_MAX = 1000  # skill_description_max's default
+NAME_MAX = 64
+TAG_MAX = 32
 REASON_MAX = 1000
 QUERY_MAX = 500
 MAX_TAGS = 16
 HOUR_MS = 3_600_000
 PUBLISH_LOCK = 947740  # with hashtext(author): serialises one author's publishes
 
-NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-TAG_PATTERN = re.compile(r"[a-z0-9][a-z0-9._+#-]{0,31}")
+# Names and tags are what clients send (issue 33): any letters of any script, mixed case,
+# spaces; refused are control characters (Unicode category C*: they corrupt logs and
+# terminals), `/` (it separates a reference's author and a path's segments) and, for tags,
+# `,` (the browse filter's separator).
+_NAME_REFUSED = "/"
+_TAG_REFUSED = "/,"
+# `name@<digits>` at the end of a reference is its version, so a name may not end so.
+_LOOKS_VERSIONED = re.compile(r".*@[0-9]*", re.DOTALL)
 
 # SPEC part 4's reserved names, plus this API's other path words, so that a shorter
 # `/marketplace/<name>` route can be added later without any skill shadowing a literal one.
@@ -59,7 +68,7 @@ _ITEM = "s.name, s.author, s.description, s.tags, s.downloads, s.version"
 _DETAIL = f"{_ITEM}, s.body, s.created_at, s.updated_at"
 # A skill reference: author (a user_uuid: no `/`), name, version (a positive integer).
 SKILL_REF = re.compile(
-    r"(?:(?P<author>[^/\s\x00]{1,200})/)?(?P<name>[a-z0-9][a-z0-9._-]{0,63})"
+    r"(?:(?P<author>[^/\s\x00]{1,200})/)?(?P<name>[^/\x00-\x1f\x7f]{1,64}?)"
     r"(?:@(?P<version>[1-9][0-9]{0,8}))?"
 )
 REF_GRAMMAR = "name, name@<version>, <author>/name or <author>/name@<version>"
@@ -82,31 +91,50 @@ def _no_nul(field: str, value: str) -> str:
     return value
 
 
+def _text(value: str) -> str:
+    """`value` as stored: NFC (one spelling of each accented letter), surrounding
+    whitespace trimmed."""
+    return unicodedata.normalize("NFC", value).strip()
+
+
+def _bad_char(value: str, refused: str) -> str | None:
+    for ch in value:
+        if ch in refused or unicodedata.category(ch).startswith("C"):
+            return ch
+    return None
+
+
 def check_name(name: str) -> str:
-    """A publishable skill name: lowercase letters, digits, `.`, `_`, `-` (1-64, starting
-    with a letter or digit), not a reserved word."""
-    if name.lower() in RESERVED_NAMES:
+    """A publishable skill name as the client sent it (NFC, trimmed): 1-64 characters of any
+    script, case kept, spaces allowed; no control characters, no `/`, not ending in
+    `@<digits>` (a reference's version), not a reserved word (case-insensitive)."""
+    name = _text(name)
+    if name.casefold() in RESERVED_NAMES:
         raise _invalid("name", f"{name!r} is reserved ({', '.join(sorted(RESERVED_NAMES))})")
-    if not NAME_PATTERN.fullmatch(name):
-        raise _invalid(
-            "name",
-            "1-64 characters: lowercase letters, digits, '.', '_' or '-',"
-            " starting with a letter or digit",
-        )
+    if not 1 <= len(name) <= NAME_MAX:
+        raise _invalid("name", f"{len(name)} characters, 1-{NAME_MAX}")
+    bad = _bad_char(name, _NAME_REFUSED)
+    if bad is not None:
+        raise _invalid("name", f"{bad!r} is not allowed (no control characters or '/')")
+    if name in (".", ".."):  # a path's dot segments: clients resolve them away
+        raise _invalid("name", f"{name!r} is not allowed (a path's dot segment)")
+    if _LOOKS_VERSIONED.fullmatch(name):
+        raise _invalid("name", "must not end in '@' or @<digits> (a reference's version)")
     return name
 
 
 def normalize_tags(tags: Sequence[str], field: str = "tags") -> list[str]:
-    """Tags trimmed and lowercased, duplicates dropped (first kept), each 1-32 characters of
-    letters, digits and `._+#-`; at most MAX_TAGS."""
+    """Tags trimmed (NFC) and lowercased, so that a filter matches whatever case a client
+    used; duplicates dropped (first kept); each 1-32 characters of any script, spaces
+    allowed, no control characters, `/` or `,`; at most MAX_TAGS."""
     out: list[str] = []
     for raw in tags:
-        tag = raw.strip().lower()
-        if not TAG_PATTERN.fullmatch(tag):
+        tag = _text(raw).lower()
+        bad = _bad_char(tag, _TAG_REFUSED)
+        if not 1 <= len(tag) <= TAG_MAX or bad is not None:
             raise _invalid(
                 field,
-                f"tag {raw[:40]!r}: 1-32 characters of letters, digits, '.', '_', '+', '#'"
-                " or '-', starting with a letter or digit",
+                f"tag {raw[:40]!r}: 1-{TAG_MAX} characters, no control characters, '/' or ','",
             )
         if tag not in out:
             out.append(tag)
@@ -256,10 +284,13 @@ def parse_skill_ref(ref: str) -> tuple[str | None, str, int | None]:
     """`(author, name, version)` of a skill reference; a ValidationFailed naming it when it
     is not one."""
     found = SKILL_REF.fullmatch(ref) if isinstance(ref, str) else None
+    # A name no skill may have (`pdf@`, `pdf@0`): not a reference, rather than "not found".
+    if found is not None and _LOOKS_VERSIONED.fullmatch(found.group("name")):
+        found = None
     if found is None:
         raise _unpinnable(str(ref)[:300], f"not a skill reference ({REF_GRAMMAR})")
     version = found.group("version")
-    return found.group("author"), found.group("name"), int(version) if version else None
+    return found.group("author"), _text(found.group("name")), int(version) if version else None
 
 
 class Marketplace:
@@ -272,6 +303,7 @@ class Marketplace:
         publish_per_hour: int,
         body_max: int = SKILL_BODY_LIMIT,
         browse_limit: int = 50,
+        description_max: int = DESCRIPTION_MAX,
     ) -> None:
         if body_max > SKILL_BODY_LIMIT:
             log.warning(
@@ -284,6 +316,7 @@ class Marketplace:
         self.publish_per_hour = publish_per_hour
         self.body_max = min(body_max, SKILL_BODY_LIMIT)
         self.browse_limit = browse_limit
+        self.description_max = description_max
 
     @classmethod
     def of(cls, pool: asyncpg.Pool, settings: Settings) -> Marketplace:
@@ -293,6 +326,7 @@ class Marketplace:
             publish_per_hour=settings.marketplace_publish_per_hour,
             body_max=settings.skill_body_max,
             browse_limit=settings.marketplace_browse_limit,
+            description_max=settings.skill_description_max,
         )
 
     # --- reads --------------------------------------------------------------------------
@@ -441,9 +475,11 @@ class Marketplace:
     def _check_draft(self, draft: SkillDraft) -> tuple[str, str, list[str], str]:
         name = check_name(draft.name)
         description = _no_nul("description", draft.description)
-        if len(description) > DESCRIPTION_MAX:
+        if len(description) > self.description_max:
             raise _invalid(
-                "description", f"{len(description)} characters, at most {DESCRIPTION_MAX}"
+                "description",
+                f"{len(description)} characters, at most {self.description_max}"
+                " (skill_description_max)",
             )
         body = _no_nul("body", draft.body)
         if not body.strip():

@@ -126,14 +126,20 @@ class EmbeddingLimits:
             raise BadRequest(
                 f"input: {count} items; at most {self.max_inputs} per request"
                 " (embedding_max_inputs)",
-                extra={"fields": {"input": "max"}, "limit": "embedding_max_inputs"},
+                extra={
+                    "fields": [{"field": "input", "message": "max"}],
+                    "limit": "embedding_max_inputs",
+                },
             )
 
     def too_many_tokens(self, counted: str) -> BadRequest:
         return BadRequest(
             f"input: {counted} tokens; at most {self.max_request_tokens} per request"
             f" ({self.tokens_setting}): split the input into several requests",
-            extra={"fields": {"input": "max_tokens"}, "limit": self.tokens_setting},
+            extra={
+                "fields": [{"field": "input", "message": "max_tokens"}],
+                "limit": self.tokens_setting,
+            },
         )
 
 

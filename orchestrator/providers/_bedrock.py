@@ -428,7 +428,7 @@ def _no_dimensions(model_id: str) -> BadRequest:
     return BadRequest(
         f"dimensions: {model_id} makes vectors of one size only (Titan Text Embeddings v2"
         " takes 256, 512 or 1024)",
-        extra={"fields": {"dimensions": "unsupported"}},
+        extra={"fields": [{"field": "dimensions", "message": "unsupported"}]},
     )
 
 

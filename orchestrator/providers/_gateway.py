@@ -257,7 +257,9 @@ class Gateway:
         """Who serves `model`, in order; with `fallback`, then who serves each of its
         `fallback_models`."""
         if not model:
-            raise BadRequest("model is required", extra={"fields": {"model": "required"}})
+            raise BadRequest(
+                "model is required", extra={"fields": [{"field": "model", "message": "required"}]}
+            )
         out: list[Route] = []
         seen: set[tuple[str, str]] = set()
         fallbacks = self._settings.fallback_models.get(model, ()) if fallback else ()

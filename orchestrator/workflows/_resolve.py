@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from orchestrator.errors import NotFound, ValidationFailed
+from orchestrator.errors import NotFound
 from orchestrator.workflows._spec import SpecLimits, StepSpec, WorkflowSpec, _bad, fill_template
 
 
@@ -62,16 +62,13 @@ async def _resolve(
     template = body.get("template")
     variables = body.get("variables")
     if variables is not None and not isinstance(variables, dict):
-        raise ValidationFailed(f"{where}variables: an object", extra={"field": f"{where}variables"})
+        raise _bad(f"{where}variables", "an object")
     room = limits.max_chars - tally.chars if limits is not None else None
     if template is not None:
         if body.get("steps") is not None:
-            raise ValidationFailed(
-                f"{where}steps: give either steps or template, not both",
-                extra={"field": f"{where}steps"},
-            )
+            raise _bad(f"{where}steps", "give either steps or template, not both")
         if not isinstance(template, str) or not template:
-            raise ValidationFailed(f"{where}template: a template name")
+            raise _bad(f"{where}template", "a template name")
         tally.templates += 1
         if limits is not None and tally.templates > limits.max_templates:
             raise _bad(

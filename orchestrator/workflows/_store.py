@@ -105,7 +105,7 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
                 f"{field}: {message}",
                 extra={
                     "limit": "workflow_max_live_per_user",
-                    "fields": [{"field": field, "error": message}],
+                    "fields": [{"field": field, "message": message}],
                 },
             )
         # The lock's wait is bounded (a user's creations queued behind each other would

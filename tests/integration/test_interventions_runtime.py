@@ -439,7 +439,7 @@ async def test_notify_names_a_visible_channel_with_approvers(service: Service) -
     channel = made.json()["data"]["id"]
     steps[0]["notify"] = {"channel_id": channel}
     r = await c.post("/workflows", headers=ADMIN, json={"name": "w", "steps": steps})
-    assert r.status_code == 400 and "approvers" in r.json()["fields"][0]["error"], r.text
+    assert r.status_code == 400 and "approvers" in r.json()["fields"][0]["message"], r.text
     put = await c.put(
         f"/channels/{channel}", headers=ADMIN, json={"config": {**hook, "approvers": ["ops"]}}
     )

@@ -134,7 +134,7 @@ async def test_publish_rejects_reserved_names_long_bodies_and_bad_input(
     r = await _publish(api, ann, "too-long", body="x" * 4097)
     assert r.status_code == 400 and "4097 characters, at most 4096" in r.json()["error"]
     assert (await _publish(api, ann, "just-fits", body="é" * 4096)).status_code == 200
-    bad_names = ["", "Bad", "has space", "-dash-first", "a/b", "a" * 65, "naïve", "x\x00y"]
+    bad_names = ["", "  ", "a/b", "a" * 65, "x\x00y", "tab\tin", "bell\x07", "v@2", "\u200e"]
     for name in bad_names:
         r = await _publish(api, ann, name)
         assert r.status_code == 400 and r.json()["fields"][0]["field"] == "name", name
@@ -142,7 +142,10 @@ async def test_publish_rejects_reserved_names_long_bodies_and_bad_input(
         {"name": "ok-name", "body": "   "},  # empty body
         {"name": "ok-name"},  # body missing
         {"name": "ok-name", "body": "b", "tags": [f"t{i}" for i in range(17)]},
-        {"name": "ok-name", "body": "b", "tags": ["no spaces"]},
+        {"name": "ok-name", "body": "b", "tags": ["no/slash"]},
+        {"name": "ok-name", "body": "b", "tags": ["no,comma"]},
+        {"name": "ok-name", "body": "b", "tags": ["ctl\x01"]},
+        {"name": "ok-name", "body": "b", "tags": ["t" * 33]},
         {"name": "ok-name", "body": "b", "tags": "a,b"},  # not an array
         {"name": "ok-name", "body": "b", "description": "d" * 1001},
         {"name": "ok-name", "body": "b", "description": "nul\x00"},
@@ -243,7 +246,7 @@ async def test_browse_orders_filters_and_pages(api: httpx.AsyncClient) -> None:
         {"limit": 1001},
         {"offset": -1},
         {"limit": "ten"},
-        {"tags": "bad tag"},
+        {"tags": "bad/tag"},
     ):
         r = await api.get("/marketplace/browse", headers=ann, params=params)
         assert r.status_code == 400, params
@@ -530,3 +533,43 @@ async def test_search_finds_any_part_of_a_name(api: httpx.AsyncClient) -> None:
     assert await _names(api, ann, "/marketplace/search", q="counts") == ["zebrafish-d7a2fd37-skill"]
     # LIKE metacharacters are plain text.
     assert await _names(api, ann, "/marketplace/search", q="%") == []
+
+
+async def test_names_and_tags_as_clients_send_them(api: httpx.AsyncClient) -> None:
+    """Issue 33: mixed case, spaces and letters of any script are a name and tags; they are
+    found again by detail, browse's tag filter (any case), search and a workflow reference."""
+    ann = await _user(api, "ann")
+    for name, tags in [
+        ("PDF Reader", ["Documents", "Data Science"]),
+        ("naïve Bayes", ["Statistik", "données"]),
+        ("要約ツール", ["日本語", "テキスト"]),
+        ("Ünïcødé-2.0 (beta)", ["C#", "C++"]),
+    ]:
+        r = await _publish(api, ann, name, tags=tags, description="reads things")
+        assert r.status_code == 200, (name, r.text)
+        got = await api.get(f"/marketplace/detail/{name}", headers=ann)
+        assert got.status_code == 200, (name, got.text)
+        assert got.json()["name"] == name
+        assert got.json()["tags"] == [t.lower() for t in tags]
+    r = await api.get("/marketplace/browse", headers=ann, params={"tags": "DATA SCIENCE"})
+    assert [i["name"] for i in r.json()["items"]] == ["PDF Reader"]
+    r = await api.get("/marketplace/browse", headers=ann, params={"tags": "日本語"})
+    assert [i["name"] for i in r.json()["items"]] == ["要約ツール"]
+    r = await api.get("/marketplace/search", headers=ann, params={"q": "要約"})
+    assert "要約ツール" in [i["name"] for i in r.json()["items"]], r.text
+    # Surrounding whitespace is trimmed: the same skill, version 2.
+    r = await _publish(api, ann, "  PDF Reader ")
+    assert r.status_code == 200 and r.json()["version"] == "2", r.text
+
+
+async def test_the_description_limit_is_a_setting(make_settings: Any) -> None:
+    async with ServedApp(make_settings(rate_limit_per_minute=0, skill_description_max=20)) as s:
+        async with httpx.AsyncClient(base_url=f"{s.url}/api/v1", timeout=30) as api:
+            ann = await _user(api, "ann")
+            assert (await _publish(api, ann, "short", description="d" * 20)).status_code == 200
+            r = await _publish(api, ann, "long", description="d" * 21)
+            assert r.status_code == 400, r.text
+            assert r.json()["fields"] == [
+                {"field": "description", "message": r.json()["error"].split(": ", 1)[1]}
+            ]
+            assert "skill_description_max" in r.json()["error"]

@@ -88,8 +88,11 @@ async def test_pin_refuses_naming_the_reference(market: Marketplace) -> None:
     assert ambiguous.extra["authors"] == [ANN.user_uuid, BOB.user_uuid]
     assert ANN.user_uuid in ambiguous.message and BOB.user_uuid in ambiguous.message
     assert (await refused("pdf@1")).extra["authors"] == [ANN.user_uuid, BOB.user_uuid]
-    for bad in ("", "PDF", "pdf@", "pdf@0", "pdf@x", "a/b/pdf", "/pdf", "pdf 1", "a\x00/pdf"):
+    for bad in ("", "pdf@", "pdf@0", "a/b/pdf", "/pdf", "a\x00/pdf", "pdf\x01"):
         assert "not a skill reference" in (await refused(bad)).message
+    # Names are as clients send them (issue 33): these are references to no skill.
+    for unknown in ("PDF", "pdf@x", "pdf 1"):
+        assert "no skill named" in (await refused(unknown)).message
 
 
 async def test_versions_go_with_their_skill(market: Marketplace, db: Database) -> None:
