@@ -99,6 +99,7 @@ ACTOR_SETTINGS: tuple[str, ...] = (
     "memory_key_scope",
     "outbound_allowed_cidrs",
     "skill_body_max",
+    "skill_description_max",
     "workspace_isolation",
     "workspace_max_file_bytes",
     # Workflows (the shards).

@@ -83,8 +83,9 @@ async def test_a_changed_token_stops_working_on_every_replica_within_a_second(
         # Replica B was not told by anyone but Postgres.
         elapsed = await rejected_within(auth_b, header, REVOCATION_BOUND_S)
         assert elapsed < REVOCATION_BOUND_S
-        with pytest.raises(Unauthorized):
-            await auth_a.authenticate(header)
+        # Replica A hears it the same way (a bare TokenStore does not drop A's cache itself):
+        # on a loaded machine its notification may land a moment after B's.
+        assert await rejected_within(auth_a, header, REVOCATION_BOUND_S) < REVOCATION_BOUND_S
 
 
 async def test_the_cache_is_dropped_when_the_listener_reconnects(database_url: str) -> None:
