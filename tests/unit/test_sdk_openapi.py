@@ -52,6 +52,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/interventions/{intervention_id}"): "intervention",
     ("POST", "/interventions/{intervention_id}/approve"): "approve_intervention",
     ("POST", "/interventions/{intervention_id}/reject"): "reject_intervention",
+    ("GET", "/teams/{team_id}"): "team",
     ("POST", "/workflows/{workflow_id}/steps/{step}/retry"): "retry_step",
     ("POST", "/workflows/{workflow_id}/steps/{step}/skip"): "skip_step",
     ("POST", "/workflows/{workflow_id}/resume"): "resume_workflow",
