@@ -157,7 +157,7 @@ function Team({ team }) {
       { key: "left_at", label: "Left", render: (m) => (m.left_at ? html`<${Time} ms=${m.left_at} />` : "") },
     ]} />
     <${Table} testid="team-mail" rows=${team.mail} rowKey=${(m) => m.id} empty="No mail yet." columns=${[
-      { key: "from", label: "From" },
+      { key: "sender", label: "From", render: (m) => m.from },
       { key: "to", label: "To" },
       { key: "size", label: "Bytes" },
       { key: "sent_at", label: "Sent", render: (m) => html`<${Time} ms=${m.sent_at} />` },
