@@ -28,6 +28,7 @@ from orchestrator.services import AgentWorkerServices, build_services
 
 if TYPE_CHECKING:
     from orchestrator.agents import AgentRunner
+    from orchestrator.events import EventStore
     from orchestrator.memory import MemoryStore
     from orchestrator.runtime.fair_queue import FairAdmission
 
@@ -74,6 +75,9 @@ class AgentWorker(ActorHost):
         # crashed), busy or idle. Recorded once, at the first start that can write it.
         self._crash_to_record = ray.get_runtime_context().was_current_actor_reconstructed
         self._memory: MemoryStore | None = None  # the booted services' (settled on drain)
+        # Team members (issue 33) go to the pool from here, as step tasks do from a shard.
+        self._events: EventStore | None = None
+        self._members: RayDispatcher | None = None
         self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
@@ -92,8 +96,9 @@ class AgentWorker(ActorHost):
             opened,
             recorder=self._recorder,
             supervisor=self._supervisor,
+            dispatch=self._dispatch_member,
         )
-        events = services.events
+        events = self._events = services.events
         started = [NewEvent("worker.spawned", {"worker_id": self._id, "pid": os.getpid()})]
         if self._crash_to_record:
             # Once per death, by the one who knows; a task it was running is recorded by
@@ -110,6 +115,13 @@ class AgentWorker(ActorHost):
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
         self._memory = services.memory
         return services.runner
+
+    async def _dispatch_member(self, task: AgentTask) -> TaskResult:
+        """A team member's task (issue 33), sent to the pool the way step tasks are."""
+        if self._members is None:
+            assert self._events is not None, "dispatched before the services were built"
+            self._members = RayDispatcher(self._settings, self._events, self._generation)
+        return await self._members.run(task)
 
     def _before_flush(self) -> None:
         self._recorder.active_workers(1 if self._admission.running else 0)

@@ -102,6 +102,11 @@ ACTOR_SETTINGS: tuple[str, ...] = (
     "skill_description_max",
     "workspace_isolation",
     "workspace_max_file_bytes",
+    # Agent teams (issue 33: the workers' team tools).
+    "team_max_mails",
+    "team_max_message_bytes",
+    "team_receive_max_s",
+    "team_receive_poll_s",
     # Workflows (the shards).
     "intervention_timeout_s",
     "step_max_skills",

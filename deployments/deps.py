@@ -46,6 +46,7 @@ from orchestrator.observability import MetricsPusher, SloTargets
 from orchestrator.providers import Gateway, InferenceLog
 from orchestrator.scheduler import JobStore
 from orchestrator.services import ApiServices, MetricsHub, WorkflowRunner
+from orchestrator.teams import TeamStore
 from orchestrator.tools import ToolCatalog, ToolStore
 from orchestrator.toolset import AgentToolClients
 from orchestrator.workflows import WorkflowStore
@@ -123,6 +124,7 @@ Channels = Annotated[ChannelStore, _service("channels")]
 ChannelDriver = Annotated[ChannelRunner, _service("channel_runner")]
 ChannelLimits = Annotated[InboundLimits, _service("channel_limits")]
 TeamsVerifierCache = Annotated[TeamsVerifiers, _service("teams_verifiers")]
+TeamRecords = Annotated[TeamStore, _service("teams")]
 Tools = Annotated[ToolStore, _service("tool_store")]
 Catalog = Annotated[ToolCatalog, _service("tool_catalog")]
 ToolClients = Annotated[AgentToolClients, _service("tool_clients")]

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 
 from orchestrator._lazy import lazy_exports
 from orchestrator.agents._task import (
+    COORDINATOR,
     MODES,
     AgentTask,
     TaskDispatcher,
     TaskResult,
     TaskStatus,
+    TeamSeat,
     created_event,
     tools_refused,
 )
@@ -63,6 +65,7 @@ __getattr__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "COORDINATOR",
     "MODES",
     "AgentRunner",
     "AgentTask",
@@ -75,6 +78,7 @@ __all__ = [
     "TaskResult",
     "TaskStatus",
     "TaskTools",
+    "TeamSeat",
     "Tool",
     "ToolContext",
     "ToolFailed",

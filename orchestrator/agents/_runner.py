@@ -31,6 +31,7 @@ the task's timeout or the turn limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -53,6 +54,7 @@ from orchestrator.agents._task import (
 from orchestrator.agents._tools import (
     FixedTools,
     Gate,
+    TeamRoom,
     Tool,
     ToolContext,
     ToolFailed,
@@ -158,7 +160,7 @@ class AgentRunner:
         loop = _Loop(self, task, emitter)
         waits_for: str | None = None
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout), self._team(task, worker_id) as loop.team:
                 result = await loop.run()
         except TaskParked as parked:
             status, waits_for = "waiting", parked.intervention_id
@@ -188,6 +190,16 @@ class AgentRunner:
             emitter.add("worker.task_failed", error=failure, status=outcome.status, **common)
         await emitter.flush()  # the outcome is durable (with everything before it)
         return outcome
+
+    def _team(
+        self, task: AgentTask, worker_id: str
+    ) -> contextlib.AbstractAsyncContextManager[TeamRoom | None]:
+        """Its agent team while it runs (issue 33): a coordinator's run opens it and, ending,
+        stops its members (orchestrator/teams)."""
+        host = self._services.get("teams")
+        if task.team is None or host is None:
+            return contextlib.nullcontext()
+        return host.session(task, worker_id)  # type: ignore[no-any-return]
 
 
 class Emitter:
@@ -246,6 +258,7 @@ class _Loop:
         self.allowed: set[str] = set()
         self.model = ""
         self.max_tokens = 0
+        self.team: TeamRoom | None = None
 
     def _opening(self) -> str:
         parts = [f"## {label}\n{text}" for label, text in self.task.context]
@@ -256,13 +269,15 @@ class _Loop:
         parts = [MODES.get(self.task.mode, MODES["general"])]
         # Marketplace skills pinned to the step: instructions after the mode's.
         parts.extend(f"## Skill: {label}\n{body}" for label, body in self.task.skills)
+        if self.team is not None:
+            parts.append(self.team.note)
         parts.append("When you are done, reply with the final answer only, no tool call.")
         return "\n\n".join(parts)
 
     async def _load_tools(self) -> None:
         """The task's tools: its user's (MCP, HTTP) with the service's, those of its step's
-        list, less what the policy denies (a denied tool is not offered; a call of it is
-        still refused and audited)."""
+        list and its team's (issue 33), less what the policy denies (a denied tool is not
+        offered; a call of it is still refused and audited)."""
         try:
             tools = await self.runner._tools.for_task(self.task.user_uuid)
         except (OrchestratorError, OSError, asyncpg.PostgresError) as exc:
@@ -271,6 +286,10 @@ class _Loop:
             raise TaskFailed(f"could not read the task's tools: {exc}") from exc
         self.registry, self.gate = tools.registry, tools.gate
         offered = self.registry.offered(self.task.tools)
+        if self.team is not None:
+            own = [t for t in self.team.tools() if self.registry.get(t.name) is None]
+            self.registry = self.registry.extended(own)
+            offered.extend(own)
         if self.gate is not None:
             offered = [t for t in offered if self.gate.decide(t.name).allowed]
         self.offered = offered

@@ -41,6 +41,24 @@ MODES: dict[str, str] = {
 TaskStatus = Literal["completed", "failed", "timeout", "waiting"]
 
 
+COORDINATOR = "coordinator"
+
+
+@dataclass(frozen=True, slots=True)
+class TeamSeat:
+    """A task's place in an agent team (issue 33, orchestrator/teams): the coordinator of a
+    `coordinate` step with `team` (its run opens the team, keyed by the workflow and step:
+    `team_id` None) or a member (`member` its name in team `team_id`)."""
+
+    member: str = COORDINATOR
+    max_members: int = 4
+    team_id: str | None = None
+
+    @property
+    def coordinates(self) -> bool:
+        return self.member == COORDINATOR
+
+
 @dataclass(frozen=True, slots=True)
 class AgentTask:
     """One unit of agent work. `user_uuid` is the creator's: every event, tool call and
@@ -67,6 +85,7 @@ class AgentTask:
     notify_channel: str | None = None  # the channel the question is posted to (`notify`)
     approval_timeout_s: int | None = None  # None: settings.intervention_timeout_s
     resume: str | None = None  # the decided intervention this run continues
+    team: TeamSeat | None = None  # in an agent team (issue 33): its team tools
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,6 +171,16 @@ class ToolSource(Protocol):
     async def for_task(self, user_uuid: str) -> TaskTools: ...
 
 
+class TeamRoom(Protocol):
+    """A task's place in its agent team (issue 33, orchestrator/teams): the team tools it
+    gets beside its step's, and what its system prompt says about them."""
+
+    @property
+    def note(self) -> str: ...
+
+    def tools(self) -> list[Tool]: ...
+
+
 class FixedTools:
     """The same tools for every task, no policy (tests, hosts without a tool store)."""
 

@@ -295,6 +295,17 @@ class Settings(BaseSettings):
     agent_task_timeout_s: float = Field(
         300.0, gt=0, description="Task timeout when a step gives none"
     )
+    # Agent teams (issue 33): a coordinate step's team, its mailboxes and their bounds.
+    team_max_mails: int = Field(200, ge=1, description="Mails one team may send in all")
+    team_max_message_bytes: int = Field(
+        16_384, ge=1, le=1_048_576, description="Largest team mail, bytes of UTF-8"
+    )
+    team_receive_max_s: float = Field(
+        60.0, gt=0, le=3600, description="Longest wait of one team_receive call"
+    )
+    team_receive_poll_s: float = Field(
+        1.0, gt=0, le=60, description="team_receive looks for mail this often without NOTIFY"
+    )
     intervention_timeout_s: int = Field(
         86_400,
         ge=60,

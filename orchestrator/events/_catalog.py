@@ -513,9 +513,27 @@ _TYPES: tuple[EventType, ...] = (
         name=_opt(str),
         members=_opt(list[str]),
         created_by=_opt(str),
+        workflow_id=_opt(str),  # a team belongs to a coordinate step (issue 33)
+        step=_opt(str),
+        max_members=_opt(Count),
     ),
-    _declare("team.member_joined", "team_id", TeamData, member=_opt(str), role=_opt(str)),
-    _declare("team.member_left", "team_id", TeamData, member=_opt(str), reason=_opt(str)),
+    _declare(
+        "team.member_joined",
+        "team_id",
+        TeamData,
+        member=_opt(str),
+        role=_opt(str),
+        task_id=_opt(str),  # the member's own agent task
+        tools=_opt(list[str]),
+    ),
+    _declare(
+        "team.member_left",
+        "team_id",
+        TeamData,
+        member=_opt(str),
+        reason=_opt(str),
+        why=_opt(Literal["dismissed", "finished", "failed", "stopped"]),
+    ),
     _declare(
         "team.mail_sent",
         "team_id",
@@ -525,6 +543,7 @@ _TYPES: tuple[EventType, ...] = (
         to=_opt(str | list[str]),
         subject=_opt(str),
         message_id=_opt(str),
+        size=_opt(Count),  # bytes of the message; its text is never in an event
     ),
     _declare("team.destroyed", "team_id", TeamData, reason=_opt(str)),
 )

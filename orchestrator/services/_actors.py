@@ -12,9 +12,11 @@ from orchestrator.events import EventStore
 from orchestrator.services._core import Core, _fields
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     import httpx
 
-    from orchestrator.agents import AgentRunner
+    from orchestrator.agents import AgentRunner, AgentTask, TaskResult
     from orchestrator.channels import ChannelStore
     from orchestrator.inference import InstanceStore
     from orchestrator.interventions import InterventionStore
@@ -152,8 +154,11 @@ class AgentWorkerServices(Core):
         core: Core,
         stack: contextlib.AsyncExitStack,
         supervisor: Supervisor | None = None,
+        dispatch: Callable[[AgentTask], Awaitable[TaskResult]] | None = None,
         **_: Any,
     ) -> AgentWorkerServices:
+        """`dispatch`: how this worker sends a team member's task to the pool (issue 33;
+        without it, coordinators here get no team tools)."""
         import redis.asyncio as aioredis
 
         from orchestrator.agents import AgentRunner
@@ -188,6 +193,13 @@ class AgentWorkerServices(Core):
         tool_clients = AgentToolClients(s)
         stack.push_async_callback(tool_clients.aclose)
         interventions = InterventionStore(pool, events, default_timeout_s=s.intervention_timeout_s)
+        tools: dict[str, Any] = {}
+        if dispatch is not None:
+            from orchestrator.teams import MailWaker, TeamHub, TeamStore
+
+            waker = MailWaker(s.database_url, s.team_receive_poll_s)
+            stack.push_async_callback(waker.close)
+            tools["teams"] = TeamHub(TeamStore(pool, events), s, dispatch, waker)
         runner = AgentRunner(
             s,
             gateway,
@@ -199,6 +211,7 @@ class AgentWorkerServices(Core):
                 "memory": memory,
                 "workspace": Workspace(s),
                 "marketplace": Marketplace.of(pool, s),
+                **tools,
             },
             interventions=interventions,
             box=configured_box(s),

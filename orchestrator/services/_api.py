@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from orchestrator.providers import Gateway, InferenceLog
     from orchestrator.runtime.supervisor import Supervisor
     from orchestrator.scheduler import JobStore, SchedulerService
+    from orchestrator.teams import TeamStore
     from orchestrator.tools import ToolCatalog, ToolStore
     from orchestrator.toolset import AgentToolClients
     from orchestrator.workflows import WorkflowStore
@@ -136,6 +137,7 @@ class ApiServices(Core):
     channel_limits: InboundLimits
     intervention_desk: InterventionDesk  # presses and signed links from channels (issue 32)
     teams_verifiers: TeamsVerifiers
+    teams: TeamStore  # agent teams (issue 33): GET /teams/{id}
     fanout: Fanout
     worker_pool: int  # AgentWorker actors (for /health workers.idle)
     started_at: float
@@ -200,6 +202,7 @@ async def _api(
     from orchestrator.providers import Gateway, InferenceLog
     from orchestrator.scheduler import JobStore, SchedulerService
     from orchestrator.secret_box import configured_box
+    from orchestrator.teams import MailWaker, TeamHub, TeamStore
     from orchestrator.tools import ToolLimits, ToolStore
     from orchestrator.toolset import AgentToolClients
     from orchestrator.workflows import WorkflowEngine, WorkflowStore
@@ -255,6 +258,11 @@ async def _api(
     stack.push_async_callback(tool_clients.aclose)
     tool_catalog = tool_clients.catalog(db.pool, tool_store)
     interventions = InterventionStore(db.pool, events, default_timeout_s=s.intervention_timeout_s)
+    # Agent teams (issue 33): members run through this process's dispatcher, made below.
+    teams = TeamStore(db.pool, events)
+    waker = MailWaker(s.database_url, s.team_receive_poll_s)
+    stack.push_async_callback(waker.close)
+    team_hub = TeamHub(teams, s, lambda task: dispatcher.run(task), waker)
     agents = AgentRunner(
         s,
         gateway,
@@ -266,6 +274,7 @@ async def _api(
             "memory": memory,
             "workspace": workspace,
             "marketplace": marketplace,
+            "teams": team_hub,
         },
         interventions=interventions,
         box=box,
@@ -378,6 +387,7 @@ async def _api(
         "channel_limits": InboundLimits(redis, s),
         "intervention_desk": desk,
         "teams_verifiers": TeamsVerifiers(s.teams_jwks_url, s.teams_issuer),
+        "teams": teams,
         "fanout": fanout,
         "worker_pool": worker_pool,
         "started_at": peers.started_at if peers.started_at is not None else time.time(),

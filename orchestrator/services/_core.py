@@ -51,17 +51,18 @@ async def build_services(
     recorder: MetricsRecorder,
     supervisor: Supervisor | None = None,
     peers: ApiPeers | None = None,
+    **extra: Any,
 ) -> S:
     """The services of a process of kind `role` (a `Core` subclass, one per kind of process),
     built completely; what they open is closed by `stack`, also when this fails halfway.
     `recorder`: the process's metrics recorder (an actor's is its host's);
     `supervisor` and `peers`: the API replica's (its loops and what Ray serves it); an
     actor's supervisor where its services run loops of their own (an agent worker's memory
-    cache)."""
+    cache); `extra`: what the role's build takes besides (an agent worker's `dispatch`)."""
     if not settings.database_url:
         raise RuntimeError("database_url must be set before the service starts")
     low, high = role._pool(settings)
     db = await connect(settings.database_url, min_size=low, max_size=high)
     stack.push_async_callback(db.close)
     core = Core(settings=settings, db=db, events=EventStore(db.pool), recorder=recorder)
-    return await role._build(core, stack, supervisor=supervisor, peers=peers)
+    return await role._build(core, stack, supervisor=supervisor, peers=peers, **extra)

@@ -20,6 +20,7 @@ from orchestrator.wire import (
     memory,
     operations,
     schedules,
+    teams,
     tokens,
     tools,
     workflows,
@@ -35,6 +36,7 @@ from orchestrator.wire.marketplace import *  # noqa: F403
 from orchestrator.wire.memory import *  # noqa: F403
 from orchestrator.wire.operations import *  # noqa: F403
 from orchestrator.wire.schedules import *  # noqa: F403
+from orchestrator.wire.teams import *  # noqa: F403
 from orchestrator.wire.tokens import *  # noqa: F403
 from orchestrator.wire.tools import *  # noqa: F403
 from orchestrator.wire.workflows import *  # noqa: F403
@@ -46,6 +48,7 @@ __all__ += operations.__all__
 __all__ += tokens.__all__
 __all__ += workflows.__all__
 __all__ += interventions.__all__
+__all__ += teams.__all__
 __all__ += schedules.__all__
 __all__ += events.__all__
 __all__ += inference.__all__

@@ -91,6 +91,11 @@ class WorkflowStep(ApiModel):
         " (GET /interventions/{id})",
         exclude_if=left_out_when_none,
     )
+    team_id: str | None = Field(
+        None,
+        description="A coordinate step's agent team, once its run opened it (GET /teams/{id})",
+        exclude_if=left_out_when_none,
+    )
 
 
 class Workflow(ApiModel):

@@ -507,7 +507,8 @@ class WorkflowDriving:
             elif isinstance(action, str):
                 spec = record.spec.steps[step.idx]
                 task = step_task(record, spec, f"{step.key or record.id}:compensate", action)
-                task = replace(task, can_wait=False)  # nobody is asked while undoing
+                # Nobody is asked while undoing, and no team is opened again (issue 33).
+                task = replace(task, can_wait=False, team=None)
                 async with self._admission.away(record.id):
                     result = await self._dispatcher.run(task)
                 ok = result.ok

@@ -8,7 +8,9 @@ marketplace skill references, `name[@<version>]` or `<author>/name[@<version>]`,
 the version they name, `{name, author, version, body}`, when the workflow is created: see
 _skills.py), `retry` (task steps: `{max_attempts, backoff_ms, max_backoff_ms}`, _retry.py).
 Asking people (issue 32, _approval.py): `type: approval` steps (`prompt`, `approvers`),
-`approval_timeout_s` and `notify: {channel_id}` (on steps and on the workflow).
+`approval_timeout_s` and `notify: {channel_id}` (on steps and on the workflow). Agent teams
+(issue 33, orchestrator/teams): a task step with `mode: coordinate` may carry `team:
+{max_members}` (1-8, default 4); on any other step `team` is a 400.
 
 Placeholders. `{{var}}` (no dot) is a template variable, filled when the workflow is created
 from `variables`; a variable without a value is a 400. `{{<step>.result}}` and
@@ -91,6 +93,7 @@ STEP_NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
 STEP_NAME_MAX = 128
 VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*\}\}")
 MAX_TEXT = 100_000
+DEFAULT_TEAM_MEMBERS, MAX_TEAM_MEMBERS = 4, 8  # a coordinate step's `team.max_members`
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ class StepSpec:
     approvers: tuple[str, ...] | None = None  # approval steps: who decides (None: owner)
     approval_timeout_s: int | None = None  # None: settings.intervention_timeout_s
     notify: str | None = None  # a channel id; None: the workflow's
+    team: int | None = None  # a coordinate step's team: its max_members (issue 33)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "type": self.type, "mode": self.mode}
@@ -172,6 +176,8 @@ class StepSpec:
             out["approval_timeout_s"] = self.approval_timeout_s
         if self.notify is not None:
             out["notify"] = {"channel_id": self.notify}
+        if self.team is not None:
+            out["team"] = {"max_members": self.team}
         for key in ("prompt", "timeout", "condition", "compensate", "model"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -284,6 +290,7 @@ def _parse_step(
         "approvers",
         "approval_timeout_s",
         "notify",
+        "team",
     }
     for key in raw:
         if key not in known:
@@ -374,6 +381,7 @@ def _parse_step(
         if kind != "task":
             raise _bad(f"{where}.skills", "only task steps have skills")
         skills = parse_skills(raw["skills"], f"{where}.skills", limits)
+    team = _parse_team(raw.get("team"), where, kind, mode)
     default = limits.retry if limits is not None and kind == "task" else NO_RETRY
     retry = parse_retry(raw.get("retry"), where, kind, default)
     return StepSpec(
@@ -393,7 +401,25 @@ def _parse_step(
         approvers=approvers,
         approval_timeout_s=approval_timeout,
         notify=notify,
+        team=team,
     )
+
+
+def _parse_team(raw: Any, where: str, kind: str, mode: str) -> int | None:
+    """`team: {max_members}` of a coordinate task step: its max_members (None: no team)."""
+    if raw is None:
+        return None
+    if kind != "task" or mode != "coordinate":
+        raise _bad(f"{where}.team", "only a task step with mode coordinate has a team")
+    if not isinstance(raw, dict):
+        raise _bad(f"{where}.team", "an object {max_members}")
+    for key in raw:
+        if key != "max_members":
+            raise _bad(f"{where}.team.{key}", "unknown team field")
+    size = raw.get("max_members", DEFAULT_TEAM_MEMBERS)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_TEAM_MEMBERS:
+        raise _bad(f"{where}.team.max_members", f"an integer from 1 to {MAX_TEAM_MEMBERS}")
+    return size
 
 
 def _parse_rules(

@@ -213,13 +213,19 @@ class WorkflowStore(WorkflowTransitions, WorkflowTemplates):
 
     async def detail(self, workflow_id: str, principal: Principal) -> dict[str, Any]:
         record = await self.get(workflow_id, principal)
-        # Its children and what it re-runs (migration 0028) in one round trip.
+        # Its children, what it re-runs (migration 0028) and its steps' agent teams (0031,
+        # issue 33) in one round trip.
         row = await self._pool.fetchrow(
             "SELECT array(SELECT id FROM workflows WHERE parent_id = $1 ORDER BY number)"
-            " AS children, (SELECT rerun_of FROM workflows WHERE id = $1) AS rerun_of",
+            " AS children, (SELECT rerun_of FROM workflows WHERE id = $1) AS rerun_of,"
+            " array(SELECT ARRAY[step, id] FROM teams WHERE workflow_id = $1) AS teams",
             workflow_id,
         )
         steps = [_step_wire(s, record.spec) for s in record.steps]
+        for step_name, team_id in row["teams"] or ():
+            index = record.spec.step_index.get(step_name)
+            if index is not None:
+                steps[index]["team_id"] = team_id
         if record.waiting_for is not None:
             # The running step waits for a person (issue 32): which decision, shown on it.
             held = await self._pool.fetchrow(

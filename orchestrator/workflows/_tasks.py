@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.agents import AgentTask, created_event
+from orchestrator.agents import AgentTask, TeamSeat, created_event
 from orchestrator.config import Settings
 from orchestrator.events import NewEvent
 from orchestrator.workflows._records import WorkflowRecord
@@ -49,6 +49,8 @@ def step_task(record: WorkflowRecord, spec: StepSpec, task_id: str, prompt: str)
         can_wait=True,
         notify_channel=spec.notify or record.spec.notify,
         approval_timeout_s=spec.approval_timeout_s,
+        # A coordinate step with `team` (issue 33): its run opens the step's team.
+        team=TeamSeat(max_members=spec.team) if spec.team is not None else None,
     )
 
 

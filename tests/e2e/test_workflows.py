@@ -36,7 +36,7 @@ import yaml
 from tests.conftest import free_port
 from tests.e2e.test_serve import ROOT, _wait_for_ready_line
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
-from tests.fakes.agent_llm import agent_reply, task_prompt
+from tests.fakes.agent_llm import agent_reply, steps_directive, task_prompt
 from tests.fakes.openai_server import FakeReply, OpenAIFake
 
 pytestmark = pytest.mark.e2e
@@ -238,6 +238,39 @@ def test_three_steps_and_health_workers(service: Orchestrator) -> None:
             "agent-worker-0",
             "agent-worker-1",
         }
+
+
+def test_a_coordinate_steps_team_round_trip(service: Orchestrator) -> None:
+    """Agent teams (issue 33) through the service: the coordinator runs on an AgentWorker,
+    its member goes to the pool through that worker's own dispatcher, and mail between the
+    two processes wakes the waiter (the events' NOTIFY)."""
+    member = steps_directive(("team_send", {"to": "coordinator", "message": "from the pool"}))
+    lead = steps_directive(
+        ("team_spawn", {"role": "helper", "instructions": member}),
+        ("team_receive", {"timeout_s": 30}),
+        ("team_receive", {"timeout_s": 31}),
+    )
+    step = {"name": "lead", "prompt": lead, "mode": "coordinate", "team": {"max_members": 1}}
+    with service.client() as c:
+        r = c.post("/workflows", json={"name": "team-e2e", "steps": [step]})
+        assert r.status_code == 200, r.text
+        wid = r.json()["id"]
+        body = _wait_all(c, [wid], 90)[wid]
+        assert body["status"] == "completed", body
+        parts = body["steps"][0]["result"].removeprefix("steps: ").split(" | ")
+        assert json.loads(parts[0])["member"] == "m1"
+        assert json.loads(parts[1]) == {"from": "m1", "text": "from the pool"}
+        assert json.loads(" | ".join(parts[2:]))["text"].startswith("[m1 finished] ")
+        team_id = body["steps"][0]["team_id"]
+        team = c.get(f"/teams/{team_id}").json()
+        assert team["state"] == "destroyed"
+        assert [(m["name"], m["state"]) for m in team["members"]] == [("m1", "finished")]
+        assert team["mail"][0]["text"] == "from the pool"
+        types = [e["type"] for e in _events(c, team_id)]
+        assert types[0] == "team.created" and types[-1] == "team.destroyed"
+        assert {"team.member_joined", "team.mail_sent", "team.member_left"} <= set(types)
+        ran = [e for e in _events(c, f"{team_id}:m1") if e["type"] == "task.dispatched"]
+        assert ran and ran[0]["data"]["worker_id"].startswith("agent-worker-")
 
 
 def test_one_tenants_expressions_do_not_stall_the_shards_and_workers(

@@ -10,6 +10,9 @@ the last "## Task" heading (the step's own prompt; earlier steps' prompts are co
                           secret the model came by, for the tests that look for it)
 - `[loop NAME JSON]`  -> calls the same tool with the same arguments on every turn
 - `[answer TEXT]`     -> answers TEXT
+- `[steps NAME ARGS ;; NAME ARGS ...]` -> calls those tools one a turn, in order (ARGS: JSON
+                          or `b64:...`, as for `tool`), then answers `steps: ` and every tool
+                          result joined with ` | ` (the team tests script agents with it)
 - otherwise           -> `done: <the step's prompt>`
 
 Deterministic and stateless (the reply is a function of the request), so any number of
@@ -24,7 +27,22 @@ from typing import Any
 
 from tests.fakes.openai_server import FakeReply, FakeToolCall
 
-DIRECTIVE = re.compile(r"\[(fail|sleep|tool|loop|answer)(?:\s+([^\]]*))?\]")
+DIRECTIVE = re.compile(r"\[(fail|sleep|tool|loop|answer|steps)(?:\s+([^\]]*))?\]")
+
+
+def _arguments(args: str) -> Any:
+    if args.startswith("b64:"):
+        args = base64.b64decode(args[4:]).decode()
+    return json.loads(args or "{}")
+
+
+def steps_directive(*calls: tuple[str, dict[str, Any]]) -> str:
+    """`[steps ...]` calling each (name, arguments) in turn (arguments base64-encoded, so
+    they may hold brackets and other directives)."""
+    encoded = [
+        f"{name} b64:{base64.b64encode(json.dumps(args).encode()).decode()}" for name, args in calls
+    ]
+    return f"[steps {' ;; '.join(encoded)}]"
 
 
 def _text(content: Any) -> str:
@@ -68,4 +86,11 @@ def agent_reply(body: Any) -> FakeReply:
         return FakeReply(tool_calls=[FakeToolCall(name, json.loads(args or "{}"))])
     if kind == "answer":
         return FakeReply(text=arg)
+    if kind == "steps":
+        calls = [c.strip() for c in arg.split(";;") if c.strip()]
+        results = [_text(m.get("content")) for m in messages if m.get("role") == "tool"]
+        if len(results) >= len(calls):
+            return FakeReply(text="steps: " + " | ".join(results))
+        name, _, args = calls[len(results)].partition(" ")
+        return FakeReply(tool_calls=[FakeToolCall(name, _arguments(args.strip()))])
     return FakeReply(text=f"done: {prompt.strip()}")

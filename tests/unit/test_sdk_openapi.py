@@ -52,6 +52,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/interventions/{intervention_id}"): "intervention",
     ("POST", "/interventions/{intervention_id}/approve"): "approve_intervention",
     ("POST", "/interventions/{intervention_id}/reject"): "reject_intervention",
+    ("GET", "/teams/{team_id}"): "team",
     ("POST", "/workflows/{workflow_id}/steps/{step}/retry"): "retry_step",
     ("POST", "/workflows/{workflow_id}/steps/{step}/skip"): "skip_step",
     ("POST", "/workflows/{workflow_id}/resume"): "resume_workflow",
@@ -253,9 +254,11 @@ def compare(
     required = set(schema.get("required", []))
     open_ = schema.get("additionalProperties") is True
     problems = []
-    for name in props.keys() - cls.model_fields.keys() if complete else ():
+    # By the name on the wire: a field's alias where it has one (a team mail's `from`).
+    fields = {info.alias or name: info for name, info in cls.model_fields.items()}
+    for name in props.keys() - fields.keys() if complete else ():
         problems.append(f"{where}.{name}: the server sends it, {cls.__name__} lacks it")
-    for name, info in cls.model_fields.items():
+    for name, info in fields.items():
         if name not in props:
             if not open_:
                 problems.append(f"{where}.{name}: in {cls.__name__}, not in the server's schema")

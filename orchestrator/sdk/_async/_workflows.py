@@ -1,4 +1,4 @@
-"""Workflows, templates, interventions and scheduled jobs."""
+"""Workflows, templates, interventions, agent teams and scheduled jobs."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from orchestrator.wire import (
     JobPage,
     JobStatus,
     SchedulePreview,
+    Team,
     TemplateSaved,
     Workflow,
     WorkflowCancelled,
@@ -188,6 +189,10 @@ class AsyncWorkflows(AsyncCore):
         path = f"/interventions/{seg(intervention_id)}/reject"
         body = {"reason": reason}
         return await self._send(Call("POST", path, model_of(InterventionDecided), body=body))
+
+    async def team(self, team_id: str) -> Team:
+        """A coordinate step's agent team (issue 33): its members and mail log."""
+        return await self._send(Call("GET", f"/teams/{seg(team_id)}", model_of(Team)))
 
     # --- schedules (admin) -----------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 # Generated from orchestrator/sdk/_async/_workflows.py by scripts/unasync_sdk.py: do not edit.
-"""Workflows, templates, interventions and scheduled jobs."""
+"""Workflows, templates, interventions, agent teams and scheduled jobs."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from orchestrator.wire import (
     JobPage,
     JobStatus,
     SchedulePreview,
+    Team,
     TemplateSaved,
     Workflow,
     WorkflowCancelled,
@@ -187,6 +188,10 @@ class SyncWorkflows(SyncCore):
         path = f"/interventions/{seg(intervention_id)}/reject"
         body = {"reason": reason}
         return self._send(Call("POST", path, model_of(InterventionDecided), body=body))
+
+    def team(self, team_id: str) -> Team:
+        """A coordinate step's agent team (issue 33): its members and mail log."""
+        return self._send(Call("GET", f"/teams/{seg(team_id)}", model_of(Team)))
 
     # --- schedules (admin) -----------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.test_workflows import Orchestrator
 from tests.e2e.ui.conftest import shot
+from tests.fakes.agent_llm import steps_directive
 
 pytestmark = pytest.mark.e2e
 
@@ -117,6 +118,32 @@ def test_watch_a_workflow_complete_live(
         has_text="completed"
     ).wait_for()
     shot(page, "workflows")
+    assert page.errors == []
+
+
+def test_a_coordinate_steps_team_on_the_workflows_page(
+    console: Orchestrator, signed_in_page: Callable[[str | None], Any], user_token: Any
+) -> None:
+    """Agent teams (issue 33): the step shows its team, members and mail log (text: the
+    owner's)."""
+    token = user_token("ui-team")
+    member = steps_directive(("team_send", {"to": "coordinator", "message": "UI-MAIL"}))
+    lead = steps_directive(
+        ("team_spawn", {"role": "scout", "instructions": member}),
+        ("team_receive", {"timeout_s": 30}),
+    )
+    step = {"name": "lead", "prompt": lead, "mode": "coordinate", "team": {"max_members": 1}}
+    with _api(console, token) as c:
+        wf = c.post("/workflows", json={"name": "ui-team", "steps": [step]}).json()["id"]
+        assert _wait_status(c, wf) == "completed"
+    page = signed_in_page(token)
+    page.goto(f"{page.url.split('#')[0]}#/workflows/{wf}")
+    team = page.locator('[data-testid="wf-step"][data-step="lead"]').get_by_test_id("step-team")
+    team.wait_for()
+    members = team.get_by_test_id("team-members-row").all_inner_texts()
+    assert len(members) == 1 and "m1" in members[0] and "scout" in members[0], members
+    mail = team.get_by_test_id("team-mail-row").all_inner_texts()
+    assert any("UI-MAIL" in row and "coordinator" in row for row in mail), mail
     assert page.errors == []
 
 

@@ -1,7 +1,8 @@
 // Workflows: the list (status filter, live status) and one workflow's page (steps as a
 // timeline with each attempt and the model and tool calls it made, a step's pending approval
 // with its buttons, the overrides (retry or skip a step, resume, re-run from a step), children
-// as a tree, cancel and delete, live from /sync-events).
+// as a tree, cancel and delete, a coordinate step's agent team (members and mail log, issue
+// 33), live from /sync-events).
 import { html, useCallback, useEffect, useRef, useState } from "../vendor/preact-htm.module.js";
 import { api, stream } from "../api.js";
 import { Button, Empty, ErrorBox, Field, Json, StatusBadge, Table, Time, duration } from "../components.js";
@@ -17,6 +18,9 @@ const WORKFLOW_TYPES = [
 const CALL_TYPES = ["agent.turn_started", "agent.turn_completed", "audit.tool_executed", "audit.tool_denied", "task.failed"];
 // The model's choice each turn: aggregated by request id, so read by type and matched on task_id.
 const DECISION = "audit.llm_decision";
+
+// A coordinate step's agent team (issue 33), aggregated by its team id.
+const TEAM_TYPES = ["team.created", "team.member_joined", "team.member_left", "team.mail_sent", "team.destroyed"];
 
 // Coalesce bursts of live events into one reload.
 function useDebounced(fn, ms) {
@@ -137,7 +141,33 @@ function joinAttempts(step, seen) {
   });
 }
 
-function Step({ step, attempts, pending, actions, onChanged }) {
+// A step's agent team: its members (role, state, tools, task) and its mail log (the text is
+// shown to the team's owner only: the API leaves it out for anyone else).
+function Team({ team }) {
+  if (!team) return null;
+  return html`<div class="team" data-testid="step-team" data-team=${team.id}>
+    <strong>Team ${team.id}</strong> <span class="muted">${team.state}, at most ${team.max_members} running</span>
+    <${Table} testid="team-members" rows=${team.members} rowKey=${(m) => m.name} empty="No members yet." columns=${[
+      { key: "name", label: "Member" },
+      { key: "role", label: "Role" },
+      { key: "state", label: "State", render: (m) => html`<${StatusBadge} status=${m.state} />` },
+      { key: "tools", label: "Tools", render: (m) => (m.tools ? m.tools.join(", ") : "the step's") },
+      { key: "task_id", label: "Task", render: (m) => html`<a href=${`#/events?aggregate=${encodeURIComponent(m.task_id)}`}>${m.task_id}</a>` },
+      { key: "joined_at", label: "Joined", render: (m) => html`<${Time} ms=${m.joined_at} />` },
+      { key: "left_at", label: "Left", render: (m) => (m.left_at ? html`<${Time} ms=${m.left_at} />` : "") },
+    ]} />
+    <${Table} testid="team-mail" rows=${team.mail} rowKey=${(m) => m.id} empty="No mail yet." columns=${[
+      { key: "sender", label: "From", render: (m) => m.from },
+      { key: "to", label: "To" },
+      { key: "size", label: "Bytes" },
+      { key: "sent_at", label: "Sent", render: (m) => html`<${Time} ms=${m.sent_at} />` },
+      { key: "read_at", label: "Read", render: (m) => (m.read_at ? html`<${Time} ms=${m.read_at} />` : "unread") },
+      { key: "text", label: "Text" },
+    ]} />
+  </div>`;
+}
+
+function Step({ step, attempts, pending, actions, onChanged, team }) {
   const all = joinAttempts(step, attempts);
   return html`<li class=${`st-${step.status}`} data-testid="wf-step" data-step=${step.name}>
     <div class="step-head">
@@ -153,6 +183,7 @@ function Step({ step, attempts, pending, actions, onChanged }) {
       <${Asked} iv=${iv} />
       <${Decide} iv=${iv} onDone=${onChanged} />
     </div>`)}
+    <${Team} team=${team} />
     ${step.result !== undefined && html`<${Json} value=${step.result} testid="step-output" />`}
     ${step.error && html`<div class="error-box" data-testid="step-error">${step.error}</div>`}
   </li>`;
@@ -215,7 +246,9 @@ function Detail({ params }) {
   const [gone, setGone] = useState(false);
   const [pending, setPending] = useState([]);
   const [fromStep, setFromStep] = useState("");
+  const [teams, setTeams] = useState({});
   const children = useRef(new Set());
+  const teamIds = useRef(new Set());
 
   const load = useCallback(async () => {
     try {
@@ -239,6 +272,11 @@ function Detail({ params }) {
         for (const t of tasks) byTask[t].sort((a, b) => a.position - b.position);
       }
       const ivs = await api("GET", "/interventions", { query: { workflow_id: id, status: "pending", limit: 100 } });
+      const ids = d.steps.map((s) => s.team_id).filter(Boolean);
+      teamIds.current = new Set(ids);
+      const found = {};
+      await Promise.all(ids.map(async (t) => { found[t] = await api("GET", `/teams/${encodeURIComponent(t)}`); }));
+      setTeams(found);
       children.current = new Set(d.children || []);
       setTree(await loadTree(d.children || [], 1, { left: 50 }));
       setDetail(d);
@@ -257,12 +295,13 @@ function Detail({ params }) {
     load();
     // One stream for the workflow's own events, its steps' agent calls and its children's:
     // picked out here. On a reconnect it resumes after the last event seen (Last-Event-ID).
-    const s = stream("/sync-events", { types: [...WORKFLOW_TYPES, ...CALL_TYPES, DECISION, ...INTERVENTION_TYPES].join(",") }, {
+    const s = stream("/sync-events", { types: [...WORKFLOW_TYPES, ...CALL_TYPES, DECISION, ...INTERVENTION_TYPES, ...TEAM_TYPES].join(",") }, {
       onEvent: (ev) => {
         const e = ev.data || {};
         const d = e.data || {};
         const agg = String(e.aggregate_id || "");
-        if (d.workflow_id === id || agg.startsWith(`${id}:`) || children.current.has(d.workflow_id) || d.parent_id === id) {
+        const ours = d.workflow_id === id || agg.startsWith(`${id}:`) || teamIds.current.has(d.team_id);
+        if (ours || children.current.has(d.workflow_id) || d.parent_id === id) {
           reload();
         }
       },
@@ -358,7 +397,7 @@ function Detail({ params }) {
     <h2>Steps</h2>
     ${detail.steps.length === 0 ? html`<${Empty} text="No steps." />` : html`<ol class="timeline" data-testid="wf-steps">
       ${detail.steps.map((s) => html`<${Step} key=${s.name} step=${s} attempts=${attempts[s.name] || []}
-        pending=${waiting(s.name)} actions=${stepActions(s)} onChanged=${load} />`)}
+        pending=${waiting(s.name)} actions=${stepActions(s)} onChanged=${load} team=${teams[s.team_id]} />`)}
     </ol>`}
     ${done && html`<h2>Output</h2><${Json} value=${done.data.output ?? ""} testid="wf-output" />`}
     ${tree.length > 0 && html`<h2>Children</h2><div data-testid="wf-children"><${Tree} nodes=${tree} /></div>`}
