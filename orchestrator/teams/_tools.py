@@ -30,6 +30,7 @@ from typing import Any
 from orchestrator.agents import AgentTask, TaskResult, TeamSeat
 from orchestrator.agents._tools import Tool, ToolContext, ToolFailed
 from orchestrator.config import Settings
+from orchestrator.runtime.supervisor import cancel_and_wait
 from orchestrator.teams._mailbox import MailWaker
 from orchestrator.teams._model import COORDINATOR, Member, Team, TeamRefused, Why
 from orchestrator.teams._store import TeamStore
@@ -359,7 +360,5 @@ class _Coordinator(_Room):
 
 
 async def _stop(tasks: list[asyncio.Task[None]]) -> None:
-    for t in tasks:
-        t.cancel()
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
+    # The house's cancel-then-await: a cancel lost inside asyncpg's wait_for is sent again.
+    await cancel_and_wait(tasks)
