@@ -58,9 +58,10 @@ class EventBus(ActorHost):
     # fills and overflows (SubscriberTooSlow) instead of Ray's object store filling up.
     @ray.method(num_returns="streaming", _generator_backpressure_num_objects=64)
     async def subscribe(self, after: int) -> AsyncIterator[list[Event]]:
-        """Every committed event after `after`, in batches (a streaming generator)."""
+        """Every committed event after `after`, in batches (a streaming generator), after
+        an empty first batch that says the subscription is made (the replica's readiness)."""
         services = await self._booted
-        async for batch in services.feed.subscribe(after):
+        async for batch in services.feed.subscribe(after, announce=True):
             yield batch
 
 

@@ -23,7 +23,8 @@ import ray
 
 from orchestrator.sdk import Client
 
-ENDS = {"workflow.completed", "workflow.failed", "workflow.cancelled"}
+# On the live stream workflow events carry their stream names (colon style, SPEC part 6).
+ENDS = {"workflow:completed", "workflow:failed", "workflow:cancelled"}
 
 
 def main(prompt: str) -> None:

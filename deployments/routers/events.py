@@ -56,7 +56,8 @@ async def _sse(
 ) -> AsyncIterator[bytes]:
     # Registered before the first byte: whatever commits after the client sees `connected`
     # is on this stream. Its chunks are whole frames, encoded once per replica and written
-    # several at a time when they piled up (pings included: see Fanout).
+    # several at a time when they piled up (pings included: see Fanout). `flt` was admitted
+    # before the 200 (Fanout.admit), so opening cannot be refused here.
     stream = await fanout.open(flt, after, caller, ping_s=ping_s)
     try:
         # `retry` makes EventSource clients reconnect fast; they resend Last-Event-ID.
@@ -81,20 +82,28 @@ async def _stream_response(
     after: int | None,
     from_seq: int,
 ) -> StreamingResponse:
-    if after is None and from_seq > 0:
-        # No Last-Event-ID: start at from_seq (a seq of the aggregate, or a position of all).
-        agg = None if aggregate == "all" else aggregate
+    """Everything that can refuse the stream happens here, before its `200`: the filters
+    (400), the tenant (403), the event bus (503)."""
+    agg = None if aggregate == "all" else aggregate
+    if after is None and from_seq > 0 and agg is not None:
+        # No cursor: start at the aggregate's first event with seq >= from_seq. Across all
+        # aggregates from_seq only filters (a start there is a cursor: from_position).
         after = await events.position_before(agg, from_seq)
-    flt = StreamFilter(
-        user_uuid=user_uuid,
-        aggregate=None if aggregate == "all" else aggregate,
-        types=frozenset(types),
-    )
+    flt = StreamFilter(user_uuid=user_uuid, aggregate=agg, types=frozenset(types), min_seq=from_seq)
+    flt = await fanout.admit(flt, caller, wait_s=settings.sse_start_timeout_s)
     return StreamingResponse(
         _sse(fanout, flt, after, caller, settings.sse_ping_interval_s),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
+
+
+def _cursor(last_event_id: int | None, from_position: int | None) -> int | None:
+    """Where a stream resumes (the position it starts after): Last-Event-ID (header or
+    query) first, else `from_position` (inclusive, as on the page)."""
+    if last_event_id is not None:
+        return last_event_id
+    return None if from_position is None else max(0, from_position - 1)
 
 
 AggregateQ = Annotated[str, Query(min_length=1, max_length=256)]
@@ -103,6 +112,8 @@ TypeQ = Annotated[str | None, Query(alias="type", max_length=2000)]
 TypesQ = Annotated[str | None, Query(max_length=2000)]
 LastIdHeader = Annotated[str | None, Header(alias="Last-Event-ID")]
 LastIdQ = Annotated[int | None, Query(ge=0, le=BIGINT_MAX)]
+# The global cursor (issue 33): a position, inclusive; `from_seq` is a per-aggregate seq.
+FromPositionQ = Annotated[int | None, Query(ge=0, le=BIGINT_MAX)]
 
 
 @router.get("/events", response_model=wire.EventPage)
@@ -116,6 +127,7 @@ async def list_events(
     aggregate: AggregateQ = "all",
     user_uuid: UserQ = None,
     from_seq: Position = 0,
+    from_position: FromPositionQ = None,
     limit: Annotated[int | None, Query(ge=1)] = None,
     offset: Offset = 0,
     type_: TypeQ = None,
@@ -125,7 +137,7 @@ async def list_events(
 ) -> Any:
     wanted = _types(type_, types)
     if _wants_stream(request):
-        after = _last_event_id(last_event_id_header, last_event_id)
+        after = _cursor(_last_event_id(last_event_id_header, last_event_id), from_position)
         return await _stream_response(
             fanout, settings, events, caller, aggregate, user_uuid, wanted, after, from_seq
         )
@@ -139,6 +151,7 @@ async def list_events(
         user_uuid=user_uuid,
         types=wanted,
         from_seq=from_seq,
+        from_position=from_position or 0,
         limit=limit,
         offset=offset,
         count_limit=settings.events_total_exact_max,
@@ -159,13 +172,14 @@ async def sync_events(
     aggregate: AggregateQ = "all",
     user_uuid: UserQ = None,
     from_seq: Position = 0,
+    from_position: FromPositionQ = None,
     type_: TypeQ = None,
     types: TypesQ = None,
     last_event_id: LastIdQ = None,
     last_event_id_header: LastIdHeader = None,
 ) -> StreamingResponse:
     wanted = _types(type_, types)
-    after = _last_event_id(last_event_id_header, last_event_id)
+    after = _cursor(_last_event_id(last_event_id_header, last_event_id), from_position)
     return await _stream_response(
         fanout, settings, events, caller, aggregate, user_uuid, wanted, after, from_seq
     )

@@ -642,6 +642,11 @@ class Settings(BaseSettings):
     sse_client_buffer: int = Field(
         10_000, ge=1, description="Events buffered per stream client before it is cut off"
     )
+    sse_start_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="How long a new stream waits for the event bus before it is refused (503)",
+    )
 
     # --- SLO -----------------------------------------------------------------------------
     slo_latency_p99_s: float = Field(0.5, gt=0, description="Target p99 latency (seconds)")

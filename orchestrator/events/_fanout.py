@@ -6,6 +6,12 @@ If the upstream breaks (the EventBus restarted) or the store fails (reading the 
 first stream), the pump ends and its supervisor runs it again with backoff: it resubscribes from
 the last position it saw, so clients lose nothing and notice nothing.
 
+A stream that cannot start is refused before its `200` (issue 33): `admit` checks the caller
+may read what it asks for (403) and that the upstream is subscribed right now, waiting a
+little for it (503). The upstream says it is subscribed by yielding an empty batch first
+(`EventFeed.subscribe(announce=True)`): a lazy generator or a Ray call proves nothing by
+being created.
+
 The per-event work is shared: an event's SSE frame is encoded once per replica, and the pump
 hands each client only the (position, frame) pairs its filter admits, into a plain deque with
 one wake-up future (no lock, no task per frame). A client's stream writes whatever has piled up
@@ -30,8 +36,8 @@ from orchestrator.runtime.supervisor import Supervisor, cancel_and_wait
 
 Upstream = Callable[[int], AsyncIterator[list[Event]]]
 
-# How long a stream waits for the pump's first subscription (the store down at the
-# first stream) before it answers 503; the pump itself keeps retrying.
+# How long `admit` waits for the upstream's subscription (the EventBus restarting, the store
+# down at the first stream) before the stream is refused with 503; the pump keeps retrying.
 START_TIMEOUT_S = 10.0
 PING = b": ping\n\n"
 # Frames a behind client gets in one write: big enough to catch up in few writes, small
@@ -47,11 +53,13 @@ class StreamFilter:
     user_uuid: str | None = None
     aggregate: str | None = None
     types: frozenset[str] = frozenset()
+    min_seq: int = 0  # `from_seq`: only events whose per-aggregate seq is at least this
 
     def matches(self, event: Event) -> bool:
         return (
             (self.user_uuid is None or event.user_uuid == self.user_uuid)
             and (self.aggregate is None or event.aggregate_id == self.aggregate)
+            and event.seq >= self.min_seq
             and (
                 not self.types or event.type in self.types or stream_name(event.type) in self.types
             )
@@ -129,9 +137,12 @@ class FanoutStream:
 
 def sse_frame(event: Event) -> bytes:
     """`id: <position>`, `event: <stream name>`, `data: {id, type, data, aggregate_id, seq,
-    timestamp}` (plus version and position)."""
-    body = json.dumps(event.wire(), separators=(",", ":"))
-    return f"id: {event.position}\nevent: {stream_name(event.type)}\ndata: {body}\n\n".encode()
+    timestamp}` (plus version and position). On the stream an event has one name, in both
+    places: the stream name (SPEC part 4's `event: <type>` with `data.type`; part 6's colon
+    style for workflow types, the store name for the others)."""
+    name = stream_name(event.type)
+    body = json.dumps({**event.wire(), "type": name}, separators=(",", ":"))
+    return f"id: {event.position}\nevent: {name}\ndata: {body}\n\n".encode()
 
 
 class Fanout:
@@ -155,7 +166,8 @@ class Fanout:
         self._count = 0
         self._position = 0
         self._task: asyncio.Task[None] | None = None
-        self._started = asyncio.Event()
+        self._positioned = asyncio.Event()  # the store's head read: `_position` is meaningful
+        self._live = asyncio.Event()  # a pump run is subscribed upstream right now
         self._frames: OrderedDict[int, bytes] = OrderedDict()
 
     @property
@@ -175,11 +187,37 @@ class Fanout:
                 self._frames.popitem(last=False)
         return cached
 
-    async def _ensure_started(self) -> None:
+    @property
+    def live(self) -> bool:
+        """Subscribed upstream now (False while the EventBus is down or restarting)."""
+        return self._live.is_set()
+
+    def _spawn(self) -> None:
         if self._task is None:  # set before any await: concurrent first streams share one pump
             self._task = self._supervisor.spawn("event-fanout", self._pump)
+
+    async def admit(
+        self, flt: StreamFilter, principal: Principal, *, wait_s: float = START_TIMEOUT_S
+    ) -> StreamFilter:
+        """Whether a stream may start now, asked before its `200` is sent: `flt` scoped to
+        what `principal` may read (another tenant's, for a non-admin: Forbidden), once the
+        upstream is subscribed (waits up to `wait_s` for it, then ServiceUnavailable)."""
+        scoped = replace(flt, user_uuid=owner_scope(principal, flt.user_uuid))
+        self._spawn()
+        if not self._live.is_set():
+            try:
+                await asyncio.wait_for(self._live.wait(), wait_s)
+            except TimeoutError:
+                raise ServiceUnavailable(
+                    "the event stream cannot start: the event bus is not available; retry",
+                    headers={"Retry-After": "1"},
+                ) from None
+        return scoped
+
+    async def _ensure_positioned(self) -> None:
+        self._spawn()
         try:
-            await asyncio.wait_for(self._started.wait(), START_TIMEOUT_S)
+            await asyncio.wait_for(self._positioned.wait(), START_TIMEOUT_S)
         except TimeoutError:
             raise ServiceUnavailable("the event stream is not available yet; retry") from None
 
@@ -190,13 +228,17 @@ class Fanout:
     async def _pump(self) -> None:
         """Follow the upstream from the last position seen. Any failure (the store's head,
         a broken upstream) ends this run; the supervisor logs, counts and runs it again
-        after a backoff, so one error never leaves later streams waiting forever."""
-        if not self._started.is_set():
-            self._position = await self._store.head()
-        stream = self._upstream(self._position)
-        self._started.set()
-        async for batch in stream:
-            self._dispatch(batch)
+        after a backoff, so one error never leaves later streams waiting forever. It is
+        `live` from the upstream's first batch (its announcement) to the run's end."""
+        try:
+            if not self._positioned.is_set():
+                self._position = await self._store.head()
+                self._positioned.set()
+            async for batch in self._upstream(self._position):
+                self._live.set()
+                self._dispatch(batch)
+        finally:
+            self._live.clear()
 
     def _dispatch(self, batch: list[Event]) -> None:
         """Offer a batch to the clients that may see each event (no await: a client's
@@ -223,9 +265,11 @@ class Fanout:
         after `after` (its Last-Event-ID) from the store, then live ones, with a ping comment
         after `ping_s` of silence. Every event committed after this returns is delivered.
         Iterating raises SubscriberTooSlow (after writing what was buffered) if the client
-        falls too far behind; `aclose()` unregisters the client (also when never iterated)."""
+        falls too far behind; `aclose()` unregisters the client (also when never iterated).
+        It does not wait for the upstream (see `admit`): a client registered while the
+        EventBus restarts gets what commits meanwhile once the pump has resubscribed."""
         flt = replace(flt, user_uuid=owner_scope(principal, flt.user_uuid))
-        await self._ensure_started()
+        await self._ensure_positioned()
         client = _Client(flt, self._client_limit)
         # As in EventFeed.subscribe: register and read the position with no await between.
         self._clients.setdefault(flt.user_uuid, set()).add(client)

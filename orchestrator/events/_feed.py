@@ -102,15 +102,19 @@ class EventFeed:
         """Look for new events now (the appender knows it just committed some)."""
         self._wake.set()
 
-    async def subscribe(self, after: int) -> AsyncIterator[list[Event]]:
+    async def subscribe(self, after: int, *, announce: bool = False) -> AsyncIterator[list[Event]]:
         """Every event after position `after`, in order, in batches: first from the store,
-        then live. Raises SubscriberTooSlow if this subscriber falls too far behind."""
+        then live. Raises SubscriberTooSlow if this subscriber falls too far behind.
+        `announce`: first an empty batch once registered, so a follower in another process
+        (a replica's Fanout, through the EventBus) knows it is subscribed before any event."""
         sub = _Subscriber(self._limit)
         # Registration and reading the head happen without an await in between, so every
         # event after `live_from` reaches the queue and every one up to it is in the store.
         self._subscribers.add(sub)
         live_from = self._head
         try:
+            if announce:
+                yield []
             position = after
             while position < live_from:
                 batch = [

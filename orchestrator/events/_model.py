@@ -56,7 +56,8 @@ class EventQuery:
     aggregate: str | None = None  # None: every aggregate
     user_uuid: str | None = None  # None: every owner (admins only)
     types: tuple[str, ...] = ()
-    from_seq: int = 0  # seq within an aggregate; the global position across all
+    from_seq: int = 0  # events whose per-aggregate seq is at least this (any aggregate)
+    from_position: int = 0  # the global cursor: events at or after this position
     limit: int = 100
     offset: int = 0
     count_limit: int = 10_000  # `total` is exact up to this many, an estimate above

@@ -93,12 +93,10 @@ class EventReader:
         )
         return [row_to_event(r) for r in rows]
 
-    async def position_before(self, aggregate: str | None, from_seq: int) -> int:
+    async def position_before(self, aggregate: str, from_seq: int) -> int:
         """Where a stream starting at `from_seq` resumes: the position just before the first
-        event of `aggregate` with seq >= from_seq (for all aggregates, from_seq is a
-        position); the current head when the aggregate has no such event yet."""
-        if aggregate is None:
-            return max(0, from_seq - 1)
+        event of `aggregate` with seq >= from_seq; the current head when the aggregate has
+        no such event yet."""
         first = await self._pool.fetchval(
             "SELECT min(position) FROM events WHERE aggregate_id = $1 AND seq >= $2",
             aggregate,
@@ -121,9 +119,11 @@ class EventReader:
         every tenant's) in position order, and how many match in all: counted exactly up to
         `q.count_limit`, the planner's estimate above it (so paging never counts the table).
 
-        Across all aggregates `from_seq` is a position and the page stops at the horizon,
-        so paging by `from_seq = last position + 1` skips nothing that commits late. Within
-        one aggregate it is a seq, which is gapless: paging by seq skips nothing either."""
+        `from_seq` keeps events whose seq (per aggregate, SPEC part 2) is at least it, for
+        one aggregate or all; `from_position` is the global cursor. Across all aggregates the
+        page stops at the horizon, so paging by `from_position = last position + 1` skips
+        nothing that commits late. Within one aggregate seq is gapless and an aggregate's
+        appends commit in order: paging by seq (or position) skips nothing either."""
         owner = owner_scope(principal, q.user_uuid)
         where, args = ["true"], []
 
@@ -133,12 +133,12 @@ class EventReader:
 
         if q.aggregate is not None:
             where.append(f"aggregate_id = {arg(q.aggregate)}")
-            if q.from_seq:
-                where.append(f"seq >= {arg(q.from_seq)}")
         else:
-            if q.from_seq:
-                where.append(f"position >= {arg(q.from_seq)}")
             where.append(f"position <= {arg(await self.horizon())}")
+        if q.from_seq:
+            where.append(f"seq >= {arg(q.from_seq)}")
+        if q.from_position:
+            where.append(f"position >= {arg(q.from_position)}")
         if owner is not None:
             where.append(f"user_uuid = {arg(owner)}")
         if q.types:

@@ -181,11 +181,16 @@ def sync_events_call(
     types: Sequence[str] | None,
     from_seq: int,
     last_event_id: int | None,
+    from_position: int | None = None,
 ) -> Call[None]:
-    """GET /sync-events, resuming after `last_event_id` when there is one."""
+    """GET /sync-events, resuming after `last_event_id` when there is one (else from
+    `from_position`). `from_seq` is a filter on each event's seq, so it is sent on every
+    connection; with one aggregate and no cursor it is also where the stream starts."""
     params = given(aggregate=aggregate, user_uuid=user_uuid, types=comma_list(types))
-    if last_event_id is None and from_seq:
+    if from_seq:
         params["from_seq"] = from_seq
+    if last_event_id is None and from_position is not None:
+        params["from_position"] = from_position
     headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
     if last_event_id is not None:
         headers["Last-Event-ID"] = str(last_event_id)

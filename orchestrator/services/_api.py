@@ -6,6 +6,7 @@ the actors' generation version (actors/version.py, tests/unit/test_actor_setting
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -88,7 +89,8 @@ class LocalMetricsHub:
 class ApiPeers:
     """What serves an API replica from outside it: Ray actors under Serve, None without (then
     the replica runs each in its own process). `metrics`: the cluster-wide hub;
-    `event_upstream`: the live event subscription; `local_inference`: runs inference
+    `event_upstream`: the live event subscription (an empty batch first, once subscribed:
+    the Fanout's readiness); `local_inference`: runs inference
     instances (without it, POST /inference answers 503); `workflow_runner`: drives workflows
     (without it, an engine here with an in-process agent runner); `run_scheduler`: whether
     the scheduler runs here; `channel_runner`: answers channel messages (without it, a relay
@@ -340,7 +342,7 @@ async def _api(
         local_events = EventServices(events, s.database_url or "", recorder, supervisor)
         stack.push_async_callback(local_events.stop)
         await local_events.start()
-        upstream = local_events.feed.subscribe
+        upstream = functools.partial(local_events.feed.subscribe, announce=True)
     fanout = Fanout(
         upstream,
         events,

@@ -25,6 +25,8 @@ from orchestrator.runtime import EmbeddedPostgres
 from tests.conftest import free_port
 from tests.sse import sse_frames
 
+SSE = {"Accept": "text/event-stream"}
+
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 240
@@ -354,6 +356,25 @@ async def test_event_stream_live_resume_bus_restart_and_tenancy(service: Service
                 ).json()["data"]
             }
             assert erin_types == {"erin"}
+
+            # Issue 33, through the service: a stream that is refused is refused before its
+            # 200, on both endpoints; on the stream a workflow event has one name.
+            freds = {"user_uuid": "fred"}
+            for path, accept in (("/sync-events", {}), ("/events", SSE)):
+                headers = {**users["erin"], **accept}
+                async with c.stream("GET", path, headers=headers, params=freds) as r:
+                    await r.aread()
+                    assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+            only = {"types": "workflow:step:started"}
+            async with c.stream("GET", "/sync-events", headers=users["erin"], params=only) as r:
+                frames = sse_frames(r)
+                assert (await anext(frames)) == {"comment": "connected"}
+                wf = {"workflow_id": f"erin-wf-{time.time_ns()}", "step": "s"}
+                [step] = await store.append([NewEvent("workflow.step_started", wf, "erin")])
+                frame = await asyncio.wait_for(anext(f async for f in frames if "id" in f), 30)
+                assert int(frame["id"]) == step.position
+                name = json.loads(frame["data"])["type"]
+                assert frame["event"] == name == "workflow:step:started"
 
             # svc_event_total counts committed events cluster-wide (the EventBus projection):
             # at least Erin's and Fred's task.created events of this test.

@@ -9,7 +9,7 @@ import time
 import httpx
 
 from orchestrator.db import connect
-from orchestrator.events import EventStore, NewEvent
+from orchestrator.events import CATALOG, EventStore, NewEvent, stream_name
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.sse import sse_frames
 
@@ -114,7 +114,7 @@ async def test_stream_live_resume_and_tenancy(make_settings) -> None:
                 assert frame["event"] == "workflow:step:started"  # colon style on the stream
                 assert int(frame["id"]) == mine.position
                 data = json.loads(frame["data"])
-                assert data["type"] == "workflow.step_started" and data["seq"] == 1
+                assert data["type"] == "workflow:step:started" and data["seq"] == 1
                 assert data["aggregate_id"] == "wf-1" and data["data"]["step"] == "s1"
                 # Dan's event never showed; pings keep the connection alive.
                 assert (await anext(frames)) == {"comment": "ping"}
@@ -188,7 +188,7 @@ async def test_stream_from_seq_and_slow_client(make_settings) -> None:
 
 
 async def test_events_keyset_paging_skips_nothing_and_total_is_bounded(make_settings) -> None:
-    """Paging GET /events by position (`from_seq` = last position + 1) while events commit
+    """Paging GET /events by position (`from_position` = last position + 1) while events commit
     between pages, one of them late behind a higher position: every event exactly once, in
     order. `total` is exact up to events_total_exact_max, an estimate (flagged) above."""
     settings = make_settings(events_total_exact_max=5)
@@ -205,7 +205,7 @@ async def test_events_keyset_paging_skips_nothing_and_total_is_bounded(make_sett
             n += k
 
         async def page(cursor: int, **params: object) -> httpx.Response:
-            params = {"from_seq": cursor + 1, "limit": 4, **params}
+            params = {"from_position": cursor + 1, "limit": 4, **params}
             r = await c.get("/api/v1/events", headers=ADMIN, params=params)
             assert r.status_code == 200, r.text
             return r
@@ -245,5 +245,152 @@ async def test_events_keyset_paging_skips_nothing_and_total_is_bounded(make_sett
             assert seen == sorted(stored) and len(seen) == n
             last = await page(seen[-3])
             assert last.json()["total"] == 2 and "X-Total-Estimated" not in last.headers
+        finally:
+            await db.close()
+
+
+STREAMS = (
+    ("/api/v1/sync-events", {}),
+    ("/api/v1/events", {"Accept": "text/event-stream"}),  # the same stream (DESIGN.md)
+)
+
+
+async def _refused(c: httpx.AsyncClient, path: str, headers: dict[str, str], **params: object):
+    """The answer to a stream request that must be refused: its status and error body, sent
+    as a plain JSON answer (never a `200 text/event-stream` that then breaks off)."""
+    async with c.stream("GET", path, headers=headers, params=params) as r:
+        assert not r.headers["content-type"].startswith("text/event-stream"), (path, params)
+        await r.aread()
+        body = r.json()
+        assert body["ok"] is False and body["code"] and body["error"] and body["request_id"]
+        return r.status_code, body
+
+
+async def test_a_refused_stream_is_refused_before_it_starts(make_settings) -> None:
+    """403 (another tenant's events), 400 (bad filters or cursor) on both stream endpoints:
+    the status and the DESIGN.md error body, before any `200 text/event-stream`."""
+    settings = make_settings()
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url, timeout=10) as c:
+        who = await tokens_for(c, "gail")
+        for path, accept in STREAMS:
+            gail = {**who["gail"], **accept}
+            status, body = await _refused(c, path, gail, user_uuid="hank")
+            assert (status, body["code"]) == (403, "forbidden"), (path, body)
+            status, body = await _refused(c, path, gail, types="task.teleported")
+            assert (status, body["code"]) == (400, "bad_request"), (path, body)
+            status, _ = await _refused(c, path, {**gail, "Last-Event-ID": "yesterday"})
+            assert status == 400
+            for bad in ({"from_seq": -1}, {"from_position": "x"}, {"aggregate": ""}):
+                status, _ = await _refused(c, path, gail, **bad)
+                assert status == 400, (path, bad)
+            # Allowed: her own (user_uuid = herself) starts.
+            async with c.stream("GET", path, headers=gail, params={"user_uuid": "gail"}) as r:
+                assert r.status_code == 200
+                assert (await anext(sse_frames(r))) == {"comment": "connected"}
+
+
+async def test_from_seq_is_a_seq_for_any_aggregate_and_from_position_the_cursor(
+    make_settings,
+) -> None:
+    """`from_seq` keeps events whose per-aggregate seq is at least it (SPEC part 2), with
+    `aggregate=all` as with one aggregate; `from_position` is the global cursor, on the page
+    and on the stream, and Last-Event-ID still resumes."""
+    settings = make_settings()
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url, timeout=10) as c:
+        db = await connect(settings.database_url)
+        store = EventStore(db.pool)
+        try:
+            made = []
+            for agg, n in (("fx", 3), ("fy", 1), ("fz", 2)):
+                for _ in range(n):
+                    made += await store.append([NewEvent("task.created", {"task_id": agg})])
+
+            async def page(**params: object) -> list[tuple[str, int]]:
+                r = await c.get("/api/v1/events", headers=ADMIN, params=params)
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert body["total"] == len(body["data"])
+                return [(e["aggregate_id"], e["seq"]) for e in body["data"]]
+
+            assert await page(from_seq=2) == [("fx", 2), ("fx", 3), ("fz", 2)]
+            assert await page(from_seq=2, aggregate="fz") == [("fz", 2)]
+            third = made[3].position  # fy's only event
+            assert await page(from_position=third) == [("fy", 1), ("fz", 1), ("fz", 2)]
+            assert await page(from_position=third, from_seq=2) == [("fz", 2)]
+
+            # The stream: from_seq across all aggregates filters what it carries.
+            for path, accept in STREAMS:
+                headers = {**ADMIN, **accept}
+                async with c.stream("GET", path, headers=headers, params={"from_seq": 2}) as r:
+                    assert r.status_code == 200
+                    frames = sse_frames(r)
+                    assert (await anext(frames)) == {"comment": "connected"}
+                    fresh = NewEvent("task.created", {"task_id": f"fw{path}"})
+                    await store.append([fresh])  # its aggregate's seq 1: filtered out
+                    [second] = await store.append([NewEvent("task.created", {"task_id": "fy"})])
+                    frame = await anext(f async for f in frames if "id" in f)
+                    assert int(frame["id"]) == second.position
+                    assert json.loads(frame["data"])["seq"] >= 2
+            # from_position on the stream: a replay from that position (inclusive), then live.
+            for path, accept in STREAMS:
+                headers = {**ADMIN, **accept}
+                params = {"from_position": third, "types": "task.created"}
+                async with c.stream("GET", path, headers=headers, params=params) as r:
+                    got = []
+                    async for frame in sse_frames(r):
+                        if "id" in frame:
+                            got.append(int(frame["id"]))
+                        if len(got) == 3:
+                            break
+                    assert got == [e.position for e in made[3:6]]
+                # Last-Event-ID (a position, exclusive) wins over from_position.
+                headers["Last-Event-ID"] = str(made[4].position)
+                async with c.stream("GET", path, headers=headers, params=params) as r:
+                    frame = await anext(f async for f in sse_frames(r) if "id" in f)
+                    assert int(frame["id"]) == made[5].position
+        finally:
+            await db.close()
+
+
+async def test_on_the_stream_the_event_name_and_data_type_agree(make_settings) -> None:
+    """SPEC part 4: frames `event: <type>` with `data: {id, type, data}`; part 6: on the
+    stream workflow events carry colon names. So on the stream both the `event:` line and
+    `data.type` carry the stream name; GET /events pages carry the store name."""
+    settings = make_settings()
+    spec_names = {
+        "workflow:started",
+        "workflow:step:started",
+        "workflow:step:completed",
+        "workflow:step:failed",
+        "workflow:completed",
+        "workflow:failed",
+        "workflow:cancelled",
+        "workflow:compensating",
+    }
+    store_names = sorted(n for n in CATALOG if n.startswith("workflow."))
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url, timeout=10) as c:
+        db = await connect(settings.database_url)
+        store = EventStore(db.pool)
+        try:
+            async with c.stream("GET", "/api/v1/sync-events", headers=ADMIN) as r:
+                frames = sse_frames(r)
+                assert (await anext(frames)) == {"comment": "connected"}
+                for name in [*store_names, "task.created"]:
+                    data = {"workflow_id": "wf-names", "step": "s"}
+                    if name == "task.created":
+                        data = {"task_id": "t-names"}
+                    await store.append([NewEvent(name, data, "admin")])
+                seen: dict[str, str] = {}
+                async for frame in frames:
+                    if "id" in frame:
+                        body = json.loads(frame["data"])
+                        assert frame["event"] == body["type"], frame
+                        seen[frame["event"]] = body["aggregate_id"]
+                    if len(seen) == len(store_names) + 1:
+                        break
+            assert set(seen) == {stream_name(n) for n in store_names} | {"task.created"}
+            assert spec_names <= set(seen)
+            page = await c.get("/api/v1/events", headers=ADMIN, params={"aggregate": "wf-names"})
+            assert [e["type"] for e in page.json()["data"]] == store_names
         finally:
             await db.close()

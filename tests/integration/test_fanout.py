@@ -5,6 +5,7 @@ that never holds up the others, and tenancy with the shared encoding."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -42,7 +43,8 @@ async def fanout_of(
     def make(limit: int = 10_000) -> Fanout:
         # Each fan-out is a replica's: a supervisor of its own.
         replicas.append(make_supervisor(f"replica-{len(replicas)}"))
-        made.append(Fanout(feed.subscribe, store, client_limit=limit, supervisor=replicas[-1]))
+        upstream = functools.partial(feed.subscribe, announce=True)
+        made.append(Fanout(upstream, store, client_limit=limit, supervisor=replicas[-1]))
         return made[-1]
 
     yield make

@@ -151,7 +151,7 @@ def _events_part(url: str, proxy: DroppingProxy) -> None:
         listener.start()
         second = api.create_workflow("w1", STEPS)
         before = got.get(timeout=20)
-        assert before.aggregate_id == second.id and before.type == "workflow.started"
+        assert before.aggregate_id == second.id and before.type == "workflow:started"
         proxy.drop()  # the stream (and the client's pooled connections) are cut
         third = api.create_workflow("w2", STEPS)
         wanted.add(third.id)

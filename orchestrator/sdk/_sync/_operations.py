@@ -65,15 +65,19 @@ class SyncOperations(SyncCore):
         user_uuid: str | None = None,
         types: Sequence[str] | None = None,
         from_seq: int = 0,
+        from_position: int = 0,
         limit: int | None = None,
         offset: int = 0,
     ) -> EventPage:
-        """One page of stored events, oldest first; `iter_events` walks them all."""
+        """One page of stored events, oldest first; `iter_events` walks them all. `from_seq`
+        keeps events whose per-aggregate `seq` is at least it; `from_position` is the global
+        cursor (the last event's `position` + 1 is the next page)."""
         params = given(
             aggregate=aggregate,
             user_uuid=user_uuid,
             types=comma_list(types),
             from_seq=from_seq or None,
+            from_position=from_position or None,
             limit=limit,
             offset=offset or None,
         )
@@ -86,6 +90,7 @@ class SyncOperations(SyncCore):
         user_uuid: str | None = None,
         types: Sequence[str] | None = None,
         from_seq: int = 0,
+        from_position: int = 0,
         page_size: int = 100,
     ) -> Iterator[Event]:
         """Every stored event that matches, oldest first, a page at a time."""
@@ -96,6 +101,7 @@ class SyncOperations(SyncCore):
                 user_uuid=user_uuid,
                 types=types,
                 from_seq=from_seq,
+                from_position=from_position,
                 limit=page_size,
                 offset=offset,
             )
@@ -110,16 +116,20 @@ class SyncOperations(SyncCore):
         user_uuid: str | None = None,
         types: Sequence[str] | None = None,
         from_seq: int = 0,
+        from_position: int | None = None,
         last_event_id: int | None = None,
         reconnect: bool = True,
     ) -> Generator[Event, None]:
-        """Live events (GET /sync-events). When the server ends or drops the stream, it
-        reconnects with Last-Event-ID set to the last event seen, so no event is missed or
-        repeated; after `max_retries` failed connections in a row the error is raised.
-        `reconnect=False` stops at the end of the first stream instead."""
+        """Live events (GET /sync-events), from `from_position` (a global position,
+        inclusive) or after `last_event_id` when given, else from now (or, for one aggregate,
+        from its `from_seq`). When the server ends or drops the stream, it reconnects with
+        Last-Event-ID set to the last event seen, so no event is missed or repeated; after
+        `max_retries` failed connections in a row the error is raised. `reconnect=False`
+        stops at the end of the first stream instead. On the stream an event's `type` is its
+        stream name (colon style for workflow types: `workflow:step:started`)."""
         last, failures, parser = last_event_id, 0, SseParser()
         while True:
-            call = sync_events_call(aggregate, user_uuid, types, from_seq, last)
+            call = sync_events_call(aggregate, user_uuid, types, from_seq, last, from_position)
             try:
                 with closing(self._sse(call, parser)) as frames:
                     for frame in frames:

@@ -19,6 +19,15 @@ export function linkOf(e) {
   return null;
 }
 
+// On the stream an event carries its stream name (`workflow:step:started`); the table shows
+// every row by its store name (`workflow.step_started`), as the backlog from GET /events has it.
+export function storeName(type) {
+  const t = String(type || "");
+  if (!t.startsWith("workflow:")) return t;
+  const rest = t.slice("workflow:".length);
+  return rest.startsWith("step:") ? `workflow.step_${rest.slice("step:".length)}` : `workflow.${rest}`;
+}
+
 function matches(e, prefix) {
   if (!prefix) return true;
   const t = String(e.type || "");
@@ -84,8 +93,8 @@ export default function Page({ params, user }) {
             setError({ message: ev.data.error, code: ev.data.code });
             return;
           }
-          const e = ev.data;
-          if (!e || typeof e !== "object") return;
+          if (!ev.data || typeof ev.data !== "object") return;
+          const e = { ...ev.data, type: storeName(ev.data.type) };
           last.current = e.position ?? ev.id;
           if (!matches(e, applied.prefix)) return;
           setEvents((old) => [e, ...old].slice(0, KEEP));

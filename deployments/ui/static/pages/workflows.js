@@ -266,8 +266,8 @@ function Detail({ params }) {
         }),
       );
       if (tasks.size > 0) {
-        // Decisions since the workflow's first event (from_seq: a global position here).
-        const r = await api("GET", "/events", { query: { types: DECISION, from_seq: evs[0].position, limit: 1000 } });
+        // Decisions since the workflow's first event (from_position: the global cursor).
+        const r = await api("GET", "/events", { query: { types: DECISION, from_position: evs[0].position, limit: 1000 } });
         for (const e of r.data) if (byTask[e.data.task_id]) byTask[e.data.task_id].push(e);
         for (const t of tasks) byTask[t].sort((a, b) => a.position - b.position);
       }
