@@ -219,6 +219,49 @@ def test_step_inputs_reach_the_task(spec: Spec, seen: dict[str, Any]) -> None:
     assert "builder agent" in tools_step["messages"][0]["content"]
 
 
+async def test_step_timeout(spec: Spec) -> None:
+    """SPEC part 2 Step: timeout number "Step timeout in seconds": a step that runs longer
+    fails (and so does its workflow)."""
+    h = await spec.user("p2-timeout")
+    wid = await create_workflow(
+        spec.c, h, name="p2-t", steps=[{"name": "slow", "prompt": "[sleep 5]", "timeout": 0.5}]
+    )
+    body = await finished(spec.c, h, wid)
+    assert body["status"] == "failed" and body["steps"][0]["status"] == "failed"
+
+
+async def test_branch_fallback(spec: Spec) -> None:
+    """SPEC part 2 Step: conditions "An entry without `match` acts as the fallback"; `then`
+    names the step to run next (the steps jumped over are skipped)."""
+    h = await spec.user("p2-branch")
+    wid = await create_workflow(
+        spec.c,
+        h,
+        name="p2-b",
+        steps=[
+            {"name": "first", "prompt": "[answer MEDIUM]"},
+            {
+                "name": "route",
+                "type": "branch",
+                "conditions": {
+                    "hi": {"match": "{{first.result}}", "pattern": "^HIGH$", "then": "high"},
+                    "rest": {"then": "other"},
+                },
+            },
+            {"name": "high", "prompt": "x"},
+            {"name": "other", "prompt": "y"},
+        ],
+    )
+    body = await finished(spec.c, h, wid)
+    status = {s["name"]: s["status"] for s in body["steps"]}
+    assert status == {
+        "first": "completed",
+        "route": "completed",
+        "high": "skipped",
+        "other": "completed",
+    }
+
+
 # --- Inference instance and model entry ---------------------------------------------------
 
 

@@ -29,8 +29,8 @@ from tests.sse import sse_frames
 
 @pytest.fixture(scope="module")
 def spec_overrides() -> dict[str, Any]:
-    # A short keep-alive so the `: ping` comment is seen within a test.
-    return {"sse_ping_interval_s": 0.3}
+    # Short keep-alives so the `: ping` and chat heartbeat comments are seen within a test.
+    return {"sse_ping_interval_s": 0.3, "stream_heartbeat_s": 0.1}
 
 
 def shape(body: dict[str, Any], fields: dict[str, str]) -> None:
@@ -302,6 +302,27 @@ async def test_chat_completions(spec: Spec) -> None:
             for choice in json.loads(frame["data"])["choices"]:
                 text += choice["delta"].get("content") or ""
     assert done and text == "PONG"
+
+
+async def test_chat_stream_heartbeat(spec: Spec) -> None:
+    """SPEC part 4: POST /chat/completions with `stream` true: "heartbeat messages keep the
+    connection alive" (while the model is silent: SSE comments, ignored by clients)."""
+    h = await spec.user("p4-chat")
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "messages": [{"role": "user", "content": "[sleep 0.2]"}],
+    }
+    comments, text = 0, ""
+    async with spec.c.stream("POST", "/chat/completions", headers=h, json=body) as s:
+        assert s.status_code == 200
+        async for frame in sse_frames(s):
+            if "comment" in frame:
+                comments += 1
+            elif frame.get("data") and frame["data"] != "[DONE]":
+                for choice in json.loads(frame["data"])["choices"]:
+                    text += choice["delta"].get("content") or ""
+    assert comments >= 1 and text.startswith("slept:")
 
 
 async def test_messages(spec: Spec) -> None:

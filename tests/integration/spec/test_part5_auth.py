@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import asyncpg
 import pytest
 
 from tests.integration.spec._kit import ADMIN, Spec, error_body
@@ -262,4 +263,27 @@ async def test_channel_webhook_needs_no_bearer(spec: Spec) -> None:
     path = r.json()["data"]["webhook_path"].removeprefix("/api/v1")
     body = {"text": "hi", "user": "u", "metadata": {"message_id": f"m{time.time_ns()}"}}
     r = await spec.c.post(path, json=body)
+    assert r.status_code == 200, r.text
+
+
+async def test_memory_ownerless_entries_visible_to_all(spec: Spec) -> None:
+    """SPEC part 5 item 6: "entries without an owner are visible to all" (such entries come
+    only from before entries had owners: made here by clearing the owner in the database);
+    changing one is an admin's (docs/api/memory.md)."""
+    ann = await spec.user("p5-ann")
+    bob = await spec.user("p5-bob")
+    r = await spec.c.post("/memory/p5o/store", headers=ann, json={"key": "shared", "value": "old"})
+    assert r.status_code == 200, r.text
+    conn = await asyncpg.connect(spec.settings.database_url)
+    try:
+        await conn.execute("UPDATE memory_entries SET user_uuid = NULL WHERE agent_id = 'p5o'")
+    finally:
+        await conn.close()
+    for who in (ann, bob, ADMIN):
+        assert (await spec.c.get("/memory/p5o/shared", headers=who)).json()["value"] == "old"
+        listed = (await spec.c.get("/memory/p5o/list", headers=who)).json()["entries"]
+        assert [e["key"] for e in listed] == ["shared"]
+    r = await spec.c.post("/memory/p5o/shared/pin", headers=bob, json={"pinned": True})
+    assert r.status_code == 403, r.text
+    r = await spec.c.post("/memory/p5o/shared/pin", headers=ADMIN, json={"pinned": True})
     assert r.status_code == 200, r.text
