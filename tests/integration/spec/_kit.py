@@ -75,7 +75,7 @@ def is_type(value: Any, kind: str) -> bool:
     raise AssertionError(f"unknown SPEC type {kind}")
 
 
-async def until(check: Callable[[], Awaitable[Any]], within: float = 30.0) -> Any:
+async def until(check: Callable[[], Awaitable[Any]], within: float = 60.0) -> Any:
     """Poll `check` until it returns something truthy (a deadline, never a bare sleep)."""
     deadline = time.monotonic() + within
     while True:
@@ -93,7 +93,7 @@ async def create_workflow(c: httpx.AsyncClient, h: dict[str, str], **body: Any) 
 
 
 async def finished(
-    c: httpx.AsyncClient, h: dict[str, str], wid: str, within: float = 30
+    c: httpx.AsyncClient, h: dict[str, str], wid: str, within: float = 60
 ) -> dict[str, Any]:
     """The workflow once it is completed, failed or cancelled."""
 

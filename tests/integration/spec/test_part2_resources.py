@@ -534,6 +534,18 @@ async def test_memory_agent_id(spec: Spec) -> None:
     assert too_long.status_code == 400, too_long.text
 
 
+async def test_memory_agent_id_default_for_agent_tools(spec: Spec) -> None:
+    """SPEC part 2 Memory entry: agent_id "default `default`": an agent's memory tool called
+    without one stores in the namespace `default`, as the task's user."""
+    h = await spec.user("p2-tool")
+    prompt = '[tool memory_store {"key": "p2-tool-key", "value": "from the agent"}]'
+    wid = await create_workflow(spec.c, h, name="p2-mem", steps=[{"name": "m", "prompt": prompt}])
+    assert (await finished(spec.c, h, wid))["status"] == "completed"
+    got = await spec.c.get("/memory/default/p2-tool-key", headers=h)
+    assert got.status_code == 200, got.text
+    assert got.json()["value"] == "from the agent"
+
+
 # --- Workspace entries --------------------------------------------------------------------
 
 

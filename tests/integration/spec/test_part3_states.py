@@ -5,6 +5,7 @@ names the row it checks."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import Any
@@ -213,6 +214,7 @@ async def test_job_pause_does_not_fire_unpause_active(spec: Spec) -> None:
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         assert (await spec.c.get(f"/schedules/{jid}", headers=ADMIN)).json()["last_run"] == before
+        await asyncio.sleep(0.05)
     r = await spec.c.post(f"/schedules/{jid}/unpause", headers=ADMIN)
     assert r.json()["status"] == "active"
     assert (await spec.c.get(f"/schedules/{jid}", headers=ADMIN)).json()["enabled"] is True

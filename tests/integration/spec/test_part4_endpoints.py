@@ -520,10 +520,12 @@ async def test_sse_stream(spec: Spec, path: str, headers: dict[str, str]) -> Non
     h = {**(await spec.user("p4-sse")), **headers}
     names: list[str] = []
     pinged = False
+    deadline = time.monotonic() + 60
     async with spec.c.stream("GET", path, headers=h, timeout=30) as s:
         assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
         wid = None
         async for frame in sse_frames(s):
+            assert time.monotonic() < deadline, "the stream did not show it in time"
             if frame.get("comment") == "ping":
                 pinged = True
             if wid is None and ("comment" in frame):

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.integration.spec._kit import ADMIN, Spec, error_body
+from tests.integration.spec._kit import ADMIN, TG_TOKEN, Spec, error_body
 
 EXEMPT = ["/health", "/ready", "/metrics", "/slo"]
 
@@ -287,3 +287,41 @@ async def test_memory_ownerless_entries_visible_to_all(spec: Spec) -> None:
     assert r.status_code == 403, r.text
     r = await spec.c.post("/memory/p5o/shared/pin", headers=ADMIN, json={"pinned": True})
     assert r.status_code == 200, r.text
+
+
+async def test_channel_webhooks_platform_verification(spec: Spec) -> None:
+    """SPEC part 5 item 5: Teams-style deliveries are verified by a JWT in `Authorization`
+    (none or a garbage one: 401); Telegram-style by an IP allowlist (loopback is not in the
+    default one: 401). Slack-style HMAC: test_part7_errors.py."""
+    ann = await spec.user("p5-ann")
+    teams = await spec.c.post(
+        "/channels",
+        headers=ann,
+        json={
+            "type": "teams",
+            "name": "p5-teams",
+            "config": {
+                "webhook_url": "https://example.webhook.office.com/x",
+                "tenant_id": "t-1",
+                "app_id": "00000000-0000-0000-0000-000000000001",
+            },
+        },
+    )
+    assert teams.status_code == 200, teams.text
+    activity = {"type": "message", "id": "a1", "text": "hi", "serviceUrl": "https://smba.example"}
+    path = teams.json()["data"]["webhook_path"].removeprefix("/api/v1")
+    for headers in ({}, {"Authorization": "Bearer not.a.jwt"}):
+        r = await spec.c.post(path, json=activity, headers=headers)
+        assert r.status_code == 401, r.text
+        error_body(r)
+    telegram = await spec.c.post(
+        "/channels",
+        headers=ann,
+        json={"type": "telegram", "name": "p5-tg", "config": {"bot_token": TG_TOKEN}},
+    )
+    assert telegram.status_code == 200, telegram.text
+    path = telegram.json()["data"]["webhook_path"].removeprefix("/api/v1")
+    update = {"update_id": 1, "message": {"message_id": 1, "chat": {"id": 5}, "text": "hi"}}
+    r = await spec.c.post(path, json=update)
+    assert r.status_code == 401, r.text
+    error_body(r)

@@ -6,6 +6,7 @@ names the line it checks."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import asyncpg
@@ -129,9 +130,11 @@ async def flows(spec: Spec) -> dict[str, Any]:
     h = await spec.user("p6-ann")
     made: dict[str, str] = {}
     names: dict[str, list[str]] = {}
+    deadline = time.monotonic() + 60
     async with spec.c.stream("GET", "/sync-events", headers=h, timeout=60) as s:
         assert s.status_code == 200
         async for frame in sse_frames(s):
+            assert time.monotonic() < deadline, "the stream did not show it in time"
             if not made and "comment" in frame:
                 made["ok"] = await create_workflow(
                     spec.c,

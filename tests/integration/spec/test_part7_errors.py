@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator.config import Settings
 from orchestrator.runtime import EmbeddedRedis
-from tests.conftest import ServedApp
+from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.integration.spec._kit import ADMIN, TG_TOKEN, Spec, error_body, until
 
 
@@ -341,13 +342,22 @@ async def test_publish_reserved_names(spec: Spec, name: str) -> None:
 # --- A service with a degraded component and memory off -------------------------------------
 
 
-async def test_health_503_and_memory_503(make_settings: Any, tmp_path: Path) -> None:
+async def test_health_503_and_memory_503(database_url: str, tmp_path: Path) -> None:
     """SPEC part 7: GET /health 503 a critical component is degraded (the messaging layer
-    gone); GET /memory/<agent_id>/<key> 503 memory service disabled."""
+    gone); GET /memory/<agent_id>/<key> 503 memory service disabled. A service of its own:
+    a Redis of its own to stop, memory off."""
     redis = EmbeddedRedis(tmp_path / "own-redis")
     url = redis.start()
     try:
-        settings = make_settings(redis_url=url, memory_enabled=False, rate_limit_per_minute=0)
+        settings = Settings.load(
+            environ={},
+            database_url=database_url,
+            redis_url=url,
+            data_dir=tmp_path / "data",
+            admin_token=ADMIN_TOKEN,
+            memory_enabled=False,
+            rate_limit_per_minute=0,
+        )
         async with ServedApp(settings) as app, httpx.AsyncClient(base_url=f"{app.url}/api/v1") as c:
             expect(await c.get("/memory/default/k", headers=ADMIN), 503)
             assert (await c.get("/health")).status_code == 200
