@@ -219,6 +219,45 @@ def test_step_inputs_reach_the_task(spec: Spec, seen: dict[str, Any]) -> None:
     assert "builder agent" in tools_step["messages"][0]["content"]
 
 
+MODES = ["build", "plan", "explore", "review", "general", "coordinate"]
+
+
+@pytest.mark.parametrize("mode", [pytest.param(m, id=f"SPEC part 2 Step: mode {m}") for m in MODES])
+async def test_step_modes(spec: Spec, mode: str) -> None:
+    """SPEC part 2 Step: mode "Agent mode: build, plan, explore, review, general,
+    coordinate": each is taken and its step runs."""
+    h = await spec.user("p2-modes")
+    wid = await create_workflow(
+        spec.c, h, name=f"p2-{mode}", steps=[{"name": "s", "prompt": "[answer M]", "mode": mode}]
+    )
+    body = await finished(spec.c, h, wid)
+    assert body["status"] == "completed" and body["steps"][0]["result"] == "M", body
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param({"prompt": "x"}, id="SPEC part 2 Step: name required"),
+        pytest.param({"name": "a"}, id="SPEC part 2 Step: prompt required for normal steps"),
+        pytest.param(
+            {"name": "a", "prompt": "x", "mode": "dance"}, id="SPEC part 2 Step: mode one of six"
+        ),
+        pytest.param(
+            {"name": "a", "type": "branch"}, id="SPEC part 2 Step: conditions for branch steps"
+        ),
+        pytest.param(
+            {"name": "a", "type": "branch", "conditions": {"x": {"match": "{{a.result}}"}}},
+            id="SPEC part 2 Step: conditions entry requires then",
+        ),
+    ],
+)
+async def test_step_input_refused(spec: Spec, step: dict[str, Any]) -> None:
+    h = await spec.user("p2-bad")
+    r = await spec.c.post("/workflows", headers=h, json={"name": "bad", "steps": [step]})
+    assert r.status_code == 400, r.text
+    assert r.json()["code"] == "validation_error" and r.json()["fields"], r.text
+
+
 async def test_step_timeout(spec: Spec) -> None:
     """SPEC part 2 Step: timeout number "Step timeout in seconds": a step that runs longer
     fails (and so does its workflow)."""
