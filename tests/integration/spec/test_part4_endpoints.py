@@ -448,12 +448,17 @@ async def test_metrics(spec: Spec, name: str, kind: str, labels: set[str]) -> No
         headers=h,
         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
     )
-    r = await spec.c.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    assert f"# TYPE {name} {kind}" in r.text
     sample = re.compile(rf"^{name}(_bucket|_count|_sum|_total)?(\{{(?P<labels>[^}}]*)\}})? ", re.M)
-    found = [m for m in sample.finditer(r.text)]
-    assert found, r.text
+
+    async def scraped() -> list[re.Match[str]]:
+        # Events reach svc_event_total through the bus's projection, after their commit:
+        # scraped again until the first sample is there.
+        r = await spec.c.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        assert f"# TYPE {name} {kind}" in r.text
+        return list(sample.finditer(r.text))
+
+    found = await until(scraped)
     for m in found:
         have = set(re.findall(r'(\w+)="', m.group("labels") or ""))
         assert labels <= have, (name, m.group(0))

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from orchestrator.events import CATALOG
-from tests.integration.spec._kit import ADMIN, Spec, create_workflow, events
+from tests.integration.spec._kit import ADMIN, Spec, create_workflow, events, until
 from tests.sse import sse_frames
 
 # SPEC part 6's table: category (aggregate key) -> types.
@@ -280,5 +280,9 @@ async def test_append_only(spec: Spec, flows: dict[str, Any]) -> None:
 
 async def test_event_total_metric(spec: Spec, flows: dict[str, Any]) -> None:
     """SPEC part 4 Metrics / part 6: svc_event_total counts events on the bus by type."""
-    text = (await spec.c.get("/metrics")).text
-    assert 'svc_event_total{type="workflow.started"}' in text
+
+    async def counted() -> bool:
+        text = (await spec.c.get("/metrics")).text
+        return 'svc_event_total{type="workflow.started"}' in text
+
+    await until(counted)
