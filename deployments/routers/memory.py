@@ -246,7 +246,8 @@ async def reflections(
 async def clear(
     agent_id: AgentId, memory: Memory, settings: Config, caller: CurrentUser
 ) -> wire.MemoryCleared:
-    """Removes the caller's own entries in this namespace (an admin's: all of them)."""
+    """Removes the caller's own entries in this namespace (SPEC: owner only); an admin's
+    clear also the ownerless ones (with memory_admin_delete: every user's)."""
     return wire.MemoryCleared(cleared=await _memory(memory, settings).clear(agent_id, caller))
 
 
@@ -290,6 +291,8 @@ async def delete_entry(
     caller: CurrentUser,
     owner: Owner = None,
 ) -> wire.MemoryOk:
+    """The owner only (SPEC part 4). 404 missing (or not yours); an ownerless entry: admins
+    only; another user's: 403 for an admin unless memory_admin_delete."""
     await _memory(memory, settings).delete(agent_id, key, caller, owner)
     return wire.MemoryOk()
 
@@ -304,7 +307,8 @@ async def pin(
     body: PinBody | None = None,
     owner: Owner = None,
 ) -> wire.MemoryPinned:
-    """Pin or unpin: the owner or an admin (403 otherwise; an ownerless entry: admins)."""
+    """Pin or unpin, as delete: the owner only (an ownerless entry: admins; another user's:
+    403 for an admin, with memory_admin_delete allowed)."""
     pinned = body.pinned if body is not None else True
     await _memory(memory, settings).pin(agent_id, key, pinned, caller, owner)
     return wire.MemoryPinned(pinned=pinned)

@@ -498,6 +498,12 @@ class Settings(BaseSettings):
         " key another user holds is 403; owner: keys are unique per owner (each user their"
         " own entry of a key)",
     )
+    memory_admin_delete: bool = Field(
+        False,
+        description="false (SPEC): delete, clear, pin and unpin touch the caller's own"
+        " entries only (ownerless ones: admins only); true: admins also change other users'"
+        " entries and clear removes every user's entries in the namespace",
+    )
     embedder_threads: int = Field(1, ge=1, description="CPU threads of the local embedder")
     embedding_max_inputs: int = Field(
         2048, ge=1, description="Inputs in one POST /embeddings (OpenAI's own limit); 400 above"

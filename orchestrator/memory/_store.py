@@ -111,16 +111,20 @@ class MemoryStore:
         ef_search: int = 100,
         supervisor: Supervisor | None = None,
         key_scope: str = "agent",
+        admin_delete: bool = False,
     ) -> None:
         """`embedder` makes embeddings here (query texts, and `run_filler`); `auto_embed`
         marks entries stored without an embedding for a filler to embed (default: when
         this store has an embedder; agent workers set it without one). `supervisor`: the
         process's, which runs the cache's retries of owed DELs. `key_scope`: the
         `memory_key_scope` setting ("agent": a key is unique within the namespace; "owner":
-        per owner)."""
+        per owner). `admin_delete`: the `memory_admin_delete` setting (False, the spec: delete,
+        clear, pin and unpin touch the caller's own entries only, ownerless ones admins only;
+        True: admins change anyone's and clear a whole namespace)."""
         if key_scope not in ("agent", "owner"):
             raise ValueError(f"memory_key_scope: agent or owner, not {key_scope!r}")
         self._per_owner = key_scope == "owner"
+        self._admin_delete = admin_delete
         self._pool = pool
         self._events = events
         self._dim = dim
@@ -406,12 +410,24 @@ class MemoryStore:
         ).add_done_callback(_accessed_appended)
         return entry
 
+    def _check_owner(self, entry: Entry, principal: Principal, verb: str) -> None:
+        """Delete, pin and unpin (SPEC part 4: owner only): the caller's own entry; an
+        ownerless one (from before entries had owners) admins only; another user's only
+        with `memory_admin_delete` (403: admins see it; non-admins never got this far)."""
+        if entry.user_uuid == principal.user_uuid:
+            return
+        if not principal.is_admin:
+            raise Forbidden(f"only the owner {verb} an entry")
+        if entry.user_uuid is not None and not self._admin_delete:
+            raise Forbidden(
+                f"only the owner {verb} an entry (an admin too with memory_admin_delete)"
+            )
+
     async def delete(
         self, agent_id: str, key: str, principal: Principal, owner: str | None = None
     ) -> None:
         entry = await self._resolve(agent_id, key, principal, owner)
-        if entry.user_uuid != principal.user_uuid and not principal.is_admin:
-            raise Forbidden("only the owner deletes an entry")
+        self._check_owner(entry, principal, "deletes")
         await self._write_one(
             agent_id,
             entry.user_uuid,
@@ -433,9 +449,7 @@ class MemoryStore:
         owner: str | None = None,
     ) -> None:
         entry = await self._resolve(agent_id, key, principal, owner)
-        # As delete: the owner or an admin (an ownerless entry: admins only).
-        if entry.user_uuid != principal.user_uuid and not principal.is_admin:
-            raise Forbidden("only the owner pins or unpins an entry")
+        self._check_owner(entry, principal, "pins or unpins")
         await self._write_one(
             agent_id,
             entry.user_uuid,
@@ -451,14 +465,20 @@ class MemoryStore:
         )
 
     async def clear(self, agent_id: str, principal: Principal) -> int:
-        """The caller's own entries in this namespace (an admin: every entry in it)."""
-        where = "TRUE" if principal.is_admin else "user_uuid = $2"
+        """The caller's own entries in this namespace; an admin's clear also takes the
+        ownerless ones (with `memory_admin_delete`: every entry in it, anyone's)."""
+        if principal.is_admin and self._admin_delete:
+            where = "($2::text IS NOT NULL OR TRUE)"  # asyncpg wants every argument used
+        elif principal.is_admin:
+            where = "(user_uuid = $2 OR user_uuid IS NULL)"
+        else:
+            where = "user_uuid = $2"
         rows = await self._write_rows(
             lambda tx: tx.conn.fetch(
                 f"DELETE FROM memory_entries WHERE agent_id = $1 AND {where}"
                 " RETURNING agent_id, user_uuid, key",
                 agent_id,
-                *([] if principal.is_admin else [principal.user_uuid]),
+                principal.user_uuid,
             )
         )
         return len(rows)

@@ -245,6 +245,7 @@ async def _api(
         ef_search=s.memory_hnsw_ef_search,
         supervisor=supervisor,
         key_scope=s.memory_key_scope,
+        admin_delete=s.memory_admin_delete,
     )
     await memory.prepare()
     # Its writes still in flight finish and its owed cache DELs go out before Redis closes.

@@ -480,6 +480,80 @@ async def test_pin_checks_ownership_as_delete_does(
         assert r.json() == {"status": "ok", "pinned": pinned}
 
 
+async def _ownerless(make_settings: Any, agent_id: str, key: str) -> None:
+    """An entry from before entries had owners (user_uuid NULL), written as migration 0011
+    left them: no API writes one today."""
+    from orchestrator.db import connect
+
+    db = await connect(make_settings().database_url)
+    try:
+        await db.pool.execute(
+            "INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
+            " updated_at, accessed_at) VALUES ($1, $2, 'old', NULL, 1, 1, 1)",
+            agent_id,
+            key,
+        )
+    finally:
+        await db.close()
+
+
+async def test_delete_clear_and_pin_are_owner_only(
+    api: httpx.AsyncClient, make_settings: Any
+) -> None:
+    """SPEC part 4: delete and clear are owner only (memory_admin_delete false, the
+    default): an admin sees another user's entry but deleting, pinning or unpinning it is
+    a 403 and their clear leaves it; ownerless entries stay admins' to change and clear."""
+    ann = await _user(api, "ann")
+    await api.post("/memory/own/store", headers=ann, json={"key": "hers", "value": "a"})
+    await api.post("/memory/own/store", headers=ADMIN, json={"key": "admins", "value": "x"})
+    await _ownerless(make_settings, "own", "old")
+    assert (await api.get("/memory/own/hers", headers=ADMIN)).json()["value"] == "a"
+    r = await api.delete("/memory/own/hers", headers=ADMIN)
+    assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+    for pinned in (True, False):
+        r = await api.post("/memory/own/hers/pin", headers=ADMIN, json={"pinned": pinned})
+        assert r.status_code == 403 and r.json()["code"] == "forbidden", r.text
+    r = await api.delete("/memory/own/hers", headers=ADMIN, params={"user_uuid": "ann"})
+    assert r.status_code == 403, r.text
+    # The admin's clear: their own entry and the ownerless one, not Ann's.
+    assert (await api.delete("/memory/own/clear", headers=ADMIN)).json()["cleared"] == 2
+    assert (await api.get("/memory/own/hers", headers=ann)).json()["value"] == "a"
+    assert (await api.get("/memory/own/old", headers=ADMIN)).status_code == 404
+    # An ownerless entry the admin deletes and pins; Ann neither.
+    await _ownerless(make_settings, "own", "old2")
+    r = await api.post("/memory/own/old2/pin", headers=ann, json={"pinned": True})
+    assert r.status_code == 403
+    assert (await api.delete("/memory/own/old2", headers=ann)).status_code == 403
+    r = await api.post("/memory/own/old2/pin", headers=ADMIN, json={"pinned": True})
+    assert r.json() == {"status": "ok", "pinned": True}
+    assert (await api.delete("/memory/own/old2", headers=ADMIN)).json() == {"status": "ok"}
+    # The owner herself: pin, unpin, delete.
+    r = await api.post("/memory/own/hers/pin", headers=ann, json={"pinned": True})
+    assert r.json() == {"status": "ok", "pinned": True}
+    assert (await api.delete("/memory/own/hers", headers=ann)).json() == {"status": "ok"}
+
+
+async def test_memory_admin_delete_lets_admins_change_anyones(make_settings: Any) -> None:
+    """`memory_admin_delete: true` (the setting, not the spec): an admin deletes, pins and
+    unpins another user's entry and their clear removes every user's in the namespace."""
+    settings = make_settings(rate_limit_per_minute=0, embedder="none", memory_admin_delete=True)
+    async with ServedApp(settings) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as api:
+            ann, bob = await _user(api, "ann"), await _user(api, "bob")
+            for who, key in ((ann, "a1"), (ann, "a2"), (bob, "b1")):
+                await api.post("/memory/any/store", headers=who, json={"key": key, "value": "v"})
+            await _ownerless(make_settings, "any", "old")
+            r = await api.post("/memory/any/a1/pin", headers=ADMIN, json={"pinned": True})
+            assert r.json() == {"status": "ok", "pinned": True}, r.text
+            assert (await api.delete("/memory/any/a1", headers=ADMIN)).json() == {"status": "ok"}
+            assert (await api.get("/memory/any/a1", headers=ann)).status_code == 404
+            # A non-admin still changes only their own (another's stays invisible: 404).
+            assert (await api.delete("/memory/any/a2", headers=bob)).status_code == 404
+            assert (await api.delete("/memory/any/clear", headers=ADMIN)).json()["cleared"] == 3
+            for who in (ann, bob):
+                assert (await api.get("/memory/any/list", headers=who)).json()["entries"] == []
+
+
 async def test_the_migration_keeps_two_users_entries_of_one_key(
     database_url: str, tmp_path: Any, make_settings: Any
 ) -> None:

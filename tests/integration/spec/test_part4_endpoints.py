@@ -891,6 +891,24 @@ async def test_memory_endpoints(spec: Spec) -> None:
     assert (await c.get("/memory/p4m/list", headers=h)).json()["entries"] == []
 
 
+async def test_memory_delete_and_clear_are_owner_only(spec: Spec) -> None:
+    """SPEC part 4: `DELETE /memory/<agent_id>/<key>` owner only; `DELETE
+    /memory/<agent_id>/clear` owner only (`memory_admin_delete` false, the default): an
+    admin, who sees the entry, cannot delete it (403) and their clear leaves it; pin and
+    unpin as delete (issue 33)."""
+    assert spec.settings.memory_admin_delete is False
+    ann = await spec.user("p4-own")
+    c = spec.c
+    await c.post("/memory/p4o/store", headers=ann, json={"key": "hers", "value": "v"})
+    assert (await c.get("/memory/p4o/hers", headers=ADMIN)).json()["value"] == "v"
+    assert (await c.delete("/memory/p4o/hers", headers=ADMIN)).status_code == 403
+    r = await c.post("/memory/p4o/hers/pin", headers=ADMIN, json={"pinned": True})
+    assert r.status_code == 403
+    assert (await c.delete("/memory/p4o/clear", headers=ADMIN)).json()["status"] == "ok"
+    assert (await c.get("/memory/p4o/hers", headers=ann)).json()["value"] == "v"
+    assert (await c.delete("/memory/p4o/hers", headers=ann)).json()["status"] == "ok"
+
+
 async def test_memory_vector_search(spec: Spec) -> None:
     """SPEC part 4: POST /memory/<agent_id>/vector-search, one of `text` or `embedding` ->
     `{results:[{key, value, similarity}]}` (requires pgvector)."""
