@@ -192,6 +192,12 @@ class Settings(BaseSettings):
     fallback_models: dict[str, list[str]] = Field(
         default_factory=dict, description="Model -> ordered fallbacks"
     )
+    model_ctx_sizes: dict[str, int] = Field(
+        default_factory=dict,
+        description="Model name -> context window (tokens, >= 1) that GET /models lists,"
+        " before the provider's metadata and the built-in table; a model known to none of"
+        " them lists ctx_size null (the spec: an integer)",
+    )
     provider_timeout_s: float = Field(
         120.0, gt=0, description="Longest wait for an upstream answer (or the next stream byte)"
     )
@@ -692,6 +698,14 @@ class Settings(BaseSettings):
                 f" ({self.step_retry_max_backoff_ms} < {self.step_retry_backoff_ms})"
             )
         return self
+
+    @field_validator("model_ctx_sizes", mode="after")
+    @classmethod
+    def _positive_windows(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = sorted(name for name, size in v.items() if size < 1 or not name)
+        if bad:
+            raise ValueError(f"model_ctx_sizes: a name and a window >= 1 each, not {bad}")
+        return v
 
     @field_validator("providers", mode="after")
     @classmethod

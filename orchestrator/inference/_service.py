@@ -131,6 +131,9 @@ class InferenceService:
         models, and the models configured for each remote provider."""
         records = await self.models.records()
         states = await self.instances.model_states()
+        # The operator's windows (`model_ctx_sizes`) win over metadata and the table; a
+        # local instance's own window is what it runs with, so that one stays first.
+        given = self._settings.model_ctx_sizes
         entries: list[ModelEntry] = []
         seen: set[tuple[str, str]] = set()
 
@@ -142,18 +145,22 @@ class InferenceService:
         for r in records:
             if r.provider == "local":
                 status, ctx = states.get(r.name, ("available", r.ctx_size))
-                add(ModelEntry(r.name, status, "local", ctx or r.ctx_size, r.discovered_at))
+                ctx = ctx or r.ctx_size or given.get(r.name, 0)
+                add(ModelEntry(r.name, status, "local", ctx, r.discovered_at))
             else:
-                add(ModelEntry(r.name, "remote", r.provider, r.ctx_size, r.discovered_at))
+                ctx = given.get(r.name) or r.ctx_size
+                add(ModelEntry(r.name, "remote", r.provider, ctx, r.discovered_at))
         for name, (status, ctx) in states.items():
-            add(ModelEntry(name, status, "local", ctx))  # its registration was removed since
-        # A configured model's window: its provider's metadata where the API gives one
-        # (Gemini, Anthropic, Ollama), else the maintained table, else unknown (null).
+            # Its registration was removed since.
+            add(ModelEntry(name, status, "local", ctx or given.get(name, 0)))
+        # A configured model's window: the operator's, else its provider's metadata where
+        # the API gives one (Gemini, Anthropic, Ollama), else the maintained table, else
+        # unknown (null: never a made-up window).
         providers = configured_providers(self._settings)
         contexts = await asyncio.gather(*(self.contexts.of(p) for p in providers))
         for provider, known in zip(providers, contexts, strict=True):
             for model in provider.models:
-                ctx = known.get(model) or known_context(model)
+                ctx = given.get(model) or known.get(model) or known_context(model)
                 add(ModelEntry(model, "remote", provider.name, ctx))
         return entries
 

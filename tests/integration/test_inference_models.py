@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes._loopback import RecordedRequest, Send
@@ -178,6 +179,32 @@ async def test_models_merge_remote_providers_and_ollama(make_settings, tmp_path:
             # Its models were not forgotten because it did not answer.
             by_name = _by_name((await c.get("/api/v1/models", headers=ADMIN)).json()["models"])
             assert by_name[("llava:7b", "ollama")]["ctx_size"] == 131072
+
+
+async def test_model_ctx_sizes_give_every_model_an_integer(make_settings, tmp_path: Path):
+    """`model_ctx_sizes`: a hosted model whose window nobody knows lists the operator's
+    integer (the spec's type) instead of null, and the operator's figure wins over the
+    built-in table; a window under 1 is refused at load."""
+    settings = make_settings(
+        models_dir=tmp_path / "models",
+        providers={"openai": {"api_key": "sk-test", "models": ["gpt-4o-mini", "gpt-4.1"]}},
+        custom_providers=[
+            {
+                "id": "vllm",
+                "format": "openai",
+                "base_url": "http://127.0.0.1:9/v1",
+                "models": ["llama-3.1-70b"],
+            }
+        ],
+        model_ctx_sizes={"llama-3.1-70b": 131072, "gpt-4o-mini": 64000},
+    )
+    async with ServedApp(settings) as app, httpx.AsyncClient(base_url=app.url) as c:
+        models = _by_name((await c.get("/api/v1/models", headers=ADMIN)).json()["models"])
+        assert models[("llama-3.1-70b", "vllm")]["ctx_size"] == 131072
+        assert models[("gpt-4o-mini", "openai")]["ctx_size"] == 64000
+        assert models[("gpt-4.1", "openai")]["ctx_size"] == 1047576  # the table's
+    with pytest.raises(ValueError, match="model_ctx_sizes"):
+        make_settings(model_ctx_sizes={"m": 0})
 
 
 async def test_inference_without_ray_is_503_but_models_work(make_settings, tmp_path: Path):
