@@ -452,8 +452,9 @@ async def test_a_key_is_unique_within_the_agent_namespace(
 async def test_pin_checks_ownership_as_delete_does(
     api: httpx.AsyncClient, make_settings: Any
 ) -> None:
-    """Pin and unpin: the owner or an admin; an ownerless entry (written before entries had
-    owners) is visible to everyone but pinned only by admins, as it is deleted."""
+    """Pin and unpin: the owner (others' entries: test_memory_admin_delete_...); an ownerless
+    entry (written before entries had owners) is visible to everyone but pinned only by
+    admins, as it is deleted."""
     from orchestrator.db import connect
 
     settings = make_settings()
