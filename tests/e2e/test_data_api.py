@@ -52,13 +52,16 @@ def test_every_memory_endpoint(service: Orchestrator) -> None:
         got = c.get("/memory/default/k", headers=ann).json()
         assert got["key"] == "k" and got["value"] == "v1" and isinstance(got["created_at"], int)
         assert c.get("/memory/default/k", headers=bob).status_code == 404
-        # Keys are per owner: Bob's `k` is his own entry; Ann's is untouched.
+        # A key is unique within its namespace (SPEC part 2): Bob's store of Ann's `k` is a
+        # 403 that leaves hers. Delete and clear are owner only (SPEC part 4), for the admin
+        # (`c`'s token) too, who sees the entry: 403; Bob, who does not: 404.
         r = c.post("/memory/default/store", headers=bob, json={"key": "k", "value": "x"})
-        assert r.status_code == 200
-        assert c.get("/memory/default/k", headers=bob).json()["value"] == "x"
-        assert c.get("/memory/default/k", headers=ann).json()["value"] == "v1"
-        assert c.delete("/memory/default/k", headers=bob).status_code == 200
-        assert c.get("/memory/default/k", headers=bob).status_code == 404
+        assert r.status_code == 403
+        assert c.delete("/memory/default/k", headers=bob).status_code == 404
+        assert c.get("/memory/default/k").json()["value"] == "v1"
+        assert c.delete("/memory/default/k").status_code == 403
+        assert c.post("/memory/default/k/pin", json={"pinned": True}).status_code == 403
+        assert c.delete("/memory/default/clear").json()["cleared"] == 0
         assert c.get("/memory/default/k", headers=ann).json()["value"] == "v1"
         r = c.post("/memory/default/store", headers=ann, json={"key": "t", "value": "x", "ttl": 1})
         time.sleep(0.05)
