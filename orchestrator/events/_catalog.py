@@ -308,6 +308,7 @@ _TYPES: tuple[EventType, ...] = (
         task_id=_opt(str),
         stream=_opt(bool),
         messages=_opt(Count),
+        turn=_opt(Count),
     ),
     _declare(
         "inference.complete",
@@ -431,8 +432,11 @@ _TYPES: tuple[EventType, ...] = (
         "agent.diagnostic",
         "task_id",
         AgentData,
+        # malformed_arguments, unknown_tool, output_truncated, context_trimmed
+        kind=_opt(str),
+        detail=_opt(str),
         level=_opt(Literal["debug", "info", "warning", "error"]),
-        message=_opt(str),
+        tool=_opt(str),
     ),
     _declare("agent.loop_warning", "task_id", AgentData, tool=_opt(str), repeats=_opt(Count)),
     _declare(
