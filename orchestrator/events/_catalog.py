@@ -508,7 +508,14 @@ _TYPES: tuple[EventType, ...] = (
     _declare("memory.accessed", "agent_id", MemoryData, hit=_opt(bool)),
     _declare("memory.decayed", "agent_id", MemoryData, count=_opt(Count)),
     _declare("memory.reflected", "agent_id", MemoryData, count=_opt(Count), summary=_opt(str)),
-    _declare("memory.forgotten", "agent_id", MemoryData, keys=_opt(list[str]), count=_opt(Count)),
+    _declare(
+        "memory.forgotten",
+        "agent_id",
+        MemoryData,
+        keys=_opt(list[str]),
+        count=_opt(Count),
+        reason=_opt(Literal["deleted", "cleared", "decayed"]),
+    ),
     # Team (team_id)
     _declare(
         "team.created",
