@@ -298,8 +298,24 @@ _TYPES: tuple[EventType, ...] = (
         duration_ms=_opt(Millis),
     ),
     _declare("worker.task_failed", "task_id", (WorkerTaskData, Failure)),
-    _declare("worker.spawn_failed", "worker_id", (WorkerData, Failure)),
-    _declare("worker.killed", "worker_id", WorkerData, reason=_opt(str), signal=_opt(int)),
+    # A try to start a worker failed; the next comes within `retry_within_ms`.
+    _declare(
+        "worker.spawn_failed",
+        "worker_id",
+        (WorkerData, Failure),
+        attempt=_opt(Count),
+        retry_within_ms=_opt(Millis),
+    ),
+    # Stopped on purpose (its generation drained: redeploy, scale change, shutdown).
+    _declare(
+        "worker.killed",
+        "worker_id",
+        WorkerData,
+        reason=_opt(str),
+        signal=_opt(int),
+        running=_opt(Count),
+        queued=_opt(Count),
+    ),
     # Inference (request_id)
     _declare(
         "inference.request",
