@@ -31,7 +31,6 @@ import ray
 from actors import Generation
 from actors.dispatch import KIND, AttemptLost, RayDispatcher, WorkerDraining, worker_name
 from actors.host import ActorHost
-from actors.records import append_now, error_text
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.config import Settings
 from orchestrator.events import EventStore, NewEvent
@@ -103,6 +102,8 @@ class AgentWorker(ActorHost):
         try:
             return await self._start_services(opened)
         except Exception as exc:
+            from actors.records import error_text  # in the worker (see the imports above)
+
             self._start_failures += 1
             bound = dataclasses.replace(self._supervisor.backoff, jitter=0)
             failed = NewEvent(
@@ -153,6 +154,8 @@ class AgentWorker(ActorHost):
     async def _record(self, events: list[NewEvent]) -> bool:
         """Append `events` now: through the started services' store, else (the start
         failed) a connection of their own (actors/records.py)."""
+        from actors.records import append_now
+
         return await append_now(self._settings.database_url, events, self._events)
 
     def _before_flush(self) -> None:
