@@ -7,11 +7,21 @@ Admission (issue 29): a worker runs at most `agent_worker_max_running` tasks at 
 per-tenant FIFO queues served fairly (orchestrator/runtime/fair_queue.py), so one tenant's
 backlog does not delay another tenant's task behind it. Ray's own queue (past
 `agent_worker_concurrency` calls) is first come, first served: it is set far above the running
-bound so that calls reach the fair queue."""
+bound so that calls reach the fair queue.
+
+Its life is in the events (issue 33): worker.spawned and worker.ready when it has started;
+worker.spawn_failed for each try to start that failed (a crash on start: the database or a
+service it builds refusing), with the reason, tried again by the process's supervisor after
+the house's backoff (RESTART_BACKOFF: 0.25-0.5 s, doubling up to 15-30 s); worker.crashed
+once Ray restarted it after its process died; worker.killed when it is stopped on purpose
+(its generation drained: a redeploy, a change of the pool's size, a shutdown). A failure
+that cannot be written (the database is what failed) is kept and written at the next start
+that can, before worker.spawned."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -23,7 +33,7 @@ from actors.dispatch import KIND, AttemptLost, RayDispatcher, WorkerDraining, wo
 from actors.host import ActorHost
 from orchestrator.agents import AgentTask, TaskResult
 from orchestrator.config import Settings
-from orchestrator.events import NewEvent
+from orchestrator.events import EventStore, NewEvent
 from orchestrator.services import AgentWorkerServices, build_services
 
 if TYPE_CHECKING:
@@ -75,9 +85,11 @@ class AgentWorker(ActorHost):
         # crashed), busy or idle. Recorded once, at the first start that can write it.
         self._crash_to_record = ray.get_runtime_context().was_current_actor_reconstructed
         self._memory: MemoryStore | None = None  # the booted services' (settled on drain)
+        self._events: EventStore | None = None  # the booted services' store
         # Team members (issue 33) go to the pool from here, as step tasks do from a shard.
-        self._events: EventStore | None = None
         self._members: RayDispatcher | None = None
+        self._start_failures = 0  # in a row
+        self._unrecorded: list[NewEvent] = []  # failures to start not written yet
         self._booted = self._boot(self._start)
 
     def __repr__(self) -> str:
@@ -88,6 +100,31 @@ class AgentWorker(ActorHost):
         )
 
     async def _start(self, opened: contextlib.AsyncExitStack) -> AgentRunner:
+        """One try to start (the supervisor retries a failed one after its backoff); a
+        failure is recorded as worker.spawn_failed."""
+        try:
+            return await self._start_services(opened)
+        except Exception as exc:
+            from actors.records import error_text  # in the worker (see the imports above)
+
+            self._start_failures += 1
+            bound = dataclasses.replace(self._supervisor.backoff, jitter=0)
+            failed = NewEvent(
+                "worker.spawn_failed",
+                {
+                    "worker_id": self._id,
+                    "error": error_text(exc),
+                    "attempt": self._start_failures,
+                    "retry_within_ms": int(bound.delay(self._start_failures) * 1000),
+                },
+            )
+            if not await self._record([*self._unrecorded, failed]):
+                self._unrecorded.append(failed)
+            else:
+                self._unrecorded.clear()
+            raise
+
+    async def _start_services(self, opened: contextlib.AsyncExitStack) -> AgentRunner:
         """Everything a try opens goes on `opened`: a failed try closes it (the gateway's
         HTTP pools once leaked here)."""
         services = await build_services(
@@ -110,10 +147,12 @@ class AgentWorker(ActorHost):
                     {"worker_id": self._id, "error": "its process died; Ray restarted it"},
                 ),
             )
-        await events.append(started)
+        await events.append([*self._unrecorded, *started])
+        self._unrecorded.clear()
         self._crash_to_record = False
+        self._start_failures = 0
         await events.append([NewEvent("worker.ready", {"worker_id": self._id})])
-        self._memory = services.memory
+        self._memory, self._events = services.memory, events
         return services.runner
 
     async def _dispatch_member(self, task: AgentTask) -> TaskResult:
@@ -122,6 +161,13 @@ class AgentWorker(ActorHost):
             assert self._events is not None, "dispatched before the services were built"
             self._members = RayDispatcher(self._settings, self._events, self._generation)
         return await self._members.run(task)
+
+    async def _record(self, events: list[NewEvent]) -> bool:
+        """Append `events` now: through the started services' store, else (the start
+        failed) a connection of their own (actors/records.py)."""
+        from actors.records import append_now
+
+        return await append_now(self._settings.database_url, events, self._events)
 
     def _before_flush(self) -> None:
         self._recorder.active_workers(1 if self._admission.running else 0)
@@ -149,12 +195,16 @@ class AgentWorker(ActorHost):
             "per_tenant": a.per_tenant,
         }
 
-    async def drain(self) -> int:
+    async def drain(self, reason: str = "its generation is being replaced") -> int:
         """Take no new task; return once the running ones have ended (the caller bounds the
         wait): the generation is being replaced. Tasks still waiting for a slot are refused
-        (WorkerDraining: nothing of them ran). Returns how many ran to their end here."""
+        (WorkerDraining: nothing of them ran). Returns how many ran to their end here.
+        worker.killed says so first (with `reason`): the kill follows the drain."""
         self._draining = True
+        a = self._admission
+        killed = {"worker_id": self._id, "reason": reason, "running": a.running, "queued": a.queued}
         self._admission.close(self._refusal)
+        await self._record([NewEvent("worker.killed", killed)])
         # Admission's own signal: a slot given back by a waiter cancelled before it resumed
         # (no `run` of ours sees that) is the last one as surely as a finished task's.
         await self._admission.wait_idle()

@@ -26,7 +26,7 @@ from ray.exceptions import RayActorError
 
 from actors import NAMESPACE, Generation, app_prefix
 from actors.agent_worker import KIND as WORKER
-from actors.agent_worker import AgentWorker
+from actors.agent_worker import AgentWorker, worker_name
 from actors.channel_hub import KIND as HUB
 from actors.channel_hub import ChannelHub
 from actors.event_bus import KIND as BUS
@@ -34,11 +34,13 @@ from actors.event_bus import EventBus
 from actors.inference import KIND as INSTANCE
 from actors.metrics import KIND as METRICS
 from actors.metrics import Metrics
+from actors.records import append_now
 from actors.scheduler import KIND as SCHEDULER
 from actors.scheduler import Scheduler
 from actors.workflow_shard import KIND as SHARD
 from actors.workflow_shard import WorkflowShard
 from orchestrator.config import Settings
+from orchestrator.events import NewEvent
 from orchestrator.runtime.backoff import Backoff
 from orchestrator.runtime.supervisor import HEALTHY_RUN_S, RESTART_BACKOFF
 
@@ -105,14 +107,14 @@ def members(settings: Settings, generation: Generation) -> list[Member]:
     ]
 
 
-def _create(member: Member, starts: list[Any] | None = None) -> Any:
+def _create(member: Member, starts: list[tuple[Member, Any]] | None = None) -> Any:
     # Not detached: owned by the calling process (the Runtime replica) and killed with it.
     handle = member.actor_class.options(
         name=member.name, namespace=NAMESPACE, **member.options
     ).remote(*member.args)
     start = getattr(handle, member.start).remote()  # start its work now, not at its first call
     if starts is not None:
-        starts.append(start)
+        starts.append((member, start))
     return handle
 
 
@@ -124,11 +126,14 @@ async def create(
     members_: Iterable[Member],
     wait_s: float = NAME_WAIT_S,
     started_within_s: float | None = None,
+    database_url: str | None = None,
 ) -> dict[str, Any]:
     """Create every member; a name still held by a dying predecessor is waited for. With
-    `started_within_s`, also wait (that long at most) for every member's start call."""
+    `started_within_s`, also wait (that long at most) for every member's start call; with
+    `database_url` too, an AgentWorker whose start did not answer in time is recorded as
+    worker.spawn_failed (the Runtime replica has no store: a connection of its own)."""
     handles: dict[str, Any] = {}
-    starts: list[Any] = []
+    starts: list[tuple[Member, Any]] = []
     deadline = time.monotonic() + wait_s
     for member in members_:
         while True:
@@ -141,9 +146,53 @@ async def create(
                 await asyncio.sleep(0.5)
     if started_within_s is not None:
         # A start that fails or takes longer is the actor's own business (it retries, Ray
-        # restarts it, `replace_missing` recreates it): noted, not waited for.
-        await _bounded(starts, started_within_s, "starting the generation")
+        # restarts it, places it once a node can hold it, `keep` recreates it): noted, not
+        # waited for.
+        late = await _late(starts, started_within_s)
+        failed = [_not_started(m, started_within_s) for m in late if m.kind == WORKER]
+        if failed and database_url:
+            await append_now(database_url, failed)
     return handles
+
+
+async def _answer(ref: Any) -> Any:
+    return await ref
+
+
+async def _late(starts: list[tuple[Member, Any]], timeout_s: float) -> list[Member]:
+    """The members whose start call has not answered within `timeout_s` (a failed one is
+    logged: its actor retries or Ray restarts it)."""
+    if not starts:
+        return []
+    calls = {asyncio.ensure_future(_answer(ref)): member for member, ref in starts}
+    done, pending = await asyncio.wait(calls, timeout=max(0.1, timeout_s))
+    for call in pending:
+        call.cancel()  # the start goes on in the actor; only this wait ends
+    for call in done:
+        if call.exception() is not None:
+            log.warning("starting %s: %r", calls[call].name, call.exception())
+    late = [calls[call] for call in pending]
+    if late:
+        names = ", ".join(m.name for m in late)
+        log.warning("starting the generation: %s not started within %.1fs", names, timeout_s)
+    return late
+
+
+def _not_started(member: Member, waited_s: float) -> NewEvent:
+    """worker.spawn_failed of an AgentWorker whose start call did not answer in time: most
+    often a placement no node can meet yet (Ray holds the actor and places it once one can;
+    nothing of it ran), else a start that slow (it goes on)."""
+    cpus = member.options.get("num_cpus")
+    return NewEvent(
+        "worker.spawn_failed",
+        {
+            "worker_id": worker_name(member.args[1]),  # an AgentWorker's args: settings, i, g
+            "error": f"not started within {waited_s:g}s: Ray has not placed it (it asks for "
+            f"{cpus} CPU; a placement no node can meet waits until one can) or its start is "
+            "that slow",
+            "attempt": 1,
+        },
+    )
 
 
 def alive_names(prefix: str) -> set[str]:
@@ -210,11 +259,17 @@ async def _bounded(calls: list[Any], timeout_s: float, what: str) -> None:
             log.warning("%s: %r", what, result)
 
 
-async def drain(members_: Iterable[Member], handles: dict[str, Any], timeout_s: float) -> None:
+async def drain(
+    members_: Iterable[Member],
+    handles: dict[str, Any],
+    timeout_s: float,
+    reason: str = "its generation is being replaced",
+) -> None:
     """Drain the generation, then kill it. First nothing new starts: the scheduler stops
     dispatching and gives its lease up, shards and hubs stop driving (their workflows and
     inbox items stay in Postgres, for the next generation to claim). Then the agent tasks
-    still running end (within what is left of `timeout_s`). Then every actor is killed."""
+    still running end (within what is left of `timeout_s`); each agent worker records
+    worker.killed with `reason`. Then every actor is killed."""
     deadline = time.monotonic() + timeout_s
     by_kind: dict[str, list[Any]] = {}
     for member in members_:
@@ -228,7 +283,7 @@ async def drain(members_: Iterable[Member], handles: dict[str, Any], timeout_s: 
         "draining the scheduler, shards and hubs",
     )
     await _bounded(
-        [h.drain.remote() for h in by_kind.get(WORKER, [])],
+        [h.drain.remote(reason) for h in by_kind.get(WORKER, [])],
         deadline - time.monotonic(),
         "draining the agent workers",
     )

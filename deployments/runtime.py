@@ -99,7 +99,13 @@ class Runtime(ActorHost):
         log.info("generation %s: starting once %s serves", generation.prefix, ingress)
         flush_buffered_logs()  # Serve buffers a replica's lines until its constructor ends
         await _after_ingress(generation.app, ingress)
-        self._handles.update(await create(self._members, started_within_s=GENERATION_START_S))
+        self._handles.update(
+            await create(
+                self._members,
+                started_within_s=GENERATION_START_S,
+                database_url=settings.database_url,  # a worker not started: spawn_failed
+            )
+        )
         for member in self._members:
             self._supervisor.spawn(
                 f"keep {member.name.removeprefix(generation.prefix)}",
@@ -128,7 +134,9 @@ class Runtime(ActorHost):
         being deleted, also stop its inference instances (they outlive redeploys)."""
         await self._supervisor.aclose()
         deleting = await asyncio.to_thread(_app_deleting, self._generation.app)
-        await drain(self._members, self._handles, self._settings.generation_drain_s)
+        # What the agent workers' worker.killed says.
+        reason = "application deleted (shutdown)" if deleting else "replaced by a new version"
+        await drain(self._members, self._handles, self._settings.generation_drain_s, reason)
         if deleting:
             app = self._generation.app
             await stop_instances(app, "application deleted", INSTANCE_STOP_S)

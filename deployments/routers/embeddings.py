@@ -134,6 +134,13 @@ async def embeddings(
     dimensions = _dimensions(body)
     request_id = str(getattr(request.state, "request_id", "") or "")
     started = time.perf_counter()
+    inference_log.request(
+        request_id=request_id,
+        user_uuid=principal.user_uuid,
+        model=model,
+        stream=False,
+        messages=len(texts),
+    )
     try:
         vectors, tokens, provider = await _embed(
             settings, gateway, model, texts, dimensions, limits, principal.user_uuid

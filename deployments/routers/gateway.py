@@ -223,6 +223,13 @@ class _Call:
         self.route: Route | None = None
         self.opening: asyncio.Future[RoutedStream] | None = None
         self.body_started = False
+        services.inference_log.request(
+            request_id=request_id,
+            user_uuid=principal.user_uuid,
+            model=chat.model,
+            stream=chat.stream,
+            messages=len(chat.messages),
+        )
 
     async def complete(self) -> Any:
         try:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import asyncpg
 
 from orchestrator.agents._checkpoint import Checkpoint, CheckpointUnreadable, seal, unseal
+from orchestrator.agents._diagnostics import DiagnosticKind, diagnostic, malformed_arguments
 from orchestrator.agents._task import (
     MODES,
     AgentTask,
@@ -322,6 +323,10 @@ class _Loop:
             self.turns = turn
             await self._fit_context()
             self.emit("agent.turn_started", turn=turn, model=model)
+            # The model call as it starts, in the same batch, off the call's path (its id:
+            # the task's turn; the upstream's own id is in audit.llm_decision).
+            calling = {"model": model, "turn": turn, "messages": len(self.messages)}
+            self.emit("inference.request", request_id=f"{self.task.task_id}:turn-{turn}", **calling)
             self.emitter.flush_soon()
             request = ChatRequest(
                 model=model,
@@ -356,6 +361,8 @@ class _Loop:
                 step=self.task.step,
                 user_uuid=self.task.user_uuid,
             )
+            if response.stop_reason == "max_tokens":
+                self._diagnose("output_truncated", f"cut at the token limit ({max_tokens})")
             if not uses:
                 return "".join(b.text for b in response.content if isinstance(b, TextBlock))
             self.tool_calls += len(uses)
@@ -385,6 +392,8 @@ class _Loop:
 
     async def _call(self, use: ToolUseBlock, turn: int) -> ToolResultBlock:
         arguments = use.input if isinstance(use.input, dict) else {}
+        if (bad := malformed_arguments(use.input)) is not None:
+            self._diagnose("malformed_arguments", bad, tool=use.name)
         note = self._account(use, arguments, turn)
         masked = mask_secrets(arguments)
         tool = self.registry.get(use.name)
@@ -469,6 +478,9 @@ class _Loop:
         verdict = self.gate.decide(name) if self.gate is not None and tool is not None else None
         if tool is None:
             reason = "no such tool"
+            self._diagnose(
+                "unknown_tool", "the model asked for a tool that does not exist", tool=name
+            )
         elif verdict is not None and not verdict.allowed:
             return self._policy_refusal(name, tool, masked, verdict, verdict.reason)
         elif name not in self.allowed:
@@ -641,6 +653,11 @@ class _Loop:
             limit=limit,
             action=f"truncated older tool results to {after} tokens",
         )
+        trimmed = f"older tool results cut from about {tokens} to {after} tokens (limit {limit})"
+        self._diagnose("context_trimmed", trimmed, level="info")
+
+    def _diagnose(self, kind: DiagnosticKind, detail: str, **more: Any) -> None:
+        self.emit("agent.diagnostic", **diagnostic(kind, detail, self.turns, **more))
 
 
 def _result(use: ToolUseBlock, text: str, *, error: bool) -> ToolResultBlock:

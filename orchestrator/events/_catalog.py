@@ -298,8 +298,24 @@ _TYPES: tuple[EventType, ...] = (
         duration_ms=_opt(Millis),
     ),
     _declare("worker.task_failed", "task_id", (WorkerTaskData, Failure)),
-    _declare("worker.spawn_failed", "worker_id", (WorkerData, Failure)),
-    _declare("worker.killed", "worker_id", WorkerData, reason=_opt(str), signal=_opt(int)),
+    # A try to start a worker failed; the next comes within `retry_within_ms`.
+    _declare(
+        "worker.spawn_failed",
+        "worker_id",
+        (WorkerData, Failure),
+        attempt=_opt(Count),
+        retry_within_ms=_opt(Millis),
+    ),
+    # Stopped on purpose (its generation drained: redeploy, scale change, shutdown).
+    _declare(
+        "worker.killed",
+        "worker_id",
+        WorkerData,
+        reason=_opt(str),
+        signal=_opt(int),
+        running=_opt(Count),
+        queued=_opt(Count),
+    ),
     # Inference (request_id)
     _declare(
         "inference.request",
@@ -308,6 +324,7 @@ _TYPES: tuple[EventType, ...] = (
         task_id=_opt(str),
         stream=_opt(bool),
         messages=_opt(Count),
+        turn=_opt(Count),
     ),
     _declare(
         "inference.complete",
@@ -431,8 +448,11 @@ _TYPES: tuple[EventType, ...] = (
         "agent.diagnostic",
         "task_id",
         AgentData,
+        # malformed_arguments, unknown_tool, output_truncated, context_trimmed
+        kind=_opt(str),
+        detail=_opt(str),
         level=_opt(Literal["debug", "info", "warning", "error"]),
-        message=_opt(str),
+        tool=_opt(str),
     ),
     _declare("agent.loop_warning", "task_id", AgentData, tool=_opt(str), repeats=_opt(Count)),
     _declare(
@@ -504,7 +524,14 @@ _TYPES: tuple[EventType, ...] = (
     _declare("memory.accessed", "agent_id", MemoryData, hit=_opt(bool)),
     _declare("memory.decayed", "agent_id", MemoryData, count=_opt(Count)),
     _declare("memory.reflected", "agent_id", MemoryData, count=_opt(Count), summary=_opt(str)),
-    _declare("memory.forgotten", "agent_id", MemoryData, keys=_opt(list[str]), count=_opt(Count)),
+    _declare(
+        "memory.forgotten",
+        "agent_id",
+        MemoryData,
+        keys=_opt(list[str]),
+        count=_opt(Count),
+        reason=_opt(Literal["deleted", "cleared", "decayed"]),
+    ),
     # Team (team_id)
     _declare(
         "team.created",

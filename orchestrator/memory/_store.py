@@ -428,17 +428,21 @@ class MemoryStore:
     ) -> None:
         entry = await self._resolve(agent_id, key, principal, owner)
         self._check_owner(entry, principal, "deletes")
-        await self._write_one(
-            agent_id,
-            entry.user_uuid,
-            key,
-            self._pool.execute(
-                "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2 AND owner = $3",
-                agent_id,
-                key,
-                entry.user_uuid or "",
-            ),
-        )
+
+        async def delete() -> None:
+            # memory.forgotten with the row it removed, in its transaction; none when a
+            # concurrent delete took the row first.
+            async with self._events.transaction() as tx:
+                status = await tx.conn.execute(
+                    "DELETE FROM memory_entries WHERE agent_id = $1 AND key = $2 AND owner = $3",
+                    agent_id,
+                    key,
+                    entry.user_uuid or "",
+                )
+                if status != "DELETE 0":
+                    await tx.append([_forgotten(agent_id, [key], "deleted", entry.user_uuid)])
+
+        await self._write_one(agent_id, entry.user_uuid, key, delete())
 
     async def pin(
         self,
@@ -473,15 +477,25 @@ class MemoryStore:
             where = "(user_uuid = $2 OR user_uuid IS NULL)"
         else:
             where = "user_uuid = $2"
-        rows = await self._write_rows(
-            lambda tx: tx.conn.fetch(
+
+        async def clear(tx: EventTransaction) -> list[asyncpg.Record]:
+            rows: list[asyncpg.Record] = await tx.conn.fetch(
                 f"DELETE FROM memory_entries WHERE agent_id = $1 AND {where}"
                 " RETURNING agent_id, user_uuid, key",
                 agent_id,
                 principal.user_uuid,
             )
-        )
-        return len(rows)
+            # One memory.forgotten per owner whose entries went (each sees their own).
+            by_owner: dict[str | None, list[str]] = {}
+            for r in rows:
+                by_owner.setdefault(r["user_uuid"], []).append(r["key"])
+            if by_owner:
+                await tx.append(
+                    [_forgotten(agent_id, keys, "cleared", o) for o, keys in by_owner.items()]
+                )
+            return rows
+
+        return len(await self._write_rows(clear))
 
     async def entries(
         self, agent_id: str, principal: Principal, limit: int, offset: int, prefix: str = ""
@@ -597,13 +611,7 @@ class MemoryStore:
             forgotten.setdefault(r["agent_id"], []).append((r["user_uuid"], r["key"]))
         events = [
             NewEvent("memory.decayed", {"agent_id": a, "count": n}) for a, n in per_agent.items()
-        ] + [
-            NewEvent(
-                "memory.forgotten",
-                {"agent_id": a, "keys": [k for _, k in keys[:100]], "count": len(keys)},
-            )
-            for a, keys in forgotten.items()
-        ]
+        ] + [_forgotten(a, [k for _, k in keys], "decayed") for a, keys in forgotten.items()]
         if events:
             await tx.append(events)
         return gone
@@ -637,6 +645,13 @@ class MemoryStore:
             "pg_enabled": True,
             "pgvector_enabled": pgvector,
         }
+
+
+def _forgotten(agent_id: str, keys: list[str], reason: str, owner: str | None = None) -> NewEvent:
+    """memory.forgotten: the keys (the first 100) and how many went, and why. Owned by the
+    entries' owner (a decay's and an ownerless entry's: the system's, admins see it)."""
+    data = {"agent_id": agent_id, "keys": keys[:100], "count": len(keys), "reason": reason}
+    return NewEvent("memory.forgotten", data, owner)
 
 
 def _accessed_appended(appended: asyncio.Future[Any]) -> None:

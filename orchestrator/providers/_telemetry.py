@@ -1,10 +1,11 @@
 """`inference.*` events for gateway calls, recorded in batches after the response.
 
-A call's outcome is queued in memory (a list append, no task, no validation on the request
-path); `run()`, a supervised loop, waits `flush_s` after the first queued record so the
-records of that window go out together, then appends them in one transaction (the store's
-group commit). One commit, one NOTIFY and one feed/projection pass per batch instead of per
-call: at a few hundred calls a second the per-call append cost as much CPU as the gateway.
+A call's start (`inference.request`) and its outcome are queued in memory (a list append, no
+task, no validation on the request path); `run()`, a supervised loop, waits `flush_s` after
+the first queued record so the records of that window go out together, then appends them in
+one transaction (the store's group commit). One commit, one NOTIFY and one feed/projection
+pass per batch instead of per call: at a few hundred calls a second the per-call append cost
+as much CPU as the gateway.
 
 Nothing acknowledged is dropped while the process lives: a batch the database refuses
 (down, failing over) goes back to the head of the queue and is retried with backoff;
@@ -70,6 +71,20 @@ class InferenceLog:
     def pending(self) -> int:
         """Records queued, not yet taken into a batch."""
         return len(self._pending)
+
+    def request(
+        self, *, request_id: str, user_uuid: str | None, model: str, stream: bool, messages: int
+    ) -> None:
+        """A call starts (`inference.request`): queued like the outcomes, so it costs the
+        request path a list append and reaches the store in the same batch as its end."""
+        self._emit(
+            "inference.request",
+            user_uuid,
+            request_id=request_id,
+            model=model,
+            stream=stream,
+            messages=messages,
+        )
 
     def complete(
         self,

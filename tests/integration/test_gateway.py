@@ -584,12 +584,15 @@ async def test_calls_are_recorded_as_inference_events(
             events, _ = await store.query(
                 EventQuery(aggregate=request_id), Principal("test", is_admin=True)
             )
-            if events:
+            if any(e.type == "inference.complete" for e in events):
                 break
             await asyncio.sleep(0.05)
     finally:
         await db.close()
-    (event,) = events
+    # The call's start (issue 33), then its outcome.
+    start, event = events
+    assert start.type == "inference.request" and start.user_uuid == "admin"
+    assert start.data["model"] == "gpt-4o-mini" and start.data["stream"] is False
     assert event.type == "inference.complete" and event.user_uuid == "admin"
     assert event.data["provider"] == "openai"
     assert (event.data["tokens_in"], event.data["tokens_out"]) == (5, 2)

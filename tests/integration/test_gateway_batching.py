@@ -36,12 +36,16 @@ async def upstreams() -> AsyncIterator[tuple[OpenAIFake, FakeAnthropic]]:
         yield oai, ant
 
 
-async def _records(conn: asyncpg.Connection, request_ids: list[str]) -> list[asyncpg.Record]:
+async def _records(
+    conn: asyncpg.Connection, request_ids: list[str], type_: str = "inference.complete"
+) -> list[asyncpg.Record]:
+    """The calls' records of one type (each call also has its `inference.request`)."""
     return list(
         await conn.fetch(
             "SELECT aggregate_id, type, xmin::text AS tx FROM events"
-            " WHERE aggregate_id = ANY($1::text[])",
+            " WHERE aggregate_id = ANY($1::text[]) AND type = $2",
             request_ids,
+            type_,
         )
     )
 
@@ -49,8 +53,8 @@ async def _records(conn: asyncpg.Connection, request_ids: list[str]) -> list[asy
 async def _wait_for_records(
     conn: asyncpg.Connection, request_ids: list[str]
 ) -> list[asyncpg.Record]:
-    """The records of `request_ids`, once all are committed (polled: they are written by the
-    app's background flusher, which nothing here can await)."""
+    """The calls' `inference.complete` records, once all are committed (polled: they are
+    written by the app's background flusher, which nothing here can await)."""
     deadline = time.monotonic() + WAIT_S
     while True:
         rows = await _records(conn, request_ids)
@@ -96,17 +100,20 @@ async def test_responses_return_before_their_records_commit_and_records_are_batc
             try:
                 ids = await asyncio.wait_for(_calls(app, 5, stream_last=True), WAIT_S)
                 assert await _records(reader, ids) == []
+                assert await _records(reader, ids, "inference.request") == []
             finally:
                 await tx.rollback()
             rows = await _wait_for_records(reader, ids)
+            starts = await _records(reader, ids, "inference.request")
         finally:
             await blocker.close()
             await reader.close()
     assert sorted(r["aggregate_id"] for r in rows) == sorted(ids)
-    assert {r["type"] for r in rows} == {"inference.complete"}
+    # Each call's start, queued as it began, is written with the outcomes (issue 33).
+    assert sorted(r["aggregate_id"] for r in starts) == sorted(ids)
     # Batched: the one flush that was blocked, then one for everything queued behind it
     # (one transaction per call would be 5; the store's writers alone gave 4).
-    assert len({r["tx"] for r in rows}) <= 2
+    assert len({r["tx"] for r in rows + starts}) <= 2
 
 
 async def test_shutdown_writes_the_queued_records(
