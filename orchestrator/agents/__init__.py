@@ -22,7 +22,8 @@ from orchestrator.agents._task import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.agents._runner import AgentRunner, Emitter, LocalDispatcher, TaskFailed
+    from orchestrator.agents._emitter import Emitter
+    from orchestrator.agents._runner import AgentRunner, LocalDispatcher, TaskFailed
     from orchestrator.agents._tools import (
         BUILTIN_TOOLS,
         FixedTools,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "AgentRunner": "_runner",
-    "Emitter": "_runner",
+    "Emitter": "_emitter",
     "LocalDispatcher": "_runner",
     "TaskFailed": "_runner",
     "BUILTIN_TOOLS": "_tools",

@@ -8,8 +8,9 @@ One test, so that its completeness check sees everything it triggered whatever p
   and local inference), real Postgres and Redis, a loopback OpenAI-format model steered by
   directives in the prompts (tests/fakes/agent_llm.py, plus `[malformed]` and `[cut]` here),
   and a fake llama-server (a script serving /health, then exiting) for the `model.*` types.
-  Everything is done as the user alice and read back with alice's token; what has no owner
-  (a worker's life) is read with the admin's.
+  A `coordinate` step's team gives the `team.*` types. Everything is done as the user alice
+  and read back with alice's token; what has no owner (a worker's life) is read with the
+  admin's.
 - The Ray part, for `worker.*` beyond the task types: one AgentWorker created as the
   generation creates it, on the same database. Its data directory's secret key is corrupt
   at first (a crash on start: worker.spawn_failed, retried by its supervisor), then fixed
@@ -40,22 +41,13 @@ from actors.generation import create, drain, members
 from orchestrator.events import CATALOG
 from orchestrator.inference import InProcessInference
 from tests.conftest import ADMIN_TOKEN, ServedApp
-from tests.fakes.agent_llm import agent_reply, task_prompt
+from tests.fakes.agent_llm import agent_reply, steps_directive, task_prompt
 from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
 from tests.gguf import write_gguf
 
 T = TypeVar("T")
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 MODEL = "fake-agent"
-
-# triggered by tests/integration/test_teams.py until the lead folds it in
-TEAM_TYPES = {
-    "team.created",
-    "team.member_joined",
-    "team.member_left",
-    "team.mail_sent",
-    "team.destroyed",
-}
 
 # A llama-server stand-in: a model whose file name says "broken" fails to load (exit 3);
 # any other serves /health (and an empty /slots) and exits a second after its first health
@@ -231,7 +223,16 @@ async def _through_the_api(c: httpx.AsyncClient, alice: dict[str, str]) -> dict[
     cancelled = await _workflow(c, alice, {"name": "wait", "prompt": "[sleep 10]"})
     approved = await _workflow(c, alice, *approval)
     rejected = await _workflow(c, alice, *approval)
-    ids.update(ok=ok, failing=failing, cancelled=cancelled)
+    # A team: the coordinator spawns one member, which mails it; it reads the mail, answers.
+    member = steps_directive(("team_send", {"to": "coordinator", "message": "done"}))
+    lead = steps_directive(
+        ("team_spawn", {"role": "helper", "instructions": member}),
+        ("team_receive", {"timeout_s": 20}),
+    )
+    team = await _workflow(
+        c, alice, {"name": "lead", "prompt": lead, "mode": "coordinate", "team": {}}
+    )
+    ids.update(ok=ok, failing=failing, cancelled=cancelled, team=team)
 
     # The gateway: an answer, an upstream error, a stream the client leaves.
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -289,6 +290,8 @@ async def _through_the_api(c: httpx.AsyncClient, alice: dict[str, str]) -> dict[
     await _status(c, approved, "completed")
     await _status(c, rejected, "failed")
     await _status(c, cancelled, "cancelled")
+    done = await _status(c, team, "completed")
+    ids["team_id"] = done["steps"][0]["team_id"]
     return ids
 
 
@@ -368,7 +371,7 @@ async def test_every_type_of_the_catalog_is_seen_on_events(
                 api = both.create_task(_through_the_api(c, alice))
                 both.create_task(_worker_lifecycle(worker_settings, key_file, seen))
             ids = api.result()
-            expected = set(CATALOG) - TEAM_TYPES
+            expected = set(CATALOG)
 
             def seen_types(mine: list[Any], every: list[Any]) -> set[str]:
                 # Each event as its owner's client sees it: alice's with her token, the
@@ -430,6 +433,10 @@ async def test_every_type_of_the_catalog_is_seen_on_events(
     assert {e["aggregate_id"] for e in of("scheduler.task_dispatched", every)} == {ids["job"]}
     assert failing in {e["aggregate_id"] for e in of("audit.workflow_override")}
     assert {e["aggregate_id"] for e in of("workflow.cancelled")} == {ids["cancelled"]}
+    team = [e for e in mine if e["type"].startswith("team.")]
+    assert {e["aggregate_id"] for e in team} == {ids["team_id"]}
+    assert team[0]["type"] == "team.created" and team[-1]["type"] == "team.destroyed"
+    assert "done" not in str([e["data"] for e in of("team.mail_sent")])  # sizes, not text
     # A worker's life: no owner, keyed by the worker.
     life = [e for e in every if e["type"].startswith("worker.") and e["user_uuid"] is None]
     assert {e["aggregate_id"] for e in life} == {worker_name(0), worker_name(1)}
