@@ -362,12 +362,7 @@ class McpPool:
         the server (unreachable, protocol error, no answer within `timeout` or
         `mcp_call_timeout_s`) is an error outcome saying what happened."""
         limit = timeout if timeout is not None else self._settings.mcp_call_timeout_s
-        try:
-            async with asyncio.timeout(limit):
-                return await self._call(server, tool, arguments)
-        except TimeoutError:
-            text = f"error: MCP server {server.name!r} did not answer within {limit:g}s"
-            return CallOutcome(text, is_error=True)
+        return await self._call(server, tool, arguments, limit)
 
     def forget(self, server_id: str) -> None:
         """Close this process's sessions to a server (deleted): its stdio child ends too."""
@@ -410,7 +405,12 @@ class McpPool:
                 raise McpUnavailable(conn.unavailable(exc)) from None
         raise AssertionError("unreachable")
 
-    async def _call(self, server: McpServer, tool: str, arguments: dict[str, Any]) -> CallOutcome:
+    async def _call(
+        self, server: McpServer, tool: str, arguments: dict[str, Any], limit: float
+    ) -> CallOutcome:
+        """`limit` bounds the call itself; reaching the server (a stdio command starting, a
+        handshake) has `mcp_connect_timeout_s` of its own, so a slow start is not reported
+        as a tool that did not answer."""
         for first in (True, False):
             try:
                 conn, _ = self._connection(server)
@@ -420,7 +420,11 @@ class McpPool:
             attempt = _Attempt()
             token = _ATTEMPT.set(attempt)
             try:
-                result = await client.call_tool(tool, arguments)
+                async with asyncio.timeout(limit):
+                    result = await client.call_tool(tool, arguments)
+            except TimeoutError:
+                text = f"error: MCP server {server.name!r} did not answer within {limit:g}s"
+                return CallOutcome(text, is_error=True)
             except Exception as exc:  # noqa: BLE001 - a server's fault is the model's error result
                 not_executed = attempt.not_executed(exc)
                 if conn.dead or not_executed:

@@ -346,7 +346,7 @@ def test_a_two_step_workflow_on_the_bundled_model_with_default_steps(service: Se
         and SMOL in body["error"]
         and "takes no tools" in body["error"]
     )
-    assert body["fields"] == [{"field": "steps[0].tools", "error": f"{SMOL} takes no tools"}]
+    assert body["fields"] == [{"field": "steps[0].tools", "message": f"{SMOL} takes no tools"}]
     assert service.post("/stop", headers=service.admin, json={"id": iid}).json()["state"] == (
         "stopped"
     )

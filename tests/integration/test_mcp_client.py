@@ -72,12 +72,11 @@ def _stdio(record: Path | None = None, **kw: Any) -> McpServer:
     args = ["-m", "tests.fakes.mcp_server", "--stdio"]
     if record is not None:
         args += ["--record", str(record)]
-    values: dict[str, Any] = {"id": "mcp-7", "owner": "u-1", "name": "local"}
+    values: dict[str, Any] = {"id": "mcp-7", "owner": "u-1", "name": "local", "args": tuple(args)}
     values.update(kw)
     return McpServer(
         transport="stdio",
         command=sys.executable,
-        args=tuple(args),
         env={"PYTHONPATH": str(ROOT)},  # the child finds `tests` wherever pytest runs
         **values,
     )
@@ -287,6 +286,20 @@ async def test_stdio_server_of_an_allowed_command(pool: McpPool, tmp_path: Path)
     assert [(c["tool"], c["arguments"]) for c in lines] == [("echo", {"text": "over stdio"})]
     outcome = await pool.call(server, "fail", {"message": "nope"})
     assert outcome.is_error and "nope" in outcome.text
+
+
+async def test_a_slow_start_is_not_counted_against_the_call_timeout(pool: McpPool) -> None:
+    """`mcp_call_timeout_s` bounds the call; a stdio command that takes longer than that to
+    start (a loaded machine, a heavy import) has `mcp_connect_timeout_s` for its start."""
+    late = (
+        "import runpy, sys, time; time.sleep(1.5); sys.argv = ['mcp_server', '--stdio'];"
+        " runpy.run_module('tests.fakes.mcp_server', run_name='__main__')"
+    )
+    server = _stdio(id="mcp-late", args=("-c", late))
+    started = time.monotonic()
+    outcome = await pool.call(server, "echo", {"text": "late but fine"}, timeout=1)
+    assert outcome == CallOutcome("late but fine")
+    assert time.monotonic() - started >= 1.5  # the start itself took longer than the call's 1 s
 
 
 async def test_stdio_command_not_listed_is_refused(tmp_path: Path) -> None:
