@@ -260,12 +260,18 @@ def test_a_shared_stdio_server_an_admin_registered(service: Orchestrator) -> Non
             assert body["steps"][0]["result"] == f"tool mcp__{name}__add said: 5"
             # Usable by all, editable by admins only; the refusal is audited.
             assert dave.delete(f"/mcp/servers/{server['id']}").status_code == 403
-            denials = _events(dave, types="audit.permission_deny")
-            assert any(
-                d["data"]["permission"].startswith("DELETE ")
-                and "mcp/servers" in d["data"]["permission"]
-                for d in denials
-            ), denials
+            # Recorded after the answer went out (deployments/layers/records.py): waited for.
+            deadline = time.monotonic() + 30
+            while True:
+                denials = _events(dave, types="audit.permission_deny")
+                if any(
+                    d["data"]["permission"].startswith("DELETE ")
+                    and "mcp/servers" in d["data"]["permission"]
+                    for d in denials
+                ):
+                    break
+                assert time.monotonic() < deadline, denials
+                time.sleep(0.1)
         finally:
             assert admin.delete(f"/mcp/servers/{server['id']}").status_code == 200
 
