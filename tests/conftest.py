@@ -1,5 +1,6 @@
 """Shared fixtures: a real embedded Postgres (pgvector) and Redis for the whole session, a
-fresh database per test that asks for one, and the real app served over loopback HTTP."""
+fresh database per test that asks for one (a copy of a migrated template; an empty one for
+the tests of migrations), and the real app served over loopback HTTP."""
 
 from __future__ import annotations
 
@@ -73,13 +74,35 @@ def with_database(uri: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
-@pytest.fixture
-async def database_url(pg_uri: str) -> AsyncIterator[str]:
-    """A new, empty database on the session's server."""
+MIGRATED = "t_migrated"  # the session's template: every migration applied, pgvector on
+
+
+@pytest.fixture(scope="session")
+def migrated_template(pg_uri: str) -> str:
+    """A database with the schema as the service leaves it on its first start (migrations,
+    pgvector), copied for each test: a copy costs ~0.1 s where migrating a new database
+    costs ~0.19 s, over a thousand tests."""
+    from orchestrator.db import connect
+
+    async def build() -> None:
+        conn = await asyncpg.connect(pg_uri)
+        try:
+            await conn.execute(f'CREATE DATABASE "{MIGRATED}"')
+        finally:
+            await conn.close()
+        db = await connect(with_database(pg_uri, MIGRATED))
+        await db.close()  # a template takes no connections while it is copied
+
+    asyncio.run(build())
+    return MIGRATED
+
+
+async def _fresh_database(pg_uri: str, template: str | None) -> AsyncIterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     conn = await asyncpg.connect(pg_uri)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
+        copy = f' TEMPLATE "{template}"' if template else ""
+        await conn.execute(f'CREATE DATABASE "{name}"{copy}')
     finally:
         await conn.close()
     yield with_database(pg_uri, name)
@@ -88,6 +111,21 @@ async def database_url(pg_uri: str) -> AsyncIterator[str]:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def database_url(pg_uri: str, migrated_template: str) -> AsyncIterator[str]:
+    """A database of its own on the session's server, migrated (what the service's start
+    does to a new database; a start against it applies nothing)."""
+    async for url in _fresh_database(pg_uri, migrated_template):
+        yield url
+
+
+@pytest.fixture
+async def empty_database_url(pg_uri: str) -> AsyncIterator[str]:
+    """A new, empty database: for the tests of migrations themselves."""
+    async for url in _fresh_database(pg_uri, None):
+        yield url
 
 
 class ServedApp:

@@ -113,9 +113,9 @@ def test_expires_in_must_be_a_positive_duration(database_url: str, tmp_path: Pat
 
 
 def test_migrate_applies_then_refuses_an_edited_migration(
-    database_url: str, tmp_path: Path
+    empty_database_url: str, tmp_path: Path
 ) -> None:
-    env = db_env(database_url, tmp_path)
+    env = db_env(empty_database_url, tmp_path)
     files = sorted(p.name for p in MIGRATIONS_DIR.glob("*.sql"))
     r = cli("migrate", env=env)
     assert r.returncode == 0, r.stderr
@@ -127,7 +127,7 @@ def test_migrate_applies_then_refuses_an_edited_migration(
     assert r.stdout.strip() == "schema up to date (0 migration(s) applied now)"
 
     async def recorded() -> dict[str, str]:
-        conn = await asyncpg.connect(database_url)
+        conn = await asyncpg.connect(empty_database_url)
         try:
             rows = await conn.fetch("SELECT name, checksum FROM schema_migrations")
         finally:
@@ -139,7 +139,7 @@ def test_migrate_applies_then_refuses_an_edited_migration(
 
     # What an edited file looks like to the runner: its sha256 differs from the one recorded.
     async def tamper() -> None:
-        conn = await asyncpg.connect(database_url)
+        conn = await asyncpg.connect(empty_database_url)
         try:
             await conn.execute(
                 "UPDATE schema_migrations SET checksum = repeat('0', 64) WHERE name = $1", files[2]

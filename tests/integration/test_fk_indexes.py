@@ -25,8 +25,8 @@ ORDER BY 1, 2
 """
 
 
-async def test_every_foreign_key_has_an_index(database_url: str) -> None:
-    conn = await asyncpg.connect(database_url)
+async def test_every_foreign_key_has_an_index(empty_database_url: str) -> None:
+    conn = await asyncpg.connect(empty_database_url)
     try:
         await apply_migrations(conn)
         assert await conn.fetchval("SELECT count(*) FROM pg_constraint WHERE contype = 'f'") > 0

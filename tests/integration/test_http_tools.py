@@ -77,8 +77,9 @@ async def api() -> AsyncIterator[ToolApi]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    # Room for a loaded machine; the timeout tests give their own short limits.
     settings = Settings.load(
-        environ={}, outbound_allowed_cidrs=["127.0.0.0/8"], http_tool_timeout_s=1.0
+        environ={}, outbound_allowed_cidrs=["127.0.0.0/8"], http_tool_timeout_s=15.0
     )
     async with http_tools_client(settings) as c:
         yield c
@@ -313,7 +314,7 @@ async def test_a_refused_destination_sends_nothing(api: ToolApi) -> None:
 
 async def test_a_slow_server_is_a_timeout(api: ToolApi, client: httpx.AsyncClient) -> None:
     started = time.monotonic()
-    out = await call_http_tool(_tool(f"{api.url}/slow"), {}, client, MAX)
+    out = await call_http_tool(_tool(f"{api.url}/slow"), {}, client, MAX, timeout_s=1.0)
     assert out.is_error
     assert "timed out" in out.text
     assert time.monotonic() - started < 2.5

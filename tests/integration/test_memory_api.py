@@ -556,7 +556,7 @@ async def test_memory_admin_delete_lets_admins_change_anyones(make_settings: Any
 
 
 async def test_the_migration_keeps_two_users_entries_of_one_key(
-    database_url: str, tmp_path: Any, make_settings: Any
+    empty_database_url: str, tmp_path: Any, make_settings: Any
 ) -> None:
     """Migration 0029 on a database holding several owners' entries of one key (per-owner
     keys, migration 0011): nothing is lost; the ownerless (else oldest) stays bound by the
@@ -573,7 +573,7 @@ async def test_the_migration_keeps_two_users_entries_of_one_key(
     for path in MIGRATIONS_DIR.glob("*.sql"):
         if int(path.name[:4]) < 29:
             shutil.copy(path, before / path.name)
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(empty_database_url)
     try:
         await apply_migrations(conn, before)
         for agent, owner, created in (
@@ -604,7 +604,9 @@ async def test_the_migration_keeps_two_users_entries_of_one_key(
         ]
     finally:
         await conn.close()
-    async with ServedApp(make_settings(rate_limit_per_minute=0, embedder="none")) as served:
+    async with ServedApp(
+        make_settings(database_url=empty_database_url, rate_limit_per_minute=0, embedder="none")
+    ) as served:
         async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as api:
             ann, bob, carol = [await _user(api, n) for n in ("ann", "bob", "carol")]
             for who, value in ((ann, "ann's"), (bob, "bob's")):

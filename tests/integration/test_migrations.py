@@ -6,8 +6,8 @@ import pytest
 from orchestrator.db import MIGRATIONS_DIR, MigrationChanged, apply_migrations, connect
 
 
-async def test_migrations_apply_once_and_are_recorded(database_url: str) -> None:
-    conn = await asyncpg.connect(database_url)
+async def test_migrations_apply_once_and_are_recorded(empty_database_url: str) -> None:
+    conn = await asyncpg.connect(empty_database_url)
     try:
         first = await apply_migrations(conn)
         files = sorted(p.name for p in MIGRATIONS_DIR.glob("*.sql"))
@@ -27,8 +27,8 @@ async def test_migrations_apply_once_and_are_recorded(database_url: str) -> None
         await conn.close()
 
 
-async def test_connect_enables_pgvector_and_records_it(database_url: str) -> None:
-    db = await connect(database_url)
+async def test_connect_enables_pgvector_and_records_it(empty_database_url: str) -> None:
+    db = await connect(empty_database_url)
     try:
         assert db.pgvector is True
         fact = "SELECT value FROM service_facts WHERE key = 'pgvector'"
@@ -38,14 +38,14 @@ async def test_connect_enables_pgvector_and_records_it(database_url: str) -> Non
     finally:
         await db.close()
     # A second start against the same database is a no-op for migrations.
-    db = await connect(database_url)
+    db = await connect(empty_database_url)
     await db.close()
 
 
-async def test_a_failing_migration_leaves_nothing_behind(database_url: str, tmp_path) -> None:
+async def test_a_failing_migration_leaves_nothing_behind(empty_database_url: str, tmp_path) -> None:
     (tmp_path / "0001_ok.sql").write_text("CREATE TABLE good (id int);")
     (tmp_path / "0002_bad.sql").write_text("CREATE TABLE half (id int); SELECT no_such_fn();")
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(empty_database_url)
     try:
         try:
             await apply_migrations(conn, tmp_path)
@@ -61,10 +61,10 @@ async def test_a_failing_migration_leaves_nothing_behind(database_url: str, tmp_
 
 
 async def test_an_edited_migration_is_refused_before_anything_is_applied(
-    database_url: str, tmp_path
+    empty_database_url: str, tmp_path
 ) -> None:
     (tmp_path / "0001_one.sql").write_text("CREATE TABLE one (id int);")
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(empty_database_url)
     try:
         assert await apply_migrations(conn, tmp_path) == ["0001_one.sql"]
         (tmp_path / "0001_one.sql").write_text("CREATE TABLE one (id bigint);")
@@ -82,9 +82,9 @@ async def test_an_edited_migration_is_refused_before_anything_is_applied(
 
 
 async def test_checksums_are_recorded_once_for_databases_migrated_before_them(
-    database_url: str,
+    empty_database_url: str,
 ) -> None:
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(empty_database_url)
     try:
         await apply_migrations(conn)
         # A database from before checksums: no such column.

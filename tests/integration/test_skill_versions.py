@@ -110,14 +110,14 @@ async def test_versions_go_with_their_skill(market: Marketplace, db: Database) -
 
 
 async def test_the_migration_keeps_existing_skills_current_versions(
-    database_url: str, tmp_path: Path
+    empty_database_url: str, tmp_path: Path
 ) -> None:
     before = tmp_path / "before"
     before.mkdir()
     for path in MIGRATIONS_DIR.glob("*.sql"):
         if int(path.name[:4]) < 23:
             shutil.copy(path, before / path.name)
-    conn = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(empty_database_url)
     try:
         await apply_migrations(conn, before)
         await conn.execute(
