@@ -253,6 +253,9 @@ async def receive(
     elif channel.type == "teams":
         verifier = await _teams_verifier(s, teams_verifiers, channel, channels)
         claims = await verifier.verify(headers.get("authorization"), teams_channel_id(raw))
+        if channel.last_error == NO_AUDIENCE:
+            # Verified against an audience set since (teams_audience, a restart): not refused.
+            await channels.inbound_verified(channel.id, NO_AUDIENCE)
         body = _json_body(raw)
         press = parse_teams_action(body)
         if press is not None:

@@ -18,6 +18,8 @@ from orchestrator.workflows import Override, WorkflowOverrides
 
 router = APIRouter(tags=["workflows"])
 
+# `{step:path}`: a step's name may hold `/` (and be `.` or `..`), which uvicorn hands over
+# percent-decoded; the path convertor lets it span segments up to the `/retry` or `/skip`.
 StepName = Annotated[str, Path(max_length=200, description="A step's name in the workflow")]
 
 
@@ -50,7 +52,9 @@ def _done(outcome: Override) -> wire.WorkflowOverridden:
     )
 
 
-@router.post("/workflows/{workflow_id}/steps/{step}/retry", response_model=wire.WorkflowOverridden)
+@router.post(
+    "/workflows/{workflow_id}/steps/{step:path}/retry", response_model=wire.WorkflowOverridden
+)
 async def retry_step(
     workflow_id: WorkflowId,
     step: StepName,
@@ -70,7 +74,9 @@ async def retry_step(
     return _done(done)
 
 
-@router.post("/workflows/{workflow_id}/steps/{step}/skip", response_model=wire.WorkflowOverridden)
+@router.post(
+    "/workflows/{workflow_id}/steps/{step:path}/skip", response_model=wire.WorkflowOverridden
+)
 async def skip_step(
     workflow_id: WorkflowId,
     step: StepName,

@@ -349,6 +349,18 @@ class ChannelStore:
             now_ms(),
         )
 
+    async def inbound_verified(self, channel_id: str, error: str) -> None:
+        """An inbound delivery was verified: `last_error` no longer says `error` (what
+        `inbound_refused` wrote, e.g. NO_AUDIENCE once an audience is configured); an
+        outbound error written since is kept."""
+        await self._pool.execute(
+            "UPDATE channels SET last_error = NULL, updated_at = $3"
+            " WHERE id = $1 AND last_error = $2",
+            channel_id,
+            error[:1000],
+            now_ms(),
+        )
+
     async def delivered(self, channel_id: str) -> None:
         await self._pool.execute(
             "UPDATE channels SET failures = 0, last_error = NULL,"

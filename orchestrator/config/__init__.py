@@ -7,8 +7,9 @@ variables) merged under `providers`, then the defaults. Settings are read once, 
 `Settings.load` in the process that starts the service, and passed down (pickled to Ray
 actors and replicas); nothing else reads the environment.
 
-`Settings` (every key, its default and its check) is in `_settings`, the providers' part in
-`_providers`, the loading and its error messages in `_sources`.
+`Settings` (every key, its default and its check) is in `_settings`, its first keys (where it
+runs, auth) in its base class in `_groups`, the providers' part in `_providers`, the loading
+and its error messages in `_sources`.
 """
 
 from __future__ import annotations

@@ -263,10 +263,13 @@ def _skill(r: asyncpg.Record) -> Skill:
     )
 
 
-def _findable(name: str, author: str | None) -> None:
+def _findable(name: str, author: str | None) -> str:
+    """`name` as publish stored it (NFC, trimmed: a name typed on macOS arrives in NFD),
+    for the lookups by name (detail, delete, report, dismiss)."""
     # No stored skill has a NUL in its key (Postgres text cannot hold one): a plain 404.
     if "\x00" in name or (author is not None and "\x00" in author):
         raise NotFound(f"skill {name!r} not found")
+    return _text(name)
 
 
 def _ambiguous(name: str, authors: Sequence[str], hint: str) -> Conflict:
@@ -407,7 +410,7 @@ class Marketplace:
     async def detail(self, name: str, author: str | None = None) -> Skill:
         """The skill with its body; counts one download (the returned count includes it).
         Without `author`, a name that several authors publish is a 409 listing them."""
-        _findable(name, author)
+        name = _findable(name, author)
         async with self._pool.acquire() as conn:
             owner = author if author is not None else await self._sole_author(conn, name)
             row = await conn.fetchrow(
@@ -576,7 +579,7 @@ class Marketplace:
         """Delete a skill (and its reports). Without `author`: the caller's own skill of that
         name; an admin with no skill of that name deletes the only author's one (several
         authors: 409, pass `author`). Someone else's skill: 403 unless admin."""
-        _findable(name, author)
+        name = _findable(name, author)
         async with self._pool.acquire() as conn, conn.transaction():
             authors = await self._authors(conn, name)
             if author is None:
@@ -615,7 +618,7 @@ class Marketplace:
             raise _invalid("reason", "required")
         if len(reason) > REASON_MAX:
             raise _invalid("reason", f"{len(reason)} characters, at most {REASON_MAX}")
-        _findable(name, author)
+        name = _findable(name, author)
         async with self._pool.acquire() as conn, conn.transaction():
             owner = author if author is not None else await self._sole_author(conn, name)
             row = await conn.fetchrow(
@@ -662,7 +665,7 @@ class Marketplace:
         Returns the skill's author and how many reports were dismissed."""
         if not caller.is_admin:
             raise Forbidden("admin only")
-        _findable(name, author)
+        name = _findable(name, author)
         async with self._pool.acquire() as conn, conn.transaction():
             owner = author if author is not None else await self._sole_author(conn, name)
             skill_id = await conn.fetchval(

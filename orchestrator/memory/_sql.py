@@ -22,23 +22,36 @@ def like_pattern(glob: str) -> str:
 
 
 @functools.cache
-def store_cte(pgvector: bool) -> str:
-    """A store's upsert (`MemoryStore.store`) as the CTE `entry` of the writer's statement:
-    one row version, the pgvector column (when there is one) written with the rest."""
+def store_ctes(pgvector: bool) -> tuple[str, str]:
+    """A store's upsert (`MemoryStore.store`) as the CTEs `purged` and `entry` of the
+    writer's statement: one row version, the pgvector column (when there is one) written
+    with the rest.
+
+    `purged`, under "agent" scope only: other owners' EXPIRED entries of the key (they
+    answer 410 to everyone) are deleted first, so a key whose holder's entry has expired
+    is free at once, not only after a decay. The insert reads `purged` (its WHERE), which
+    makes Postgres run the DELETE to its end before it; a row deleted by the statement's
+    own transaction no longer counts for the unique index."""
     vcol, vval, vset = (
         (", embedding", ", $7::real[]::vector", " embedding = EXCLUDED.embedding,")
         if pgvector
         else ("", "", "")
     )
-    return (
+    purged = (
+        "purged AS (DELETE FROM memory_entries WHERE NOT $9::bool AND agent_id = $1"
+        " AND key = $2 AND owner <> coalesce($4::text, '') AND expires_at <= $5"
+        " RETURNING user_uuid)"
+    )
+    return purged, (
         "entry AS (INSERT INTO memory_entries (agent_id, key, value, user_uuid, created_at,"
         f" updated_at, expires_at, accessed_at, embedding_raw, embed_pending, per_owner{vcol})"
-        f" VALUES ($1, $2, $3, $4, $5, $5, $6, $5, $7, $8,"
+        f" SELECT $1, $2, $3, $4, $5, $5, $6, $5, $7, $8,"
         # "owner" scope ($9): outside the namespace's unique index when another owner holds
         # the key; "agent" scope: inside it, so another owner's entry is a unique violation.
         " $9::bool AND EXISTS (SELECT 1 FROM memory_entries WHERE agent_id = $1 AND key = $2"
         f" AND owner <> coalesce($4::text, ''))"
-        f"{vval})"
+        f"{vval}"
+        " WHERE (SELECT count(*) FROM purged) >= 0"
         " ON CONFLICT (agent_id, owner, key) DO UPDATE SET value = EXCLUDED.value,"
         # Strictly increasing per row: the version the filler compares (two stores in one
         # millisecond, or a clock behind, still make a newer version).

@@ -3,7 +3,8 @@
 Ownership (SPEC part 5 rule 6): an entry carries its writer's `user_uuid`. A key is unique
 within its agent namespace (SPEC part 2; `memory_key_scope = "agent"`): a store of a key
 another user holds is a 403 (the partial unique index of migration 0029 decides, so two
-users racing for a new key cannot both win). With `memory_key_scope = "owner"` keys are
+users racing for a new key cannot both win; another user's expired entry gives the key up
+to the next store). With `memory_key_scope = "owner"` keys are
 unique per owner instead: two users' `config` in one namespace are two entries, the later
 marked `per_owner` (outside that index), as are duplicates left from before 0029.
 Non-admins see their own entries and ownerless ones (their own first); someone else's entry
@@ -43,7 +44,7 @@ from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.memory._cache import CACHE_TTL_S, GUARD_MS, MemoryCache
 from orchestrator.memory._embed import Embedder
 from orchestrator.memory._filler import EmbeddingFiller
-from orchestrator.memory._sql import like_pattern, share_sql, store_cte
+from orchestrator.memory._sql import like_pattern, share_sql, store_ctes
 from orchestrator.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -290,7 +291,10 @@ class MemoryStore:
         ts = now_ms()
         expires = ts + ttl_ms if ttl_ms else None
         # The caller's own entry: another owner's same-named entry is never touched (a 403
-        # under "agent" scope; a second entry under "owner" scope).
+        # under "agent" scope; a second entry under "owner" scope) unless it has expired:
+        # under "agent" scope the same statement deletes it first (_sql.store_ctes), with no
+        # event (the events of a statement are fixed before it runs; decay's purge of an
+        # expired entry is the one that says `memory.forgotten`).
         pending = embedding is None and self._auto_embed
         events = [
             NewEvent(
@@ -313,7 +317,7 @@ class MemoryStore:
         # one; the other, written again, sees that entry and marks its own `per_owner`.
         for attempt in range(2 if self._per_owner else 1):
             statement = self._events.write(
-                [store_cte(self.pgvector)], args, events, returning="entry"
+                list(store_ctes(self.pgvector)), args, events, returning="entry"
             )
             try:
                 row, _ = await self._write_one(agent_id, principal.user_uuid, key, statement)

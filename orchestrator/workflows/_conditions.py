@@ -13,9 +13,11 @@ from orchestrator.workflows._patterns import Search, check_pattern, pattern_foun
 # `{{<step>.result}}` / `{{<step>.status}}`: a reference to an earlier step, its name
 # written exactly as declared (spaces and any script included: `{{My step.result}}`). A name
 # is any run of non-control characters that does not cross a `{{` or `}}`; the shortest one
-# followed by `.result}}` / `.status}}` is taken, so a name may itself contain dots.
+# followed by `.result}}` / `.status}}` is taken, so a name may itself contain dots. Spaces
+# after `{{` belong to the name (`{{ a.result }}` names ` a`); spaces before `}}` are allowed.
 _REF_NAME = r"(?:(?!\{\{|\}\})[^\x00-\x1f\x7f-\x9f])+?"
-REF = re.compile(r"\{\{(" + _REF_NAME + r")\.(result|status)\}\}")
+_REF_END = r"\.(result|status) *\}\}"
+REF = re.compile(r"\{\{(" + _REF_NAME + r")" + _REF_END)
 
 __all__ = ["MAX_CONDITION_DEPTH", "REF", "Condition", "Lookup", "evaluate_condition", "truthy"]
 
@@ -24,7 +26,7 @@ __all__ = ["MAX_CONDITION_DEPTH", "REF", "Condition", "Lookup", "evaluate_condit
 
 _TOKEN = re.compile(
     r"""\s*(?:
-        (?P<ref>\{\{(?:(?!\{\{|\}\})[^\x00-\x1f\x7f-\x9f])+?\.(?:result|status)\}\})
+        (?P<ref>\{\{(?:(?!\{\{|\}\})[^\x00-\x1f\x7f-\x9f])+?\.(?:result|status)\ *\}\})
       | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
       | (?P<num>-?\d+(?:\.\d+)?)
       | (?P<op>==|!=|<=|>=|<|>|\(|\))

@@ -202,6 +202,41 @@ async def test_teams(api: httpx.AsyncClient, fakes: tuple[Any, Any, Any]) -> Non
     assert len(t.posted) == 1
 
 
+async def test_teams_audience_set_later_clears_the_refusal(
+    make_settings: Any,
+    llm: OpenAIFake,  # noqa: F811 - the fixture imported above
+    fakes: tuple[Any, Any, Any],
+) -> None:
+    """Issue 33: a Teams channel made while the service had no token audience says in
+    `last_error` that its inbound is refused; once the operator sets `teams_audience` (a
+    restart), the first verified activity clears that error (no PUT needed)."""
+    _, t, _ = fakes
+    first = _settings(make_settings, llm, teams_jwks_url=t.jwks_url)
+    async with ServedApp(first) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
+            ann = await _user(c, "ann")
+            made = await _channel(
+                c, ann, "teams", {"webhook_url": t.webhook_url, "tenant_id": teams.TENANT}
+            )
+            assert "refused" in made["last_error"], made
+    again = _settings(make_settings, llm, teams_jwks_url=t.jwks_url, teams_audience=t.app_id)
+    async with ServedApp(again) as served:
+        async with httpx.AsyncClient(base_url=f"{served.url}/api/v1", timeout=30) as c:
+            shown = (await c.get(f"/channels/{made['id']}", headers=ann)).json()
+            assert "refused" in shown["last_error"], shown  # nothing verified yet
+            activity = teams.message_activity("[answer later]", activity_id="act-later")
+            token = t.mint({"serviceurl": activity["serviceUrl"]})
+            r = await c.post(
+                f"/channels/webhook/{made['webhook_token']}",
+                json=activity,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert r.status_code == 200 and r.json()["accepted"] is True, r.text
+            shown = (await c.get(f"/channels/{made['id']}", headers=ann)).json()
+            assert shown["last_error"] is None, shown
+            await _until(lambda: _count(t.posted, 1))
+
+
 async def _count(items: list[Any], n: int) -> bool:
     return len(items) >= n
 

@@ -573,3 +573,23 @@ async def test_the_description_limit_is_a_setting(make_settings: Any) -> None:
                 {"field": "description", "message": r.json()["error"].split(": ", 1)[1]}
             ]
             assert "skill_description_max" in r.json()["error"]
+
+
+async def test_a_name_is_found_in_any_unicode_normal_form(api: httpx.AsyncClient) -> None:
+    """Issue 33: publish stores a name NFC and trimmed; detail, report, dismiss and delete
+    normalise the name they are given the same way, so "Cafe\u0301" (NFD, as macOS sends
+    it) and "Caf\u00e9" (NFC) are one skill everywhere."""
+    ann, bob = await _user(api, "ann"), await _user(api, "bob")
+    nfd, nfc = "Cafe\u0301", "Caf\u00e9"
+    r = await _publish(api, ann, nfd)
+    assert r.status_code == 200 and r.json()["name"] == nfc, r.text
+    for sent in (nfd, nfc, f" {nfd} "):
+        got = await api.get(f"/marketplace/detail/{sent}", headers=bob)
+        assert got.status_code == 200 and got.json()["name"] == nfc, (sent, got.text)
+    r = await api.post(f"/marketplace/report/{nfd}", headers=bob, json={"reason": "spam"})
+    assert r.status_code == 200 and r.json()["name"] == nfc, r.text
+    r = await api.post(f"/marketplace/dismiss/{nfd}", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["dismissed"] == 1, r.text
+    r = await api.delete(f"/marketplace/delete/{nfd}", headers=ann)
+    assert r.status_code == 200, r.text
+    assert (await api.get(f"/marketplace/detail/{nfc}", headers=bob)).status_code == 404

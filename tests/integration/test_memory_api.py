@@ -449,6 +449,33 @@ async def test_a_key_is_unique_within_the_agent_namespace(
     assert (await api.get("/memory/dst2/a", headers=bob)).status_code == 404
 
 
+async def test_another_users_expired_entry_frees_the_key(api: httpx.AsyncClient) -> None:
+    """Issue 33: an entry past its ttl (a 410) no longer holds the key under "agent" scope:
+    the next store by someone else deletes it in the same statement (no decay needed), even
+    a pinned one; an entry not yet expired still makes that store a 403."""
+    ann, bob = await _user(api, "ann"), await _user(api, "bob")
+    for key, pin in (("lease", False), ("pinned", True)):
+        r = await api.post(
+            "/memory/default/store", headers=ann, json={"key": key, "value": "A", "ttl": 400}
+        )
+        assert r.status_code == 200, r.text
+        if pin:
+            assert (await api.post(f"/memory/default/{key}/pin", headers=ann)).status_code == 200
+        r = await api.post("/memory/default/store", headers=bob, json={"key": key, "value": "B"})
+        assert r.status_code == 403, r.text
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await api.get(f"/memory/default/{key}", headers=ann)).status_code != 410:
+            assert asyncio.get_running_loop().time() < deadline, "never expired"
+            await asyncio.sleep(0.05)
+        r = await api.post("/memory/default/store", headers=bob, json={"key": key, "value": "B"})
+        assert r.status_code == 200, r.text
+        got = await api.get(f"/memory/default/{key}", headers=bob)
+        assert got.status_code == 200 and got.json()["value"] == "B"
+        assert (await api.get(f"/memory/default/{key}", headers=ann)).status_code == 404
+        r = await api.get(f"/memory/default/{key}", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["value"] == "B"  # one entry: Bob's
+
+
 async def test_pin_checks_ownership_as_delete_does(
     api: httpx.AsyncClient, make_settings: Any
 ) -> None:

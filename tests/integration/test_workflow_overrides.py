@@ -479,3 +479,48 @@ async def test_retry_a_step_waiting_for_its_next_attempt_starts_it_now(
     # Nothing was in flight: the failed attempt 1, then attempt 2 at once.
     assert [(a["attempt"], "error" in a) for a in fetch["attempts"]] == [(1, True), (2, False)]
     assert not any(a.get("lost") for a in fetch["attempts"])
+
+
+async def test_steps_named_with_slashes_and_dots_are_reachable(
+    api: httpx.AsyncClient, model: Scripted
+) -> None:
+    """Issue 33: a step name may hold `/` or be `..`; the retry/skip paths take the rest of
+    the path up to `/retry` or `/skip` (`{step:path}`), percent-encoded or not. A raw `..`
+    is removed by the client (RFC 3986 dot segments) before it is sent: `%2E%2E` reaches it."""
+    model.broken.update({"fetch/parse", "dots"})
+    wid = await create(
+        api,
+        ADMIN,
+        name="slashes",
+        steps=[
+            {"name": "fetch/parse", "prompt": "[tag fetch/parse] [broken fetch/parse] [answer FP]"},
+            {"name": "..", "prompt": "[tag dots] [broken dots] [answer D]"},
+            {"name": "after", "prompt": "[tag after] <{{fetch/parse.result}}>"},
+        ],
+    )
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "failed" and body["steps"][0]["status"] == "failed", body
+    # Percent-encoded (as the SDK sends it): a new attempt, which fails again.
+    r = await api.post(f"/workflows/{wid}/steps/fetch%2Fparse/retry", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["step"] == "fetch/parse", r.text
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "failed" and body["steps"][0]["attempt"] == 2, body
+    r = await api.post(f"/workflows/{wid}/steps/fetch%2Fnope/retry", headers=ADMIN)
+    assert r.status_code == 404, r.text
+    # Raw: the same step.
+    model.broken.discard("fetch/parse")
+    r = await api.post(f"/workflows/{wid}/steps/fetch/parse/retry", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["step"] == "fetch/parse", r.text
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "failed", body
+    assert [s["status"] for s in body["steps"]] == ["completed", "failed", "skipped"]
+    # `..`: a raw one never reaches the step (the client drops it), `%2E%2E` does.
+    r = await api.post(f"/workflows/{wid}/steps/../skip", headers=ADMIN)
+    assert r.status_code == 404, r.text
+    r = await api.post(f"/workflows/{wid}/steps/%2E%2E/skip", headers=ADMIN)
+    assert r.status_code == 200 and r.json()["step"] == "..", r.text
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "completed", body
+    assert [s["status"] for s in body["steps"]] == ["completed", "skipped", "completed"]
+    assert body["steps"][2]["result"] == "done: [tag after] <FP>"
+    assert model.asked == {"fetch/parse": 3, "dots": 1, "after": 1}

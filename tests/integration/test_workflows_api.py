@@ -131,6 +131,28 @@ async def test_three_steps_pass_results_forward(api: httpx.AsyncClient, llm: Ope
     assert done["data"]["status"] == "completed"
 
 
+async def test_a_step_named_with_a_leading_space_is_referred_to(api: httpx.AsyncClient) -> None:
+    """Issue 33: `{{ a.result }}` names the step " a" (the spaces inside the braces are part
+    of the name); its result reaches the next prompt."""
+    wid = await create(
+        api,
+        ADMIN,
+        name="spaced",
+        steps=[
+            {"name": " a", "prompt": "[answer SPACED]"},
+            {
+                "name": "b",
+                "prompt": "got {{ a.result }}",
+                "condition": "{{ a.status }} == 'completed'",
+            },
+        ],
+    )
+    body = await finished(api, ADMIN, wid)
+    assert body["status"] == "completed", body
+    assert [s["name"] for s in body["steps"]] == [" a", "b"]
+    assert body["steps"][1]["result"] == "done: got SPACED"
+
+
 async def test_tools_reach_the_model_and_outside_tools_are_denied(
     api: httpx.AsyncClient, llm: OpenAIFake
 ) -> None:
@@ -484,6 +506,13 @@ async def test_templates(api: httpx.AsyncClient) -> None:
             "steps[0].conditions.x.pattern",
         ),
         ({"name": "w", "steps": [{"name": "a", "prompt": "x", "timeout": -1}]}, "steps[0].timeout"),
+        (  # issue 33: a reference to a step named " a", not literal text
+            {
+                "name": "w",
+                "steps": [{"name": "a", "prompt": "x"}, {"name": "b", "prompt": "{{ a.result }}"}],
+            },
+            "steps[1].prompt",
+        ),
     ],
 )
 async def test_invalid_workflows_are_400_naming_the_field(

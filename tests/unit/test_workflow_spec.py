@@ -253,6 +253,38 @@ def test_step_names_are_any_text_and_references_name_them_exactly() -> None:
         spec([{"name": "My step", "prompt": "x"}, {"name": "b", "prompt": "{{my step.result}}"}])
 
 
+def test_spaces_inside_the_braces_are_part_of_the_name() -> None:
+    """Issue 33: `{{ a.result }}` refers to a step named ` a` (spaces before `}}` are
+    allowed); with no such step it is a 400 naming the field, not literal prompt text."""
+    for text in ("{{ a.result }}", "{{ a.result}}"):
+        with pytest.raises(ValidationFailed, match=r"steps\[1\]\.prompt: .*names no step"):
+            spec([{"name": "a", "prompt": "x"}, {"name": "b", "prompt": f"use {text}"}])
+    with pytest.raises(ValidationFailed, match=r"steps\[1\]\.condition"):
+        spec(
+            [
+                {"name": "a", "prompt": "x"},
+                {"name": "b", "prompt": "y", "condition": "{{ a.status }} == 'ok'"},
+            ]
+        )
+    parsed = spec(
+        [
+            {"name": " a", "prompt": "x"},
+            {
+                "name": "b",
+                "prompt": "use {{ a.result }} / {{ a.result}}",
+                "condition": "{{ a.status }} == 'completed'",
+            },
+        ]
+    )
+
+    def look(step: str, attr: str) -> str:
+        assert step == " a"
+        return "A" if attr == "result" else "completed"
+
+    assert fill_refs(parsed.steps[1].prompt or "", look) == "use A / A"
+    assert Condition(parsed.steps[1].condition or "", [" a", "b"]).evaluate(look)
+
+
 def test_spec_round_trips_through_json() -> None:
     parsed = spec(
         [
