@@ -9,8 +9,11 @@ row's lock, so the limits (members, mails) hold against concurrent callers.
   by a run that is gone (their worker's result would reach nobody): they are marked failed
   (`team.member_left` why `failed`) and the new run may spawn others.
 - **Scoping.** Every row carries its owner's user_uuid; `detail` shows a team to its owner
-  and admins (anyone else: 404), the mail text to the owner only. Events carry sizes,
-  never text.
+  and admins (anyone else: 404), the mail text and members' results and errors to the
+  owner only. Events carry sizes, never text.
+- **Ends.** The coordinator's run destroys its team when it ends (`destroy`); the engine's
+  transition that ends the workflow, or fails the step finally, closes a team left open
+  (`close_open_in`: a coordinator whose worker was lost).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from orchestrator.auth import Principal
 from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.teams._mailbox import MAIL_CHANNEL, mailbox
 from orchestrator.teams._model import (
     COORDINATOR,
     ID_PATTERN,
@@ -146,6 +150,45 @@ class TeamStore:
             await tx.append(
                 [NewEvent("team.destroyed", {"team_id": team.id, "reason": reason}, team.user_uuid)]
             )
+
+    @staticmethod
+    async def close_open_in(
+        tx: EventTransaction, workflow_id: str, reason: str, step: str | None = None
+    ) -> None:
+        """In the workflow engine's transition `tx` that ends `workflow_id` (or its `step`,
+        finally failed): its teams still open are destroyed, their running members stopped.
+        A coordinator whose worker was lost never closes its team, and its step may never
+        run again to do it. One statement; the same events as `destroy`. Lock order: the
+        caller holds the workflow row, then the team rows (no team transaction takes a
+        workflow row)."""
+        rows = await tx.conn.fetch(
+            f"WITH t AS (UPDATE teams SET state = 'destroyed', destroyed_at = {DB_NOW_MS},"
+            " reason = $3 WHERE workflow_id = $1 AND ($2::text IS NULL OR step = $2)"
+            " AND state = 'open' RETURNING id, user_uuid),"
+            f" m AS (UPDATE team_members SET state = 'stopped', left_at = {DB_NOW_MS},"
+            " error = $4 WHERE state = 'running' AND team_id IN (SELECT id FROM t)"
+            " RETURNING team_id, name)"
+            " SELECT t.id, t.user_uuid, ARRAY(SELECT m.name FROM m WHERE m.team_id = t.id"
+            " ORDER BY m.name) AS names FROM t ORDER BY t.id",
+            workflow_id,
+            step,
+            reason,
+            "the team's step ended",
+        )
+        events: list[NewEvent] = []
+        for row in rows:
+            team_id, owner = row["id"], row["user_uuid"]
+            events.extend(
+                NewEvent(
+                    "team.member_left",
+                    {"team_id": team_id, "member": n, "why": "stopped"},
+                    owner,
+                )
+                for n in row["names"]
+            )
+            events.append(NewEvent("team.destroyed", {"team_id": team_id, "reason": reason}, owner))
+        if events:
+            await tx.append(events)
 
     async def _leave(
         self,
@@ -328,6 +371,8 @@ class TeamStore:
             body,
             size,
         )
+        # Wakes that mailbox's waiters only, at the commit (_mailbox.py).
+        await tx.conn.execute("SELECT pg_notify($1, $2)", MAIL_CHANNEL, mailbox(team.id, to))
         await tx.append(
             [
                 NewEvent(
@@ -374,8 +419,9 @@ class TeamStore:
         return [_member(r) for r in rows]
 
     async def detail(self, team_id: str, principal: Principal) -> dict[str, Any]:
-        """GET /teams/{id}: the team, its members and its mail log (the text for its owner
-        only); another tenant's team does not exist (404)."""
+        """GET /teams/{id}: the team, its members and its mail log (the mail text and the
+        members' result and error for its owner only); another tenant's team does not
+        exist (404)."""
         row = None
         if ID_PATTERN.fullmatch(team_id):
             row = await self._pool.fetchrow(
@@ -400,6 +446,6 @@ class TeamStore:
             "created_at": team.created_at,
             "destroyed_at": team.destroyed_at,
             "reason": team.reason,
-            "members": [m.wire() for m in await self.members(team_id)],
+            "members": [m.wire(with_output=own) for m in await self.members(team_id)],
             "mail": [_mail(r).wire(with_text=own) for r in mails],
         }
