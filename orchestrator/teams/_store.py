@@ -13,7 +13,7 @@ row's lock, so the limits (members, mails) hold against concurrent callers.
   owner only. Events carry sizes, never text.
 - **Ends.** The coordinator's run destroys its team when it ends (`destroy`); the engine's
   transition that ends the workflow, or fails the step finally, closes a team left open
-  (`close_open_in`: a coordinator whose worker was lost).
+  (a coordinator whose worker was lost: `_ending.close_open_in`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from orchestrator.auth import Principal
 from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.teams._ending import STOPPED_ERROR
 from orchestrator.teams._mailbox import MAIL_CHANNEL, mailbox
 from orchestrator.teams._model import (
     COORDINATOR,
@@ -140,7 +141,7 @@ class TeamStore:
             )
             if state != "open":
                 return
-            await self._leave(tx, team, "running", "stopped", error="the team's step ended")
+            await self._leave(tx, team, "running", "stopped", error=STOPPED_ERROR)
             await tx.conn.execute(
                 f"UPDATE teams SET state = 'destroyed', destroyed_at = {DB_NOW_MS}, reason = $2"
                 " WHERE id = $1",
@@ -150,45 +151,6 @@ class TeamStore:
             await tx.append(
                 [NewEvent("team.destroyed", {"team_id": team.id, "reason": reason}, team.user_uuid)]
             )
-
-    @staticmethod
-    async def close_open_in(
-        tx: EventTransaction, workflow_id: str, reason: str, step: str | None = None
-    ) -> None:
-        """In the workflow engine's transition `tx` that ends `workflow_id` (or its `step`,
-        finally failed): its teams still open are destroyed, their running members stopped.
-        A coordinator whose worker was lost never closes its team, and its step may never
-        run again to do it. One statement; the same events as `destroy`. Lock order: the
-        caller holds the workflow row, then the team rows (no team transaction takes a
-        workflow row)."""
-        rows = await tx.conn.fetch(
-            f"WITH t AS (UPDATE teams SET state = 'destroyed', destroyed_at = {DB_NOW_MS},"
-            " reason = $3 WHERE workflow_id = $1 AND ($2::text IS NULL OR step = $2)"
-            " AND state = 'open' RETURNING id, user_uuid),"
-            f" m AS (UPDATE team_members SET state = 'stopped', left_at = {DB_NOW_MS},"
-            " error = $4 WHERE state = 'running' AND team_id IN (SELECT id FROM t)"
-            " RETURNING team_id, name)"
-            " SELECT t.id, t.user_uuid, ARRAY(SELECT m.name FROM m WHERE m.team_id = t.id"
-            " ORDER BY m.name) AS names FROM t ORDER BY t.id",
-            workflow_id,
-            step,
-            reason,
-            "the team's step ended",
-        )
-        events: list[NewEvent] = []
-        for row in rows:
-            team_id, owner = row["id"], row["user_uuid"]
-            events.extend(
-                NewEvent(
-                    "team.member_left",
-                    {"team_id": team_id, "member": n, "why": "stopped"},
-                    owner,
-                )
-                for n in row["names"]
-            )
-            events.append(NewEvent("team.destroyed", {"team_id": team_id, "reason": reason}, owner))
-        if events:
-            await tx.append(events)
 
     async def _leave(
         self,

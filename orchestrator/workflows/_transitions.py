@@ -18,7 +18,7 @@ from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.runtime.claims import Fence
-from orchestrator.teams import TeamStore
+from orchestrator.teams._ending import close_open_in
 from orchestrator.workflows._records import (
     _SELECT,
     WorkflowRecord,
@@ -497,7 +497,7 @@ class WorkflowTransitions:
                 return None
             await self._set_step(tx, record, idx, **outcome)
             # Its last attempt failed: its team ends with it (a lost coordinator's included).
-            await TeamStore.close_open_in(tx, workflow_id, "step failed", step.name)
+            await close_open_in(tx, workflow_id, "step failed", step.name)
             event = self._event(
                 record,
                 "workflow.step_failed",
@@ -607,7 +607,7 @@ class WorkflowTransitions:
                 return False
             await self._set_workflow(tx, record, status=status, error=error)
             # Teams left open (a coordinator whose worker was lost) end with the workflow.
-            await TeamStore.close_open_in(tx, workflow_id, f"workflow {status}")
+            await close_open_in(tx, workflow_id, f"workflow {status}")
             # A question left open by an attempt that ended without it (one an override
             # abandoned while its worker was asking) is moot once the workflow has ended.
             await self._interventions_of().close_pending_in(tx, workflow_id, "the workflow ended")
