@@ -61,7 +61,9 @@ class Member:
     result: str | None = None
     error: str | None = None
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self, *, with_output: bool) -> dict[str, Any]:
+        """Its row on GET /teams/{id}; `result` and `error` (the model's words, as mail
+        text is) only for the team's owner, else null."""
         return {
             "name": self.name,
             "role": self.role,
@@ -71,8 +73,8 @@ class Member:
             "task_id": self.task_id,
             "joined_at": self.joined_at,
             "left_at": self.left_at,
-            "result": self.result,
-            "error": self.error,
+            "result": self.result if with_output else None,
+            "error": self.error if with_output else None,
         }
 
 

@@ -9,8 +9,11 @@ row's lock, so the limits (members, mails) hold against concurrent callers.
   by a run that is gone (their worker's result would reach nobody): they are marked failed
   (`team.member_left` why `failed`) and the new run may spawn others.
 - **Scoping.** Every row carries its owner's user_uuid; `detail` shows a team to its owner
-  and admins (anyone else: 404), the mail text to the owner only. Events carry sizes,
-  never text.
+  and admins (anyone else: 404), the mail text and members' results and errors to the
+  owner only. Events carry sizes, never text.
+- **Ends.** The coordinator's run destroys its team when it ends (`destroy`); the engine's
+  transition that ends the workflow, or fails the step finally, closes a team left open
+  (a coordinator whose worker was lost: `_ending.close_open_in`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from orchestrator.auth import Principal
 from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
+from orchestrator.teams._ending import STOPPED_ERROR
+from orchestrator.teams._mailbox import MAIL_CHANNEL, mailbox
 from orchestrator.teams._model import (
     COORDINATOR,
     ID_PATTERN,
@@ -136,7 +141,7 @@ class TeamStore:
             )
             if state != "open":
                 return
-            await self._leave(tx, team, "running", "stopped", error="the team's step ended")
+            await self._leave(tx, team, "running", "stopped", error=STOPPED_ERROR)
             await tx.conn.execute(
                 f"UPDATE teams SET state = 'destroyed', destroyed_at = {DB_NOW_MS}, reason = $2"
                 " WHERE id = $1",
@@ -328,6 +333,8 @@ class TeamStore:
             body,
             size,
         )
+        # Wakes that mailbox's waiters only, at the commit (_mailbox.py).
+        await tx.conn.execute("SELECT pg_notify($1, $2)", MAIL_CHANNEL, mailbox(team.id, to))
         await tx.append(
             [
                 NewEvent(
@@ -374,8 +381,9 @@ class TeamStore:
         return [_member(r) for r in rows]
 
     async def detail(self, team_id: str, principal: Principal) -> dict[str, Any]:
-        """GET /teams/{id}: the team, its members and its mail log (the text for its owner
-        only); another tenant's team does not exist (404)."""
+        """GET /teams/{id}: the team, its members and its mail log (the mail text and the
+        members' result and error for its owner only); another tenant's team does not
+        exist (404)."""
         row = None
         if ID_PATTERN.fullmatch(team_id):
             row = await self._pool.fetchrow(
@@ -400,6 +408,6 @@ class TeamStore:
             "created_at": team.created_at,
             "destroyed_at": team.destroyed_at,
             "reason": team.reason,
-            "members": [m.wire() for m in await self.members(team_id)],
+            "members": [m.wire(with_output=own) for m in await self.members(team_id)],
             "mail": [_mail(r).wire(with_text=own) for r in mails],
         }

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.agents import AgentTask, TaskResult, TeamSeat
+from orchestrator.agents._runner import TaskParked
 from orchestrator.agents._tools import Tool, ToolContext, ToolFailed
 from orchestrator.config import Settings
 from orchestrator.runtime.supervisor import cancel_and_wait
-from orchestrator.teams._mailbox import MailWaker
+from orchestrator.teams._mailbox import MailWaker, mailbox
 from orchestrator.teams._model import COORDINATOR, Member, Team, TeamRefused, Why
 from orchestrator.teams._store import TeamStore
 
@@ -91,6 +92,10 @@ class TeamHub:
         try:
             yield room
             reason = "step completed"
+        except TaskParked:
+            # Not a failure: the run waits for a person; the resumed run reopens the team.
+            reason = "waiting for a decision"
+            raise
         except asyncio.CancelledError:
             reason = "step stopped (cancelled or timed out)"
             raise
@@ -206,7 +211,7 @@ class _Room:
             )
         except TeamRefused as exc:
             raise ToolFailed(str(exc)) from None
-        self.hub.waker.poke()
+        self.hub.waker.poke(mailbox(self.team_id, mail.recipient))
         return f"sent to {mail.recipient} ({mail.size} bytes)"
 
     async def _receive(self, ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -215,7 +220,9 @@ class _Room:
             raise ToolFailed("'timeout_s' must be a number of seconds, 0 or more")
         timeout = min(float(wanted), self.hub.limits.receive_max_s)
         team = await self._team()
-        mail = await self.hub.waker.wait_for(lambda: self.hub.store.take(team, self.name), timeout)
+        mail = await self.hub.waker.wait_for(
+            mailbox(team.id, self.name), lambda: self.hub.store.take(team, self.name), timeout
+        )
         if mail is None:
             return f"no mail within {timeout:g}s"
         return json.dumps({"from": mail.sender, "text": mail.body})
@@ -337,7 +344,7 @@ class _Coordinator(_Room):
             )
         except Exception:
             log.exception("team %s: cannot record the end of %s", self.team.id, member.name)
-        self.hub.waker.poke()
+        self.hub.waker.poke(mailbox(self.team.id, COORDINATOR))
 
     async def _dismiss(self, ctx: ToolContext, args: dict[str, Any]) -> str:
         name = _text(args, "member")
@@ -356,7 +363,6 @@ class _Coordinator(_Room):
         drivers, self._drivers = list(self._drivers.values()), {}
         await _stop(drivers)
         await self.hub.store.destroy(self.team, reason)
-        self.hub.waker.poke()
 
 
 async def _stop(tasks: list[asyncio.Task[None]]) -> None:

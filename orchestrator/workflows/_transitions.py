@@ -18,6 +18,7 @@ from orchestrator.db import DB_NOW_MS
 from orchestrator.errors import NotFound
 from orchestrator.events import EventStore, EventTransaction, NewEvent
 from orchestrator.runtime.claims import Fence
+from orchestrator.teams._ending import close_open_in
 from orchestrator.workflows._records import (
     _SELECT,
     WorkflowRecord,
@@ -495,6 +496,8 @@ class WorkflowTransitions:
             if not await self._record_result(tx, key, workflow_id, step.name, "failed"):
                 return None
             await self._set_step(tx, record, idx, **outcome)
+            # Its last attempt failed: its team ends with it (a lost coordinator's included).
+            await close_open_in(tx, workflow_id, "step failed", step.name)
             event = self._event(
                 record,
                 "workflow.step_failed",
@@ -603,6 +606,8 @@ class WorkflowTransitions:
             if record.finished:
                 return False
             await self._set_workflow(tx, record, status=status, error=error)
+            # Teams left open (a coordinator whose worker was lost) end with the workflow.
+            await close_open_in(tx, workflow_id, f"workflow {status}")
             # A question left open by an attempt that ended without it (one an override
             # abandoned while its worker was asking) is moot once the workflow has ended.
             await self._interventions_of().close_pending_in(tx, workflow_id, "the workflow ended")

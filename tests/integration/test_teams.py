@@ -22,8 +22,11 @@ from orchestrator.agents import (
     AgentTask,
     LocalDispatcher,
     TaskResult,
+    TeamSeat,
     default_registry,
 )
+from orchestrator.agents._runner import TaskParked
+from orchestrator.agents._tools import ToolContext, ToolFailed
 from orchestrator.db import connect
 from orchestrator.events import EventStore
 from orchestrator.observability import MetricsRecorder
@@ -155,6 +158,9 @@ async def test_a_coordinator_spawns_two_members_that_mail_and_one_is_dismissed(
     assert (await api.get("/teams/team-999999", headers=owner)).status_code == 404
     admin_view = (await api.get(f"/teams/{team_id}", headers=ADMIN)).json()
     assert len(admin_view["mail"]) == 3 and all("text" not in m for m in admin_view["mail"])
+    # Nor the members' results and errors (the model's words, as the mail is).
+    assert members["m1"]["result"].startswith("steps: ")
+    assert [(m["result"], m["error"]) for m in admin_view["members"]] == [(None, None)] * 2
 
 
 async def test_limits_are_tool_errors_the_model_sees(api: httpx.AsyncClient) -> None:
@@ -349,3 +355,175 @@ async def test_unread_mail_waits_for_the_coordinators_next_run(
         await waker.close()
         await gateway.aclose()
         await db.close()
+
+
+class LosesTheCoordinator:
+    """The coordinator's worker is lost after its team got a member (written through the
+    team store, as that run would have): the attempt fails with no retry left (`fail`), or
+    never answers (`hang`, until the workflow is cancelled). The run's own end never comes
+    to close the team."""
+
+    def __init__(self, teams: TeamStore, how: str) -> None:
+        self.teams = teams
+        self.how = how
+        self.team: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def run(self, task: AgentTask) -> TaskResult:
+        assert task.team is not None and task.workflow_id is not None
+        team = await self.teams.open(
+            workflow_id=task.workflow_id,
+            step="lead",
+            user_uuid=task.user_uuid,
+            max_members=task.team.max_members,
+            task_id=task.task_id,
+        )
+        await self.teams.join(
+            team, role="scout", instructions="look", tools=None, model=None, task_prefix=team.id
+        )
+        self.team.set_result(team)
+        if self.how == "hang":
+            await asyncio.Event().wait()
+        return TaskResult(task.task_id, "failed", None, "lost: worker died", 5, "agent-worker-0")
+
+
+@pytest.mark.parametrize("how", ["fail", "hang"])
+async def test_a_lost_coordinators_team_ends_with_its_step_or_workflow(
+    make_settings: Any, llm: OpenAIFake, how: str
+) -> None:
+    settings = agent_settings(make_settings, llm)
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    events_store = EventStore(db.pool)
+    teams = TeamStore(db.pool, events_store)
+    waker = MailWaker(settings.database_url, settings.team_receive_poll_s)
+    dispatcher = LosesTheCoordinator(teams, how)
+    store = WorkflowStore(db.pool, events_store)
+    engine = WorkflowEngine(store, dispatcher, settings, supervisor=make_supervisor())
+    try:
+        spec = WorkflowSpec.parse("lost", [coordinate("lead", team={"max_members": 2})])
+        wid = await store.create(spec, "ann")
+        await engine.start(wid)
+        team = await asyncio.wait_for(dispatcher.team, 30)
+        if how == "hang":
+            assert await engine.cancel(wid) == "cancelled"
+        final = await engine.wait(wid, within=30)
+        assert str(final.status) == ("failed" if how == "fail" else "cancelled"), final
+        rows = await db.pool.fetch(
+            "SELECT type, data FROM events WHERE aggregate_id = $1 ORDER BY seq", team.id
+        )
+        data = [(r["type"], json.loads(r["data"])) for r in rows]
+        assert [t for t, _ in data] == [
+            "team.created",
+            "team.member_joined",
+            "team.member_left",
+            "team.destroyed",
+        ]
+        assert (data[2][1]["member"], data[2][1]["why"]) == ("m1", "stopped")
+        reason = "step failed" if how == "fail" else "workflow cancelled"
+        assert data[3][1]["reason"] == reason
+        seat = await teams.seat(team.id, "m1")
+        assert seat is not None and seat[0].state == "destroyed"
+        assert seat[1].state == "stopped" and seat[0].reason == reason
+        # The member, still running on another worker, finds its tools refused.
+        hub = TeamHub(teams, settings, dispatcher.run, waker)
+        member = AgentTask(
+            task_id=f"{team.id}:m1",
+            user_uuid="ann",
+            prompt="look",
+            workflow_id=wid,
+            step="lead",
+            team=TeamSeat(member="m1", team_id=team.id),
+        )
+        async with hub.session(member, "agent-worker-1") as room:
+            assert room is not None
+            send = next(t for t in room.tools() if t.name == "team_send")
+            ctx = ToolContext(member, settings, {})
+            with pytest.raises(ToolFailed, match="you are no longer in the team"):
+                await send.handler(ctx, {"to": "coordinator", "message": "done?"})
+    finally:
+        await engine.shutdown()
+        await waker.close()
+        await db.close()
+
+
+async def test_a_parked_coordinator_records_that_it_waits_for_a_decision(
+    make_settings: Any, llm: OpenAIFake
+) -> None:
+    settings = agent_settings(make_settings, llm)
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    events_store = EventStore(db.pool)
+    teams = TeamStore(db.pool, events_store)
+    waker = MailWaker(settings.database_url, settings.team_receive_poll_s)
+
+    async def never(task: AgentTask) -> TaskResult:
+        raise AssertionError("no member is spawned here")
+
+    hub = TeamHub(teams, settings, never, waker)
+    try:
+        spec = WorkflowSpec.parse("parks", [coordinate("lead", team={})])
+        wid = await WorkflowStore(db.pool, events_store).create(spec, "ann")
+        lead = AgentTask(
+            task_id=f"{wid}:lead:1",
+            user_uuid="ann",
+            prompt="lead",
+            workflow_id=wid,
+            step="lead",
+            team=TeamSeat(),
+        )
+        with pytest.raises(TaskParked):
+            async with hub.session(lead, "agent-worker-0") as room:
+                assert room is not None
+                raise TaskParked("iv-1")
+        reason = await db.pool.fetchval("SELECT reason FROM teams WHERE workflow_id = $1", wid)
+        assert reason == "waiting for a decision"
+    finally:
+        await waker.close()
+        await db.close()
+
+
+async def test_a_mail_wakes_only_its_own_mailbox(make_settings: Any, llm: OpenAIFake) -> None:
+    """The waiter for m1's mail is not woken by other events of the system, nor by mail to
+    someone else: it looks once on entry and once when its mail has come."""
+    settings = agent_settings(make_settings, llm)
+    assert settings.database_url
+    db = await connect(settings.database_url)
+    events_store = EventStore(db.pool)
+    teams = TeamStore(db.pool, events_store)
+    waker = MailWaker(settings.database_url, poll_s=30)  # no poll within the test
+    try:
+        spec = WorkflowSpec.parse("mail", [coordinate("lead", team={})])
+        workflows = WorkflowStore(db.pool, events_store)
+        wid = await workflows.create(spec, "ann")
+        team = await teams.open(
+            workflow_id=wid, step="lead", user_uuid="ann", max_members=2, task_id="t"
+        )
+        for _ in range(2):
+            await teams.join(
+                team, role="r", instructions="i", tools=None, model=None, task_prefix=team.id
+            )
+        looks = 0
+
+        async def look() -> Any:
+            nonlocal looks
+            looks += 1
+            return await teams.take(team, "m1")
+
+        waiting = asyncio.create_task(waker.wait_for(f"{team.id}:m1", look, 20))
+        await until(lambda: _true(looks == 1))
+        for _ in range(5):  # other events of the system (workflow.created), with their NOTIFY
+            await workflows.create(spec, "bob")
+        limits = {"max_mails": 10, "max_bytes": 100}
+        await teams.send(team, "m1", "m2", "not for m1", **limits)
+        await teams.send(team, "m2", "coordinator", "nor this", **limits)
+        await teams.send(team, "coordinator", "m1", "for m1", **limits)
+        mail = await asyncio.wait_for(waiting, 10)
+        assert mail is not None and mail.body == "for m1"
+        assert looks == 2
+    finally:
+        await waker.close()
+        await db.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
