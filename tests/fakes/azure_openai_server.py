@@ -160,7 +160,8 @@ class AzureRequest(RecordedRequest):
 
     @property
     def api_version(self) -> str | None:
-        return (parse_qs(self.query).get("api-version") or [None])[0]
+        values = parse_qs(self.query).get("api-version")
+        return values[0] if values else None
 
 
 class AzureOpenAIFake(OpenAIFake):
@@ -317,7 +318,8 @@ class AzureOpenAIFake(OpenAIFake):
         for choice in body["choices"]:
             choice["message"].pop("annotations", None)
             choice["content_filter_results"] = _choice_filters(self.filtered_output)
-        return _sorted(body)
+        out: dict[str, Any] = _sorted(body)
+        return out
 
     def chunks(
         self, reply: FakeReply, model: str, completion_id: str, include_usage: bool

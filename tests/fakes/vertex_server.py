@@ -8,12 +8,12 @@ endpoint, for the `vertex` provider kind.
 `GoogleTokenFake`: `POST /token`, the JWT-bearer grant (RFC 7523) that google-auth's
 service-account credentials run (`google/oauth2/_client.py` `jwt_grant`): a form body with
 `grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer` and `assertion`, an RS256 JWT signed
-with the account's private key, whose `iss` is its `client_email`, `aud` the token URI,
-`scope` the scopes asked, `iat`/`exp` an hour apart; the signature is checked with the
-account's public key. Answers `{"access_token", "expires_in", "token_type": "Bearer"}`
-(`application/json; charset=utf-8`); a bad grant is 400 `{"error": "invalid_grant",
-"error_description": "Invalid JWT Signature."}` (or another description), as
-oauth2.googleapis.com answers.
+with the account's private key, whose `iss` is its `client_email`, `aud` Google's token URI
+(google-auth's constant, wherever it posts), `scope` the scopes asked, `iat`/`exp` an hour
+apart; the signature is checked with the account's public key. Answers `{"access_token",
+"expires_in", "token_type": "Bearer"}` (`application/json; charset=utf-8`); a bad grant is
+400 `{"error": "invalid_grant", "error_description": "Invalid JWT Signature."}` (or another
+description), as oauth2.googleapis.com answers.
 
 `VertexFake`: the Gemini fake (tests/fakes/gemini_server.py: its GenerateContentRequest
 checks, its chunks and framing, Google's front-end headers) under Vertex's paths
@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
 
@@ -170,7 +171,9 @@ class GoogleTokenFake(LoopbackServer):
                 form.get("assertion", ""),
                 self.public_key,
                 algorithms=["RS256"],
-                audience=self.token_uri,
+                # google-auth addresses its assertions to Google's token URI whatever
+                # `token_uri` it posts them to (google/oauth2/service_account.py)
+                audience=[GOOGLE_TOKEN_URI, self.token_uri],
             )
         except jwt.ExpiredSignatureError:
             await self._invalid(
@@ -329,8 +332,14 @@ class VertexFake(GeminiFake):
             self.violations.extend(problems)
             await self.send_json(send, 400, google_error(400, "; ".join(problems)))
             return
-        turn = self.next_reply()
-        if isinstance(turn, GeminiTurn) and turn.status >= 400:
+        with self._lock:  # only a scripted failure answers here; a chat's reply stays queued
+            head = self._script[0] if self._script else None
+            turn = (
+                self._script.popleft()
+                if isinstance(head, GeminiTurn) and head.status >= 400
+                else None
+            )
+        if turn is not None:
             await self.send_json(send, turn.status, turn.error or google_error(turn.status, ""))
             return
         if model not in self.embed_models:
