@@ -18,11 +18,14 @@ import httpx
 import openai
 import pytest
 
+from orchestrator.config import Settings
 from orchestrator.errors import ErrorCode, RateLimited, ValidationFailed
+from orchestrator.observability import MetricsRecorder
 from orchestrator.providers import (
     BlockDelta,
     ChatRequest,
     EmbedRequest,
+    Gateway,
     Message,
     MessageEnd,
     MessageStart,
@@ -378,6 +381,36 @@ async def test_params_reach_each_body(vertex: VertexFake, http: httpx.AsyncClien
     assert vertex.requests[-1].json["generationConfig"]["seed"] == 3
     await vertex_adapter.complete(ask(CLAUDE, params={"top_k": 4}))
     assert vertex.requests[-1].json["top_k"] == 4
+
+
+async def test_the_gateway_fits_params_to_the_routed_models_table(vertex: VertexFake) -> None:
+    """One provider, two tables: seed reaches Gemini and is refused (or, with
+    drop_unsupported_params, dropped) for Claude."""
+    providers = {"vertex": {"base_url": vertex.base_url, "project": PROJECT}}
+    for drop in (False, True):
+        settings = Settings.load(
+            environ={},
+            providers=providers,
+            provider_retries=0,
+            admin_token="x" * 32,
+            drop_unsupported_params=drop,
+        )
+        gw = Gateway(settings, MetricsRecorder("test"))
+        try:
+            await gw.complete(ask(GEMINI, params={"seed": 5}))
+            assert vertex.requests[-1].json["generationConfig"]["seed"] == 5
+            if drop:
+                await gw.complete(ask(CLAUDE, params={"seed": 5, "top_k": 3}))
+                assert "seed" not in vertex.requests[-1].json
+                assert vertex.requests[-1].json["top_k"] == 3
+            else:
+                with pytest.raises(ValidationFailed) as caught:
+                    await gw.complete(ask(CLAUDE, params={"seed": 5}))
+                assert caught.value.extra["provider"] == "vertex"
+                assert "seed" in caught.value.message
+        finally:
+            await gw.aclose()
+    assert len(vertex.claude_requests) == 1 and not vertex.violations
 
 
 # --- through the gateway ---------------------------------------------------------------------
