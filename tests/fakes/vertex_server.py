@@ -73,6 +73,10 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
+# What Vertex takes in `anthropic_version`: the value Anthropic's Vertex page documents, and the
+# Messages API version anthropic-python 2.x's AnthropicVertex sends instead (its
+# `_constants.ANTHROPIC_API_VERSION`, set with `setdefault` in `lib/vertex/_client.py`).
+ANTHROPIC_VERSIONS = frozenset({VERTEX_ANTHROPIC_VERSION, "2026-10-21"})
 
 
 def service_account(
@@ -460,7 +464,7 @@ def _claude_problem(body: Any, model: str, streamed: bool) -> str | None:
         return "body: Input should be an object"
     if "model" in body:
         return "model: Extra inputs are not permitted"
-    if body.get("anthropic_version") != VERTEX_ANTHROPIC_VERSION:
+    if body.get("anthropic_version") not in ANTHROPIC_VERSIONS:
         return f"anthropic_version: Input should be '{VERTEX_ANTHROPIC_VERSION}'"
     if bool(body.get("stream")) != streamed:
         return "stream: must be true for streamRawPredict and absent or false for rawPredict"

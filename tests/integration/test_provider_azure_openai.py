@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from orchestrator.config import ConfigError, Settings
 from orchestrator.errors import ErrorCode, RateLimited, ValidationFailed
 from orchestrator.providers import (
     BlockDelta,
@@ -31,6 +32,7 @@ from orchestrator.providers import (
     _params,
     build_adapter,
     collect,
+    configured_providers,
 )
 from orchestrator.providers._azure import AzureOpenAIAdapter
 from tests.conftest import ADMIN_TOKEN, ServedApp, free_port
@@ -363,6 +365,32 @@ async def test_params_reach_the_body(azure: AzureOpenAIFake, http: httpx.AsyncCl
     await adapter(azure, http).complete(ask(params=params))
     assert last(azure).json["seed"] == 7
     assert last(azure).json["response_format"] == {"type": "json_object"}
+
+
+def test_settings_need_the_endpoint_and_all_of_entra() -> None:
+    with pytest.raises(ConfigError, match="resource endpoint"):
+        Settings.load(environ={}, providers={"azure_openai": {"api_key": "k"}})
+    with pytest.raises(ConfigError, match="tenant_id, client_id and client_secret"):
+        Settings.load(
+            environ={},
+            providers={
+                "azure_openai": {"base_url": "https://x.openai.azure.com", "tenant_id": "t"}
+            },
+        )
+    # The openai SDK's variable pair configures the kind; the key alone does not.
+    alone = Settings.load(environ={"AZURE_OPENAI_API_KEY": "k"})
+    assert "azure_openai" not in alone.providers
+    pair = Settings.load(
+        environ={"AZURE_OPENAI_API_KEY": "k", "AZURE_OPENAI_ENDPOINT": "https://x.openai.azure.com"}
+    )
+    (config,) = configured_providers(pair)
+    assert (config.kind, config.base_url, config.api_key) == (
+        "azure_openai",
+        "https://x.openai.azure.com",
+        "k",
+    )
+    assert config.extra["api_version"] == "2024-10-21"
+    assert config.extra["authority"] == "https://login.microsoftonline.com"
 
 
 # --- the fake against Azure's own client -------------------------------------------------

@@ -39,6 +39,7 @@ from orchestrator.providers import (
     _params,
     build_adapter,
     collect,
+    configured_providers,
 )
 from orchestrator.providers._vertex import GoogleToken, VertexAdapter
 from tests.conftest import ADMIN_TOKEN, ServedApp, free_port
@@ -360,6 +361,48 @@ async def test_embeddings_use_predict(vertex: VertexFake, http: httpx.AsyncClien
         await vertex_adapter.embed(EmbedRequest(CLAUDE, ("a",)))
     assert info.value.upstream_status == 404
     assert not vertex.violations
+
+
+async def test_anthropics_vertex_client_reads_the_fake(
+    vertex: VertexFake, http: httpx.AsyncClient
+) -> None:
+    """anthropic-python's own AnthropicVertex (its URL, body and SSE parsing) against the fake,
+    so the fake is what Anthropic's Vertex client expects."""
+    await adapter(vertex.base_url, http).ready()  # a token the fake issued
+    client = anthropic.AsyncAnthropicVertex(
+        region="us-central1",
+        project_id=PROJECT,
+        access_token=vertex.tokens.issued[-1],
+        base_url=vertex.base_url,
+    )
+    vertex.script(text_reply("whole"), text_reply("streamed"))
+    async with client:
+        done = await client.messages.create(
+            model=CLAUDE, max_tokens=32, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert done.content[0].type == "text" and done.content[0].text == "whole"
+        async with client.messages.stream(
+            model=CLAUDE, max_tokens=32, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            assert await stream.get_final_text() == "streamed"
+    assert [r.path.rsplit(":", 1)[1] for r in vertex.claude_requests] == [
+        "rawPredict",
+        "streamRawPredict",
+    ]
+    assert not vertex.violations
+
+
+def test_the_base_url_follows_the_location() -> None:
+    def base(location: str | None) -> str:
+        settings = Settings.load(
+            environ={}, providers={"vertex": {"project": "p", "location": location}}
+        )
+        (config,) = configured_providers(settings)
+        return config.base_url
+
+    assert base("europe-west4") == "https://europe-west4-aiplatform.googleapis.com/v1"
+    assert base("global") == "https://aiplatform.googleapis.com/v1"
+    assert base(None) == "https://us-central1-aiplatform.googleapis.com/v1"
 
 
 def test_the_declared_table_follows_the_model() -> None:
