@@ -338,9 +338,7 @@ def _honoured(table: Mapping[str, Translate], name: str, value: Any) -> bool:
     return not isinstance(entry, Limited) or entry.accepts(value)
 
 
-def unsupported(
-    adapter: object, params: Mapping[str, Any], model: str | None = None
-) -> list[str]:
+def unsupported(adapter: object, params: Mapping[str, Any], model: str | None = None) -> list[str]:
     table = table_of(adapter, model)
     return [name for name, value in params.items() if not _honoured(table, name, value)]
 
