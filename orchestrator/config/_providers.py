@@ -24,7 +24,9 @@ PROVIDER_KEY_ENV: dict[str, str] = {
     "deepseek": "DEEPSEEK_API_KEY",
     "qwen": "DASHSCOPE_API_KEY",
 }
-PROVIDER_KINDS: tuple[str, ...] = (*PROVIDER_KEY_ENV, "bedrock")
+# Azure OpenAI's key is read with its endpoint (AZURE_OPENAI_API_KEY + AZURE_OPENAI_ENDPOINT,
+# the openai SDK's pair); Bedrock and Vertex authenticate with their cloud's credentials.
+PROVIDER_KINDS: tuple[str, ...] = (*PROVIDER_KEY_ENV, "azure_openai", "bedrock", "vertex")
 
 
 class ProviderSettings(BaseModel):
@@ -42,6 +44,25 @@ class ProviderSettings(BaseModel):
         None, description="Cloud-runtime session token of temporary keys (AWS_SESSION_TOKEN)"
     )
     model_id: str | None = Field(None, description="Cloud-runtime default model id")
+    # Azure OpenAI (base_url is the resource endpoint, https://{resource}.openai.azure.com)
+    api_version: str | None = Field(
+        None, description="Azure OpenAI `api-version` query parameter (default 2024-10-21)"
+    )
+    deployments: dict[str, str] = Field(
+        default_factory=dict,
+        description="Azure OpenAI: model name -> deployment name (default: the same name)",
+    )
+    tenant_id: str | None = Field(None, description="Azure: Entra ID tenant (with client_id)")
+    client_id: str | None = Field(None, description="Azure: Entra ID application (client) id")
+    client_secret: SecretStr | None = Field(None, description="Azure: Entra ID client secret")
+    authority: str | None = Field(
+        None, description="Azure: Entra ID authority (default https://login.microsoftonline.com)"
+    )
+    # Vertex AI (credentials from Google's default chain: GOOGLE_APPLICATION_CREDENTIALS, ...)
+    project: str | None = Field(None, description="Vertex AI: Google Cloud project id")
+    location: str | None = Field(
+        None, description="Vertex AI: location, e.g. us-central1 or global (default us-central1)"
+    )
 
 
 class CustomProvider(BaseModel):

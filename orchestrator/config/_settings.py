@@ -564,6 +564,19 @@ class Settings(ServiceSettings):
             raise ValueError(
                 f"unknown provider kind(s): {sorted(unknown)}; known: {PROVIDER_KINDS}"
             )
+        azure = v.get("azure_openai")
+        if azure is not None:
+            if not azure.base_url:
+                raise ValueError(
+                    "providers.azure_openai.base_url: the resource endpoint "
+                    "(https://<resource>.openai.azure.com) is required"
+                )
+            entra = (azure.tenant_id, azure.client_id, azure.client_secret)
+            if any(entra) and not all(entra):
+                raise ValueError(
+                    "providers.azure_openai: Entra ID needs tenant_id, client_id and "
+                    "client_secret together"
+                )
         return v
 
     @classmethod

@@ -218,6 +218,12 @@ class _ProviderKeys(PydanticBaseSettingsSource):
         if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
             region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
             providers["bedrock"] = {"region": region} if region else {}
+        # Azure's key alone says nothing of where the resource is: both, or neither.
+        if env.get("AZURE_OPENAI_API_KEY") and env.get("AZURE_OPENAI_ENDPOINT"):
+            providers["azure_openai"] = {
+                "api_key": env["AZURE_OPENAI_API_KEY"],
+                "base_url": env["AZURE_OPENAI_ENDPOINT"],
+            }
         return {"providers": providers} if providers else {}
 
 

@@ -57,6 +57,10 @@ KIND_PREFIXES: dict[str, tuple[str, ...]] = {
     "zhipu": ("glm-",),
     "deepseek": ("deepseek-",),
     "qwen": ("qwen", "qwq-"),
+    # Azure serves deployments (named by their owner): configure `models` or `deployments`
+    # for other names.
+    "azure_openai": ("gpt-", "o1", "o3", "o4", "text-embedding-"),
+    "vertex": ("gemini-", "claude-", "text-embedding-", "text-multilingual-embedding-"),
     "bedrock": (
         "anthropic.",
         "amazon.",
@@ -325,7 +329,9 @@ class Gateway:
         if not request.params:
             return routed
         drop = self._settings.drop_unsupported_params
-        kept = _params.fit(request.params, route.adapter, route.provider, drop=drop)
+        kept = _params.fit(
+            request.params, route.adapter, route.provider, drop=drop, model=route.model
+        )
         if "user" in request.params and "user" not in kept:
             routed = dataclasses.replace(routed, user=None)  # the caller's, dropped
         return dataclasses.replace(routed, params=kept)

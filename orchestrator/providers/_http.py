@@ -81,7 +81,9 @@ def error_message(body: bytes) -> str:
             if msg:
                 return str(msg)
         elif isinstance(err, str):
-            return err
+            # OAuth 2.0 token endpoints (Entra ID, Google): {error, error_description}
+            description = data.get("error_description")
+            return f"{err}: {description}" if description else err
         for key in ("message", "Message", "detail"):
             if data.get(key):
                 return str(data[key])

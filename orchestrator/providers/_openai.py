@@ -72,9 +72,13 @@ class OpenAIAdapter:
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
         """The wire body for `request` (subclasses adjust it to their provider)."""
-        # OpenAI deprecated `max_tokens` (its reasoning models reject it); every other
-        # compatible server documents `max_tokens`.
-        field = "max_completion_tokens" if self.config.kind == "openai" else "max_tokens"
+        # OpenAI deprecated `max_tokens` (its reasoning models reject it, on Azure too); every
+        # other compatible server documents `max_tokens`.
+        field = (
+            "max_completion_tokens"
+            if self.config.kind in ("openai", "azure_openai")
+            else "max_tokens"
+        )
         body = encode_request(
             request,
             stream=stream,

@@ -319,8 +319,14 @@ QWEN: Mapping[str, Translate] = {
 }
 
 
-def table_of(adapter: object) -> Mapping[str, Translate]:
-    """The adapter's declared table; an adapter declaring none honours no optional field."""
+def table_of(adapter: object, model: str | None = None) -> Mapping[str, Translate]:
+    """The adapter's declared table; an adapter declaring none honours no optional field.
+    An adapter whose table depends on the model (Vertex: Gemini's or Anthropic's) declares
+    `params_for(model)`."""
+    params_for = getattr(adapter, "params_for", None)
+    if model is not None and callable(params_for):
+        by_model: Mapping[str, Translate] = params_for(model)
+        return by_model
     table: Mapping[str, Translate] = getattr(adapter, "params", {})
     return table
 
@@ -332,14 +338,22 @@ def _honoured(table: Mapping[str, Translate], name: str, value: Any) -> bool:
     return not isinstance(entry, Limited) or entry.accepts(value)
 
 
-def unsupported(adapter: object, params: Mapping[str, Any]) -> list[str]:
-    table = table_of(adapter)
+def unsupported(adapter: object, params: Mapping[str, Any], model: str | None = None) -> list[str]:
+    table = table_of(adapter, model)
     return [name for name, value in params.items() if not _honoured(table, name, value)]
 
 
-def fit(params: Mapping[str, Any], adapter: object, provider: str, *, drop: bool) -> dict[str, Any]:
-    """`params` narrowed to what `provider` honours; 400 naming the rest unless `drop`."""
-    missing = unsupported(adapter, params)
+def fit(
+    params: Mapping[str, Any],
+    adapter: object,
+    provider: str,
+    *,
+    drop: bool,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """`params` narrowed to what `provider` honours (for `model`, where the table depends on
+    it); 400 naming the rest unless `drop`."""
+    missing = unsupported(adapter, params, model)
     if missing and not drop:
         fields = ", ".join(missing)
         raise ValidationFailed(

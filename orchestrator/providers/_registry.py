@@ -24,6 +24,8 @@ ADAPTERS: dict[str, str] = {
     "ollama": "orchestrator.providers._ollama:OllamaAdapter",
     "gemini": "orchestrator.providers._gemini:GeminiAdapter",
     "bedrock": "orchestrator.providers._bedrock:BedrockAdapter",
+    "azure_openai": "orchestrator.providers._azure:AzureOpenAIAdapter",
+    "vertex": "orchestrator.providers._vertex:VertexAdapter",
     # declarative adapters: `format` picks the wire format
     "custom:openai": "orchestrator.providers._openai:OpenAIAdapter",
     "custom:anthropic": "orchestrator.providers._anthropic:AnthropicAdapter",
@@ -40,7 +42,13 @@ DEFAULT_BASE_URLS: dict[str, str] = {
     "ollama": "http://127.0.0.1:11434",
     "gemini": "https://generativelanguage.googleapis.com/v1beta",
     "bedrock": "https://bedrock-runtime.{region}.amazonaws.com",
+    # azure_openai has none: its base_url (the resource endpoint) is required
+    "vertex": "https://{location}-aiplatform.googleapis.com/v1",
 }
+VERTEX_GLOBAL_URL = "https://aiplatform.googleapis.com/v1"
+AZURE_API_VERSION = "2024-10-21"  # Azure OpenAI's latest GA data-plane version (2026-11)
+ENTRA_AUTHORITY = "https://login.microsoftonline.com"
+VERTEX_LOCATION = "us-central1"
 
 
 def build_adapter(config: ProviderConfig, http: httpx.AsyncClient) -> ProviderAdapter:
@@ -48,9 +56,9 @@ def build_adapter(config: ProviderConfig, http: httpx.AsyncClient) -> ProviderAd
     if kind == "custom":
         kind = f"custom:{config.extra.get('format', 'openai')}"
     module_name, _, class_name = ADAPTERS[kind].partition(":")
-    if kind == "bedrock":  # its adapter imports botocore; `serve` refuses to start without it
+    if kind in ("bedrock", "vertex"):  # their adapters need an extra; `serve` checks at start
         try:
-            require("bedrock", "the bedrock provider")
+            require(kind, f"the {kind} provider")
         except ExtraMissing as exc:
             raise ProviderError(str(exc), provider=config.name) from exc
     cls: Any = getattr(importlib.import_module(module_name), class_name)
@@ -76,9 +84,32 @@ def configured_providers(settings: Settings) -> list[ProviderConfig]:
                 "model_id": ps.model_id,
             }
             base = ps.base_url or DEFAULT_BASE_URLS["bedrock"].format(region=region)
+        elif kind == "azure_openai":
+            extra = {
+                "api_version": ps.api_version or AZURE_API_VERSION,
+                "deployments": dict(ps.deployments),
+                "tenant_id": ps.tenant_id,
+                "client_id": ps.client_id,
+                "client_secret": (
+                    ps.client_secret.get_secret_value() if ps.client_secret else None
+                ),
+                "authority": (ps.authority or ENTRA_AUTHORITY).rstrip("/"),
+            }
+            base = ps.base_url or ""  # required by the settings' validation
+        elif kind == "vertex":
+            location = ps.location or VERTEX_LOCATION
+            extra = {"project": ps.project, "location": location}
+            default = (
+                VERTEX_GLOBAL_URL
+                if location == "global"
+                else DEFAULT_BASE_URLS["vertex"].format(location=location)
+            )
+            base = ps.base_url or default
         else:
             base = ps.base_url or DEFAULT_BASE_URLS[kind]
-        models = tuple(ps.models) or ((ps.model_id,) if ps.model_id else ())
+        models = (
+            tuple(ps.models) or tuple(ps.deployments) or ((ps.model_id,) if ps.model_id else ())
+        )
         out.append(
             ProviderConfig(
                 name=kind,
