@@ -282,16 +282,17 @@ class ProviderConfig:
     """One configured provider: a kind (`openai`, `anthropic`, ..., `custom`) and its
     connection. `name` is what metrics, health and errors call it: the kind, or a custom
     adapter's id. `extra` holds kind-specific settings (Bedrock's region and keys, a custom
-    adapter's `format`)."""
+    adapter's `format`). The key and `extra` (Bedrock's keys, Entra's client secret) are
+    left out of the repr, so a logged config or a traceback never shows a secret."""
 
     name: str
     kind: str
     base_url: str
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     models: tuple[str, ...] = ()
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 class ProviderError(OrchestratorError):

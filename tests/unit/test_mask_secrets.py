@@ -40,3 +40,20 @@ def test_a_secret_key_is_masked_at_any_depth(key: str) -> None:
 )
 def test_keys_that_only_look_alike_are_kept(key: str) -> None:
     assert mask_secrets({key: "v"}) == {key: "v"}
+
+
+def test_provider_config_repr_shows_no_secret() -> None:
+    """A provider's key and kind-specific secrets (Bedrock's keys, Entra's client secret)
+    never reach a log line or a traceback through the config's repr."""
+    from orchestrator.providers import ProviderConfig
+
+    config = ProviderConfig(
+        "azure_openai",
+        "azure_openai",
+        "https://r.openai.azure.com",
+        api_key="sk-SECRET-1",
+        extra={"client_secret": "SECRET-2"},
+    )
+    text = repr(config)
+    assert "azure_openai" in text and "https://r.openai.azure.com" in text
+    assert "SECRET" not in text
