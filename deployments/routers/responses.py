@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -22,6 +23,7 @@ from fastapi.responses import Response
 
 from deployments.deps import CurrentUser, StoredResponses, principal_of, services_of
 from deployments.routers.gateway import (
+    DROPPED_HEADER,
     JsonBody,
     _Call,
     _JsonResponse,
@@ -37,6 +39,37 @@ router = APIRouter(tags=["inference"])
 log = logging.getLogger("orchestrator.gateway")
 
 HEARTBEAT = b": heartbeat\n\n"
+# The provider tables' names (chat completions') of fields a Responses request sets under
+# other names: a 400 or the dropped-params header names them as the caller wrote them.
+CALLER_NAMES = {
+    "reasoning_effort": "reasoning.effort",
+    "response_format": "text.format",
+    "verbosity": "text.verbosity",
+}
+_INTERNAL = re.compile(r"\b(" + "|".join(CALLER_NAMES) + r")\b")
+
+
+def _as_sent(text: str) -> str:
+    return _INTERNAL.sub(lambda m: CALLER_NAMES[m.group(1)], text)
+
+
+@contextlib.contextmanager
+def _caller_names() -> Iterator[None]:
+    """A field the provider does not honour (a 400 from its table) named as sent."""
+    try:
+        yield
+    except ValidationFailed as exc:
+        fields = exc.extra.get("fields")
+        if not isinstance(fields, list):
+            raise
+        renamed = [{**f, "field": _as_sent(str(f.get("field", "")))} for f in fields]
+        extra = {**exc.extra, "fields": renamed}
+        raise ValidationFailed(_as_sent(exc.message), code=exc.code, extra=extra) from None
+
+
+def _dropped(call: _Call) -> dict[str, str] | None:
+    header = call.dropped_header()
+    return {DROPPED_HEADER: _as_sent(header[DROPPED_HEADER])} if header else None
 
 
 async def create_response(body: JsonBody, request: Request) -> Response:
@@ -63,13 +96,15 @@ async def create_response(body: JsonBody, request: Request) -> Response:
             )
 
     if not chat.stream:
-        response = await call.complete()
+        with _caller_names():
+            response = await call.complete()
         answer = responses_format.encode_response(
             response, req, id=response_id, model=chat.model, created_at=created_at
         )
         await save(answer)
-        return _JsonResponse(answer, headers=call.dropped_header())
-    await call.open_stream()
+        return _JsonResponse(answer, headers=_dropped(call))
+    with _caller_names():
+        await call.open_stream()
     encoder = responses_format.EventEncoder(
         req, id=response_id, model=chat.model, created_at=created_at
     )
@@ -80,7 +115,7 @@ async def create_response(body: JsonBody, request: Request) -> Response:
         done=b"",
     )
     stream = _saved_then_ended(events, encoder, save)
-    return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
+    return _SseResponse(stream, lambda: call.close(stream), _dropped(call))
 
 
 async def _saved_then_ended(

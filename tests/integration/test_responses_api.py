@@ -22,7 +22,7 @@ from tests.fakes.anthropic_server import (
     tool_reply,
 )
 from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
-from tests.integration.test_gateway import ADMIN, app, oai_client, upstreams
+from tests.integration.test_gateway import ADMIN, app, gateway_settings, oai_client, upstreams
 from tests.openai_schema import REFERENCE, validate
 from tests.sse import sse_frames
 
@@ -332,6 +332,38 @@ async def test_json_schema_to_both_upstreams_and_fields_refused_by_name(
         )
         assert answer.status_code == 400, answer.text
         assert "service_tier" in answer.json()["error"] and "anthropic" in answer.json()["error"]
+        # ... named as the caller wrote it (`reasoning.effort`, not the table's name).
+        answer = await http.post(
+            "/responses",
+            json={"model": "claude-sonnet-4-5", "input": "hi", "reasoning": {"effort": "xhigh"}},
+        )
+        assert answer.status_code == 400, answer.text
+        assert [f["field"] for f in answer.json()["fields"]] == ["reasoning.effort"]
+
+
+async def test_unsupported_fields_dropped_and_listed_when_configured(
+    make_settings: Any, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    oai, ant = upstreams
+    settings = gateway_settings(make_settings, oai, ant, drop_unsupported_params=True)
+    ant.enqueue(text_reply("ok"), text_reply("streamed ok"))
+    body = {
+        "model": "claude-sonnet-4-5",
+        "input": "hi",
+        "service_tier": "flex",
+        "reasoning": {"effort": "xhigh"},
+    }
+    async with ServedApp(settings) as served, _http(served) as http:
+        answer = await http.post("/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["X-Orchestrator-Dropped-Params"] == "service_tier,reasoning.effort"
+        async with http.stream("POST", "/responses", json={**body, "stream": True}) as streamed:
+            assert streamed.headers["X-Orchestrator-Dropped-Params"] == (
+                "service_tier,reasoning.effort"
+            )
+            await streamed.aread()
+    sent = ant.requests[-1].json
+    assert "service_tier" not in sent and "thinking" not in sent
 
 
 async def test_thinking_as_reasoning_items_round_trips_statelessly(
