@@ -103,7 +103,6 @@ def test_options_map_to_the_internal_request_and_params() -> None:
     assert (chat.max_tokens, chat.temperature, chat.top_p, chat.user) == (64, 0.2, 0.9, "u-1")
     assert chat.tool_choice == {"name": "f"} and chat.tools[0].parameters == schema
     assert chat.stream and not req.store and req.summary
-    sch = schema
     assert chat.params == {
         "prompt_cache_key": "pk",
         "reasoning_effort": "high",
