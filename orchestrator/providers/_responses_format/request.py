@@ -537,7 +537,8 @@ def _reasoning_item(item: JSON, given: str | None, where: str) -> JSON:
         if not isinstance(parts, list):
             _invalid(f"{where}.{key}", "must be an array")
         for k, part in enumerate(parts):
-            if not isinstance(part, dict) or part.get("type") != part_type:
+            # Codex writes reasoning content parts as `text`: read as reasoning_text.
+            if not isinstance(part, dict) or part.get("type") not in (part_type, "text"):
                 _invalid(f"{where}.{key}[{k}]", f"must be a {part_type} part")
             if not isinstance(part.get("text"), str):
                 _invalid(f"{where}.{key}[{k}].text", "must be a string")
