@@ -461,3 +461,41 @@ async def test_function_tool_call_from_openai_upstream_through_the_sdk_stream(
     sent = oai.chat_requests[-1].json
     assert sent["parallel_tool_calls"] is False
     assert sent["tools"][0]["function"]["name"] == "get_weather"
+
+
+async def test_custom_tool_as_codex_declares_apply_patch(
+    app: ServedApp, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    oai, _ = upstreams
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+    oai.script([FakeReply(tool_calls=[FakeToolCall("apply_patch", {"input": patch}, id="call_p")])])
+    tool = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Use this tool to edit files.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch"},
+    }
+    body = {"model": "gpt-4o-mini", "input": "add a.txt", "tools": [tool], "store": False}
+    events = await _streamed(app, {**body, "stream": True})
+    done = next(e for e in events if e["type"] == "response.custom_tool_call_input.done")
+    assert done["input"] == patch
+    call = events[-1]["response"]["output"][0]
+    assert (call["type"], call["call_id"], call["input"]) == ("custom_tool_call", "call_p", patch)
+    sent = oai.chat_requests[-1].json["tools"][0]["function"]
+    assert sent["name"] == "apply_patch" and "start: begin_patch" in sent["description"]
+
+    oai.script([FakeReply(text="Added.")])
+    follow = {
+        **body,
+        "input": [
+            {"role": "user", "content": "add a.txt"},
+            call,
+            {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success."},
+        ],
+    }
+    async with _http(app) as http:
+        answer = await http.post("/responses", json=follow)
+    assert answer.status_code == 200, answer.text
+    messages = oai.chat_requests[-1].json["messages"]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == json.dumps({"input": patch})
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_p", "content": "Success."}

@@ -288,3 +288,67 @@ def test_a_failed_stream_ends_with_error_and_response_failed() -> None:
     assert types == ["error", "response.failed"]
     assert encoder.final is not None and encoder.final["status"] == "failed"
     assert encoder.final["output"] == []  # the item cut short is not part of the output
+
+
+PATCH_TOOL = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files",
+    "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+}
+
+
+def test_custom_tools_are_functions_of_one_text_argument_both_ways() -> None:
+    req = rf.decode_request(
+        {
+            "model": "m",
+            "tools": [PATCH_TOOL],
+            "tool_choice": {"type": "custom", "name": "apply_patch"},
+            "input": [
+                {"role": "user", "content": "fix it"},
+                {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "P"},
+                {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+            ],
+        }
+    )
+    tool = req.chat.tools[0]
+    assert tool.parameters["properties"] == {"input": {"type": "string"}}
+    assert tool.description is not None and "start: /.+/" in tool.description
+    assert req.chat.tool_choice == {"name": "apply_patch"}
+    assert req.tools == [PATCH_TOOL]  # echoed as sent
+    _, assistant, result = req.chat.messages
+    assert assistant.content == (ToolUseBlock("c1", "apply_patch", {"input": "P"}),)
+    assert result.content == (ToolResultBlock("c1", (TextBlock("done"),)),)
+
+    answer = rf.encode_response(
+        ChatResponse(
+            "x", "m", (ToolUseBlock("c2", "apply_patch", {"input": "Q"}),), "tool_use", Usage()
+        ),
+        req,
+        id="resp_1",
+        model="m",
+        created_at=1,
+    )
+    validate(answer, "Response")
+    call = answer["output"][0]
+    assert (call["type"], call["call_id"], call["input"]) == ("custom_tool_call", "c2", "Q")
+
+    encoder = rf.EventEncoder(req, id="resp_2", model="m", created_at=1)
+    events = _frames(
+        encoder,
+        [
+            BlockStart(0, "tool_use", id="c3", name="apply_patch"),
+            BlockDelta(0, '{"input": "*** Begin'),
+            BlockDelta(0, ' Patch"}'),
+            BlockStop(0),
+            MessageEnd("tool_use", Usage(1, 1)),
+        ],
+    )
+    assert [e["type"] for e in events][2:] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert events[-1]["response"]["output"][0]["input"] == "*** Begin Patch"

@@ -8,7 +8,8 @@ answer's `response.completed` carries exactly what `GET /responses/{id}` returns
 Block -> item: text -> a `message` item with one `output_text` part; thinking -> a
 `reasoning` item (its text as `summary_text` when the caller asked for summaries, else as
 `reasoning_text` content; a signature, Anthropic's, rides in `encrypted_content` so a
-stateless caller can send the item back); tool use -> a `function_call` item.
+stateless caller can send the item back); tool use -> a `function_call` item, or a
+`custom_tool_call` (its `input` text) when it calls one of the request's custom tools.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from orchestrator.providers._types import (
 
 __all__ = [
     "Status",
+    "custom_call_item",
+    "custom_input",
     "deleted_body",
     "encode_response",
     "function_call_item",
@@ -105,19 +108,41 @@ def function_call_item(
     }
 
 
-def _item(block: Block, summary: bool) -> JSON | None:
+def custom_call_item(id: str, call_id: str, name: str, text: str, status: Status) -> JSON:
+    return {
+        "id": id,
+        "type": "custom_tool_call",
+        "call_id": call_id,
+        "name": name,
+        "input": text,
+        "status": status,
+    }
+
+
+def custom_input(arguments: dict[str, Any]) -> str:
+    """A custom tool's text from the function arguments it was called with (`{input}`)."""
+    value = arguments.get("input")
+    if isinstance(value, str):
+        return value
+    return json.dumps(arguments, ensure_ascii=False) if arguments else ""
+
+
+def _item(block: Block, request: ResponsesRequest) -> JSON | None:
     if isinstance(block, TextBlock):
         return message_item(item_id("msg"), block.text)
     if isinstance(block, ThinkingBlock):
-        return reasoning_item(item_id("rs"), block.text, block.signature, summary)
+        return reasoning_item(item_id("rs"), block.text, block.signature, request.summary)
     if isinstance(block, ToolUseBlock):
+        if block.name in request.custom_tools:
+            text = custom_input(block.input)
+            return custom_call_item(item_id("ctc"), block.id, block.name, text, "completed")
         arguments = json.dumps(block.input, ensure_ascii=False)
         return function_call_item(item_id("fc"), block.id, block.name, arguments)
     return None  # images and tool results are never part of an answer
 
 
-def output_items(content: tuple[Block, ...], summary: bool) -> list[JSON]:
-    return [item for block in content if (item := _item(block, summary)) is not None]
+def output_items(content: tuple[Block, ...], request: ResponsesRequest) -> list[JSON]:
+    return [item for block in content if (item := _item(block, request)) is not None]
 
 
 def response_object(
@@ -182,7 +207,7 @@ def encode_response(
         model=model,
         created_at=created_at,
         status=status,
-        output=output_items(resp.content, request.summary),
+        output=output_items(resp.content, request),
         usage=resp.usage,
         incomplete=incomplete,
     )

@@ -140,6 +140,7 @@ class ResponsesRequest:
     max_output_tokens: int | None
     user: str | None
     include: tuple[str, ...] = ()
+    custom_tools: frozenset[str] = frozenset()  # their calls are custom_tool_call items
     extra: JSON = field(default_factory=dict)  # other fields echoed as sent (service_tier...)
 
 
@@ -190,7 +191,7 @@ def decode_request(body: Any) -> ResponsesRequest:
         params["user"] = user
     if parallel is not None:
         params["parallel_tool_calls"] = parallel
-    tools_wire, tools = _tools(body.get("tools"))
+    tools_wire, tools, custom = _tools(body.get("tools"))
     choice = body.get("tool_choice")
     system, messages = items_to_messages(items, "input")
     max_output = _max_output(body.get("max_output_tokens"))
@@ -221,6 +222,7 @@ def decode_request(body: Any) -> ResponsesRequest:
         text_format=text_format,
         verbosity=verbosity,
         tools=tools_wire,
+        custom_tools=custom,
         tool_choice=choice if choice is not None else "auto",
         parallel_tool_calls=parallel if parallel is not None else True,
         metadata=_metadata(body.get("metadata")),
@@ -401,29 +403,49 @@ def _text(value: Any, params: dict[str, Any]) -> tuple[JSON, str | None]:
     return {"type": "json_schema", **spec}, verbosity
 
 
-def _tools(raw: Any) -> tuple[list[JSON], tuple[ToolDef, ...]]:
+# A custom (freeform) tool reaches providers as a function of one string argument.
+CUSTOM_PARAMETERS: JSON = {
+    "type": "object",
+    "properties": {"input": {"type": "string"}},
+    "required": ["input"],
+}
+
+
+def _tools(raw: Any) -> tuple[list[JSON], tuple[ToolDef, ...], frozenset[str]]:
     """Function tools (OpenAI's flat form: `{type: function, name, description, parameters,
-    strict}`); any other tool type is a 400 naming it. `strict` is echoed, not enforced
-    (as on chat completions: the schema reaches the provider as the tool's parameters)."""
+    strict}`) and custom tools (`{type: custom, name, description, format}`: freeform text,
+    sent to providers as a function taking `{input: <text>}`, a grammar given to the model
+    in the description, not enforced); any other tool type is a 400 naming it. `strict` is
+    echoed, not enforced (as on chat completions). Also the custom tools' names."""
     if raw is None:
-        return [], ()
+        return [], (), frozenset()
     if not isinstance(raw, list):
         _invalid("tools", "must be an array")
     wire: list[JSON] = []
     tools: list[ToolDef] = []
+    custom: set[str] = set()
     for k, tool in enumerate(raw):
         where = f"tools[{k}]"
         if not isinstance(tool, dict):
             _invalid(where, "must be an object")
-        if tool.get("type") != "function":
-            kind = tool.get("type")
-            _invalid(f"{where}.type", f"{kind!r} tools are not supported (function tools only)")
+        kind = tool.get("type")
+        if kind not in ("function", "custom"):
+            _invalid(f"{where}.type", f"{kind!r} tools are not supported (function, custom)")
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             _invalid(f"{where}.name", "is required")
         description = tool.get("description")
         if description is not None and not isinstance(description, str):
             _invalid(f"{where}.description", "must be a string")
+        if kind == "custom":
+            custom.add(name)
+            fmt = _custom_format(tool.get("format"), f"{where}.format")
+            tools.append(ToolDef(name, _with_grammar(description, fmt), CUSTOM_PARAMETERS))
+            echoed: JSON = {"type": "custom", "name": name, "format": fmt}
+            if description is not None:
+                echoed["description"] = description
+            wire.append(echoed)
+            continue
         params = tool.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}}
@@ -440,7 +462,27 @@ def _tools(raw: Any) -> tuple[list[JSON], tuple[ToolDef, ...]]:
                 "strict": strict if isinstance(strict, bool) else True,
             }
         )
-    return wire, tuple(tools)
+    return wire, tuple(tools), frozenset(custom)
+
+
+def _custom_format(value: Any, where: str) -> JSON:
+    if value is None:
+        return {"type": "text"}
+    if not isinstance(value, dict) or value.get("type") not in ("text", "grammar"):
+        _invalid(where, "must be {type: text} or {type: grammar, syntax, definition}")
+    if value["type"] == "text":
+        return {"type": "text"}
+    syntax, definition = value.get("syntax"), value.get("definition")
+    if syntax not in ("lark", "regex") or not isinstance(definition, str):
+        _invalid(where, "a grammar needs syntax (lark or regex) and a definition")
+    return {"type": "grammar", "syntax": syntax, "definition": definition}
+
+
+def _with_grammar(description: str | None, fmt: JSON) -> str | None:
+    if fmt["type"] != "grammar":
+        return description
+    rule = f"The `input` argument must follow this {fmt['syntax']} grammar:\n{fmt['definition']}"
+    return f"{description}\n\n{rule}" if description else rule
 
 
 def _tool_choice(raw: Any) -> str | dict[str, str] | None:
@@ -450,12 +492,12 @@ def _tool_choice(raw: Any) -> str | dict[str, str] | None:
         return str(raw)
     if raw == "required":
         return "any"
-    if isinstance(raw, dict) and raw.get("type") == "function":
+    if isinstance(raw, dict) and raw.get("type") in ("function", "custom"):
         name = raw.get("name")
         if isinstance(name, str) and name:
             return {"name": name}
         _invalid("tool_choice.name", "is required")
-    _invalid("tool_choice", "must be 'auto', 'none', 'required' or {type: function, name}")
+    _invalid("tool_choice", "must be 'auto', 'none', 'required' or {type: function|custom, name}")
 
 
 # --- input items ---------------------------------------------------------------------------
@@ -507,7 +549,7 @@ def _item(item: Any, where: str) -> JSON:
             "arguments": arguments,
             "status": "completed",
         }
-    if kind == "function_call_output":
+    if kind in ("function_call_output", "custom_tool_call_output"):
         call_id = item.get("call_id")
         if not isinstance(call_id, str) or not call_id:
             _invalid(f"{where}.call_id", "is required")
@@ -517,10 +559,26 @@ def _item(item: Any, where: str) -> JSON:
         elif not isinstance(output, str):
             _invalid(f"{where}.output", "must be a string or an array of input parts")
         return {
-            "id": given or item_id("fco"),
-            "type": "function_call_output",
+            "id": given or item_id("fco" if kind == "function_call_output" else "ctco"),
+            "type": kind,
             "call_id": call_id,
             "output": output,
+            "status": "completed",
+        }
+    if kind == "custom_tool_call":
+        call_id, name, text = item.get("call_id"), item.get("name"), item.get("input")
+        if not isinstance(call_id, str) or not call_id:
+            _invalid(f"{where}.call_id", "is required")
+        if not isinstance(name, str) or not name:
+            _invalid(f"{where}.name", "is required")
+        if not isinstance(text, str):
+            _invalid(f"{where}.input", "must be a string")
+        return {
+            "id": given or item_id("ctc"),
+            "type": "custom_tool_call",
+            "call_id": call_id,
+            "name": name,
+            "input": text,
             "status": "completed",
         }
     if kind == "reasoning":
@@ -679,7 +737,11 @@ def items_to_messages(items: list[JSON], field: str) -> tuple[list[str], list[Me
         elif kind == "function_call":
             arguments = _arguments(item["arguments"], f"{field}[{i}].arguments")
             turns.add("assistant", [ToolUseBlock(item["call_id"], item["name"], arguments)])
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            turns.add(
+                "assistant", [ToolUseBlock(item["call_id"], item["name"], {"input": item["input"]})]
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item["output"]
             parts: tuple[TextBlock | ImageBlock, ...]
             if isinstance(output, str):

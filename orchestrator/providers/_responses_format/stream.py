@@ -10,7 +10,9 @@
                  reasoning_summary_part.done; else content_part.added (reasoning_text),
                  reasoning_text.delta..., .done, content_part.done; output_item.done
       tool use:  output_item.added (function_call), function_call_arguments.delta...,
-                 function_call_arguments.done, output_item.done
+                 function_call_arguments.done, output_item.done; a custom tool's call:
+                 output_item.added (custom_tool_call), then at its end (its text is in the
+                 JSON arguments) custom_tool_call_input.delta and .done, output_item.done
     response.completed (or response.incomplete)   -- `terminal`, held back: see below
     on failure: error, then response.failed
 
@@ -21,11 +23,14 @@ soon as it reads it always finds it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from orchestrator._json import dumps
 from orchestrator.errors import OrchestratorError
 from orchestrator.providers._responses_format.answer import (
+    custom_call_item,
+    custom_input,
     function_call_item,
     message_item,
     reasoning_item,
@@ -151,6 +156,11 @@ class EventEncoder:
         out = self._close_block(None)  # one block at a time: a missing stop closes it
         index = len(self.output)
         summary = self.request.summary
+        if event.block_type == "tool_use" and event.name in self.request.custom_tools:
+            block = _Open("custom", item_id("ctc"), index, event.name or "", event.id or "")
+            item = custom_call_item(block.id, block.call_id, block.name, "", "in_progress")
+            self._open = block
+            return [*out, self._event("response.output_item.added", output_index=index, item=item)]
         if event.block_type == "tool_use":
             block = _Open("function_call", item_id("fc"), index, event.name or "", event.id or "")
             item = function_call_item(block.id, block.call_id, block.name, "", "in_progress")
@@ -193,6 +203,8 @@ class EventEncoder:
         if block is None or not text:
             return []
         block.text.append(text)
+        if block.kind == "custom":
+            return []  # JSON fragments: the text is known once they are all in
         if block.kind == "function_call":
             return [
                 self._event(
@@ -215,7 +227,17 @@ class EventEncoder:
         self._open = None
         text = "".join(block.text)
         out: list[JSON] = []
-        if block.kind == "function_call":
+        if block.kind == "custom":
+            try:
+                parsed = json.loads(text) if text else {}
+            except ValueError:
+                parsed = {"input": text}
+            given = custom_input(parsed if isinstance(parsed, dict) else {"input": text})
+            item = custom_call_item(block.id, block.call_id, block.name, given, "completed")
+            where = {"item_id": block.id, "output_index": block.index}
+            out.append(self._event("response.custom_tool_call_input.delta", **where, delta=given))
+            out.append(self._event("response.custom_tool_call_input.done", **where, input=given))
+        elif block.kind == "function_call":
             arguments = text or "{}"
             item = function_call_item(block.id, block.call_id, block.name, arguments)
             out.append(
