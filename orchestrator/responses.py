@@ -70,12 +70,13 @@ class ResponseStore:
         *,
         instructions: str | None,
         previous_response_id: str | None,
+        client_metadata: dict[str, str] | None = None,
     ) -> None:
         await self._pool.execute(
             "INSERT INTO responses (user_uuid, id, model, status, previous_response_id,"
-            " instructions, input_items, response, created_at, expires_at)"
-            " SELECT $1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, n, n + $9::bigint"
-            f" FROM (SELECT {DB_NOW_MS} AS n) AS now",
+            " instructions, input_items, response, client_metadata, created_at, expires_at)"
+            " SELECT $1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $10::jsonb, n,"
+            f" n + $9::bigint FROM (SELECT {DB_NOW_MS} AS n) AS now",
             user_uuid,
             response["id"],
             response["model"],
@@ -85,6 +86,7 @@ class ResponseStore:
             json.dumps(input_items, ensure_ascii=False),
             json.dumps(response, ensure_ascii=False),
             self.retention_s * 1000,
+            json.dumps(client_metadata) if client_metadata else None,
         )
 
     async def get(self, user_uuid: str, response_id: str) -> JSON:

@@ -67,16 +67,19 @@ def _caller_names() -> Iterator[None]:
         raise ValidationFailed(_as_sent(exc.message), code=exc.code, extra=extra) from None
 
 
-def _dropped(call: _Call) -> dict[str, str] | None:
+def _dropped(call: _Call, req: responses_format.ResponsesRequest) -> dict[str, str] | None:
+    """What was dropped: hosted tools and include values (decoding), then the fields the
+    provider's table does not honour, named as sent."""
     header = call.dropped_header()
-    return {DROPPED_HEADER: _as_sent(header[DROPPED_HEADER])} if header else None
+    names = [*req.dropped, *(_as_sent(header[DROPPED_HEADER]).split(",") if header else ())]
+    return {DROPPED_HEADER: ",".join(names)} if names else None
 
 
 async def create_response(body: JsonBody, request: Request) -> Response:
     """OpenAI Responses; `stream: true` answers its typed SSE events (response.created ...
     response.completed)."""
     services, principal = services_of(request), principal_of(request)
-    req = responses_format.decode_request(body)
+    req = responses_format.decode_request(body, drop=services.settings.drop_unsupported_params)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         history = await services.responses.history(principal.user_uuid, req.previous_response_id)
@@ -93,6 +96,7 @@ async def create_response(body: JsonBody, request: Request) -> Response:
                 req.items,
                 instructions=req.instructions,
                 previous_response_id=req.previous_response_id,
+                client_metadata=req.client_metadata,
             )
 
     if not chat.stream:
@@ -102,7 +106,7 @@ async def create_response(body: JsonBody, request: Request) -> Response:
             response, req, id=response_id, model=chat.model, created_at=created_at
         )
         await save(answer)
-        return _JsonResponse(answer, headers=_dropped(call))
+        return _JsonResponse(answer, headers=_dropped(call, req))
     with _caller_names():
         await call.open_stream()
     encoder = responses_format.EventEncoder(
@@ -115,7 +119,7 @@ async def create_response(body: JsonBody, request: Request) -> Response:
         done=b"",
     )
     stream = _saved_then_ended(events, encoder, save)
-    return _SseResponse(stream, lambda: call.close(stream), _dropped(call))
+    return _SseResponse(stream, lambda: call.close(stream), _dropped(call, req))
 
 
 async def _saved_then_ended(

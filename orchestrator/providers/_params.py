@@ -12,6 +12,10 @@ absent field. A caller's `user` (end-user id) is in `params` too, so it is check
 others; the encoders write `ChatRequest.user` where the provider documents one (the agent
 runner's own attribution, set without `params`, goes only where a provider takes it).
 
+Caching hints (`prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`:
+`ADVISORY`) change no output: a provider without them drops them and the endpoint lists
+them, never a 400 (issue 34).
+
 Fields every kind honours without a table entry: `stop` (each adapter's stop sequences;
 Zhipu: one at most), `max_tokens`/`max_completion_tokens` (the one output limit), and
 `stream_options.include_usage` (the usage chunk is built by our encoder from the upstream's
@@ -51,6 +55,7 @@ from typing import Any
 from orchestrator.errors import ValidationFailed
 
 __all__ = [
+    "ADVISORY",
     "ANTHROPIC",
     "BEDROCK",
     "GEMINI",
@@ -337,18 +342,25 @@ def unsupported(adapter: object, params: Mapping[str, Any]) -> list[str]:
     return [name for name, value in params.items() if not _honoured(table, name, value)]
 
 
+# Caching hints change no output, only what a call costs: a provider without prompt caching
+# drops them (the endpoint lists them in X-Orchestrator-Dropped-Params), never a 400.
+ADVISORY = frozenset({"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"})
+
+
 def fit(params: Mapping[str, Any], adapter: object, provider: str, *, drop: bool) -> dict[str, Any]:
-    """`params` narrowed to what `provider` honours; 400 naming the rest unless `drop`."""
+    """`params` narrowed to what `provider` honours; 400 naming the rest unless `drop`
+    (advisory hints, `ADVISORY`, are always dropped, and listed)."""
     missing = unsupported(adapter, params)
-    if missing and not drop:
-        fields = ", ".join(missing)
+    refused = [name for name in missing if name not in ADVISORY]
+    if refused and not drop:
+        fields = ", ".join(refused)
         raise ValidationFailed(
             f"invalid request: {fields}: not supported by provider {provider}",
             extra={
                 "provider": provider,
                 "fields": [
                     {"field": m, "message": f"not supported by provider {provider}"}
-                    for m in missing
+                    for m in refused
                 ],
             },
         )

@@ -12,6 +12,7 @@ CREATE TABLE responses (
     instructions         text,                     -- this response's own (never carried over)
     input_items          jsonb  NOT NULL,          -- the request's input items, each with its id
     response             jsonb  NOT NULL,          -- the Response object answered: output, usage...
+    client_metadata      jsonb,                    -- a client's own pairs (Codex), never sent upstream
     created_at           bigint NOT NULL,          -- Unix ms, the database's clock
     expires_at           bigint NOT NULL,          -- created_at + response_retention_s
     PRIMARY KEY (user_uuid, id)

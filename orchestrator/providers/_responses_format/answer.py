@@ -31,6 +31,7 @@ from orchestrator.providers._types import (
 
 __all__ = [
     "Status",
+    "caller_name",
     "custom_call_item",
     "custom_input",
     "deleted_body",
@@ -96,27 +97,36 @@ def reasoning_item(
 
 
 def function_call_item(
-    id: str, call_id: str, name: str, arguments: str, status: Status = "completed"
+    id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: Status = "completed",
+    namespace: str | None = None,
 ) -> JSON:
-    return {
-        "id": id,
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+    item: JSON = {"id": id, "type": "function_call", "call_id": call_id, "name": name}
+    if namespace is not None:
+        item["namespace"] = namespace
+    item["arguments"] = arguments
+    item["status"] = status
+    return item
 
 
-def custom_call_item(id: str, call_id: str, name: str, text: str, status: Status) -> JSON:
-    return {
-        "id": id,
-        "type": "custom_tool_call",
-        "call_id": call_id,
-        "name": name,
-        "input": text,
-        "status": status,
-    }
+def caller_name(request: ResponsesRequest, provider_name: str) -> tuple[str | None, str]:
+    """(namespace, name) of a tool as the caller declared it, from its provider name."""
+    namespace, name = request.namespaced.get(provider_name, (None, provider_name))
+    return namespace, name
+
+
+def custom_call_item(
+    id: str, call_id: str, name: str, text: str, status: Status, namespace: str | None = None
+) -> JSON:
+    item: JSON = {"id": id, "type": "custom_tool_call", "call_id": call_id, "name": name}
+    if namespace is not None:
+        item["namespace"] = namespace
+    item["input"] = text
+    item["status"] = status
+    return item
 
 
 def custom_input(arguments: dict[str, Any]) -> str:
@@ -133,11 +143,12 @@ def _item(block: Block, request: ResponsesRequest) -> JSON | None:
     if isinstance(block, ThinkingBlock):
         return reasoning_item(item_id("rs"), block.text, block.signature, request.summary)
     if isinstance(block, ToolUseBlock):
+        namespace, name = caller_name(request, block.name)
         if block.name in request.custom_tools:
             text = custom_input(block.input)
-            return custom_call_item(item_id("ctc"), block.id, block.name, text, "completed")
+            return custom_call_item(item_id("ctc"), block.id, name, text, "completed", namespace)
         arguments = json.dumps(block.input, ensure_ascii=False)
-        return function_call_item(item_id("fc"), block.id, block.name, arguments)
+        return function_call_item(item_id("fc"), block.id, name, arguments, "completed", namespace)
     return None  # images and tool results are never part of an answer
 
 

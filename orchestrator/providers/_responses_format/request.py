@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
@@ -97,6 +99,7 @@ _FIELDS = frozenset(
         "include",
         "stream",
         "stream_options",
+        "client_metadata",
         *_PARAM_TYPES,
         *_REFUSED,
     }
@@ -141,12 +144,19 @@ class ResponsesRequest:
     user: str | None
     include: tuple[str, ...] = ()
     custom_tools: frozenset[str] = frozenset()  # their calls are custom_tool_call items
+    # A namespaced function's name for providers -> (namespace, name) for the caller.
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # What `drop_unsupported_params` dropped here (hosted tools, include values): listed in
+    # X-Orchestrator-Dropped-Params with what the provider's table drops.
+    dropped: tuple[str, ...] = ()
+    client_metadata: dict[str, str] = field(default_factory=dict)  # Codex's; stored, not sent
     extra: JSON = field(default_factory=dict)  # other fields echoed as sent (service_tier...)
 
 
-def decode_request(body: Any) -> ResponsesRequest:
+def decode_request(body: Any, *, drop: bool = False) -> ResponsesRequest:
     """A `POST /responses` body; `ValidationFailed` (400) naming the field for anything
-    malformed or that we cannot do."""
+    malformed or that we cannot do. With `drop` (`drop_unsupported_params`) hosted tools and
+    include values we cannot fill are dropped and listed (`dropped`) instead."""
     if not isinstance(body, dict):
         _invalid("body", "must be a JSON object")
     for name in body:
@@ -191,7 +201,9 @@ def decode_request(body: Any) -> ResponsesRequest:
         params["user"] = user
     if parallel is not None:
         params["parallel_tool_calls"] = parallel
-    tools_wire, tools, custom = _tools(body.get("tools"))
+    tools = _Tools(drop)
+    tools.read(body.get("tools"))
+    include, dropped_include = _include(body.get("include"), drop)
     choice = body.get("tool_choice")
     system, messages = items_to_messages(items, "input")
     max_output = _max_output(body.get("max_output_tokens"))
@@ -201,7 +213,7 @@ def decode_request(body: Any) -> ResponsesRequest:
         model=model or "",
         messages=tuple(messages),
         system=_joined(instructions, system),
-        tools=tools,
+        tools=tuple(tools.defs),
         tool_choice=_tool_choice(choice),
         max_tokens=max_output,
         temperature=temperature,
@@ -221,8 +233,11 @@ def decode_request(body: Any) -> ResponsesRequest:
         reasoning=reasoning,
         text_format=text_format,
         verbosity=verbosity,
-        tools=tools_wire,
-        custom_tools=custom,
+        tools=tools.wire,
+        custom_tools=frozenset(tools.custom),
+        namespaced=tools.namespaced,
+        dropped=(*tools.dropped, *dropped_include),
+        client_metadata=_metadata(body.get("client_metadata"), "client_metadata", None),
         tool_choice=choice if choice is not None else "auto",
         parallel_tool_calls=parallel if parallel is not None else True,
         metadata=_metadata(body.get("metadata")),
@@ -230,7 +245,7 @@ def decode_request(body: Any) -> ResponsesRequest:
         top_p=top_p,
         max_output_tokens=max_output,
         user=user,
-        include=_include(body.get("include")),
+        include=include,
         extra={
             k: body[k]
             for k in ("service_tier", "safety_identifier", "prompt_cache_key")
@@ -315,27 +330,37 @@ def _params_of(body: JSON) -> dict[str, Any]:
     return out
 
 
-def _metadata(value: Any) -> dict[str, str]:
-    """OpenAI's limits: 16 pairs, keys up to 64 characters, string values up to 512."""
+def _metadata(value: Any, field: str = "metadata", most: int | None = 16) -> dict[str, str]:
+    """String pairs; `metadata` within OpenAI's limits: 16 pairs, keys up to 64 characters,
+    values up to 512."""
     if value is None:
         return {}
-    if not isinstance(value, dict) or len(value) > 16:
-        _invalid("metadata", "must be an object of at most 16 string pairs")
+    if not isinstance(value, dict) or (most is not None and len(value) > most):
+        _invalid(field, f"must be an object of {'at most 16 ' if most else ''}string pairs")
     for key, text in value.items():
-        if len(key) > 64 or not isinstance(text, str) or len(text) > 512:
-            _invalid(f"metadata.{key}", "keys up to 64 characters, string values up to 512")
+        if not isinstance(text, str):
+            _invalid(f"{field}.{key}", "values must be strings")
+        if most is not None and (len(key) > 64 or len(text) > 512):
+            _invalid(f"{field}.{key}", "keys up to 64 characters, values up to 512")
     return dict(value)
 
 
-def _include(value: Any) -> tuple[str, ...]:
+def _include(value: Any, drop: bool) -> tuple[tuple[str, ...], list[str]]:
+    """The include values we fill (or have nothing to fill), and those dropped."""
     if value is None:
-        return ()
+        return (), []
     if not isinstance(value, list):
         _invalid("include", "must be an array")
+    kept: list[str] = []
+    dropped: list[str] = []
     for i, name in enumerate(value):
-        if name not in INCLUDE_HONOURED:
+        if name in INCLUDE_HONOURED:
+            kept.append(name)
+        elif drop and isinstance(name, str):
+            dropped.append(f"include:{name}")
+        else:
             _invalid(f"include[{i}]", f"{name!r} is not supported")
-    return tuple(value)
+    return tuple(kept), dropped
 
 
 def _reasoning(value: Any, params: dict[str, Any]) -> tuple[JSON | None, bool]:
@@ -411,58 +436,104 @@ CUSTOM_PARAMETERS: JSON = {
 }
 
 
-def _tools(raw: Any) -> tuple[list[JSON], tuple[ToolDef, ...], frozenset[str]]:
-    """Function tools (OpenAI's flat form: `{type: function, name, description, parameters,
-    strict}`) and custom tools (`{type: custom, name, description, format}`: freeform text,
-    sent to providers as a function taking `{input: <text>}`, a grammar given to the model
-    in the description, not enforced); any other tool type is a 400 naming it. `strict` is
-    echoed, not enforced (as on chat completions). Also the custom tools' names."""
-    if raw is None:
-        return [], (), frozenset()
-    if not isinstance(raw, list):
-        _invalid("tools", "must be an array")
-    wire: list[JSON] = []
-    tools: list[ToolDef] = []
-    custom: set[str] = set()
-    for k, tool in enumerate(raw):
-        where = f"tools[{k}]"
-        if not isinstance(tool, dict):
-            _invalid(where, "must be an object")
-        kind = tool.get("type")
-        if kind not in ("function", "custom"):
-            _invalid(f"{where}.type", f"{kind!r} tools are not supported (function, custom)")
+class _Tools:
+    """The request's tools: what providers get (`defs`), what is echoed (`wire`), the
+    custom tools' and namespaced functions' names, and hosted tools dropped (listed)."""
+
+    def __init__(self, drop: bool) -> None:
+        self.drop = drop
+        self.wire: list[JSON] = []
+        self.defs: list[ToolDef] = []
+        self.custom: set[str] = set()
+        self.namespaced: dict[str, tuple[str, str]] = {}  # provider name -> (namespace, name)
+        self.dropped: list[str] = []
+
+    def read(self, raw: Any) -> None:
+        if raw is None:
+            return
+        if not isinstance(raw, list):
+            _invalid("tools", "must be an array")
+        for k, tool in enumerate(raw):
+            where = f"tools[{k}]"
+            if not isinstance(tool, dict):
+                _invalid(where, "must be an object")
+            kind = tool.get("type")
+            if kind == "namespace":
+                self.wire.append(self._namespace(tool, where))
+            elif kind in ("function", "custom"):
+                self.wire.append(self._tool(tool, where, None))
+            elif self.drop and isinstance(kind, str):
+                self.dropped.append(f"{where}:{kind}")  # a hosted tool nobody here runs
+            else:
+                _invalid(
+                    f"{where}.type",
+                    f"{kind!r} tools are not supported (function, custom and namespace tools"
+                    " only; drop_unsupported_params drops the others)",
+                )
+
+    def _namespace(self, tool: JSON, where: str) -> JSON:
+        """A namespace's functions reach providers flattened: `<namespace>__<name>` (in
+        their name charset, at most 64 characters); calls come back namespaced."""
+        name, inner = tool.get("name"), tool.get("tools")
+        if not isinstance(name, str) or not _PROVIDER_NAME.fullmatch(name):
+            _invalid(f"{where}.name", "must be 1-64 of A-Z a-z 0-9 _ -")
+        if not isinstance(inner, list) or not inner:
+            _invalid(f"{where}.tools", "must be a non-empty array")
+        tools = []
+        for k, member in enumerate(inner):
+            at = f"{where}.tools[{k}]"
+            if not isinstance(member, dict) or member.get("type") not in ("function", "custom"):
+                _invalid(f"{at}.type", "a namespace holds function and custom tools")
+            tools.append(self._tool(member, at, name))
+        echoed: JSON = {"type": "namespace", "name": name, "tools": tools}
+        echoed["description"] = str(tool.get("description") or "")
+        return echoed
+
+    def _tool(self, tool: JSON, where: str, namespace: str | None) -> JSON:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             _invalid(f"{where}.name", "is required")
         description = tool.get("description")
         if description is not None and not isinstance(description, str):
             _invalid(f"{where}.description", "must be a string")
-        if kind == "custom":
-            custom.add(name)
+        flat = name if namespace is None else _flat_name(namespace, name)
+        if namespace is not None:
+            self.namespaced[flat] = (namespace, name)
+        if tool.get("type") == "custom":
+            self.custom.add(flat)
             fmt = _custom_format(tool.get("format"), f"{where}.format")
-            tools.append(ToolDef(name, _with_grammar(description, fmt), CUSTOM_PARAMETERS))
+            self.defs.append(ToolDef(flat, _with_grammar(description, fmt), CUSTOM_PARAMETERS))
             echoed: JSON = {"type": "custom", "name": name, "format": fmt}
             if description is not None:
                 echoed["description"] = description
-            wire.append(echoed)
-            continue
+            return echoed
         params = tool.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}}
         elif not isinstance(params, dict):
             _invalid(f"{where}.parameters", "must be a JSON Schema object")
         strict = tool.get("strict")
-        tools.append(ToolDef(name, description, params))
-        wire.append(
-            {
-                "type": "function",
-                "name": name,
-                "description": description,
-                "parameters": params,
-                "strict": strict if isinstance(strict, bool) else True,
-            }
-        )
-    return wire, tuple(tools), frozenset(custom)
+        self.defs.append(ToolDef(flat, description, params))
+        return {
+            "type": "function",
+            "name": name,
+            "description": description,
+            "parameters": params,
+            "strict": strict if isinstance(strict, bool) else True,
+        }
+
+
+_PROVIDER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _flat_name(namespace: str, name: str) -> str:
+    """`<namespace>__<name>`, or, past 64 characters, shortened with a digest (stable)."""
+    flat = f"{namespace}__{name}"
+    if _PROVIDER_NAME.fullmatch(flat):
+        return flat
+    digest = hashlib.sha256(flat.encode()).hexdigest()[:8]
+    clean = re.sub(r"[^A-Za-z0-9_-]", "_", flat)
+    return f"{clean[:55]}_{digest}"
 
 
 def _custom_format(value: Any, where: str) -> JSON:
@@ -541,7 +612,7 @@ def _item(item: Any, where: str) -> JSON:
         if not isinstance(arguments, str):
             _invalid(f"{where}.arguments", "must be a JSON string")
         _arguments(arguments, f"{where}.arguments")
-        return {
+        call: JSON = {
             "id": given or item_id("fc"),
             "type": "function_call",
             "call_id": call_id,
@@ -549,6 +620,12 @@ def _item(item: Any, where: str) -> JSON:
             "arguments": arguments,
             "status": "completed",
         }
+        namespace = item.get("namespace")
+        if namespace is not None:
+            if not isinstance(namespace, str) or not _PROVIDER_NAME.fullmatch(namespace):
+                _invalid(f"{where}.namespace", "must be 1-64 of A-Z a-z 0-9 _ -")
+            call["namespace"] = namespace
+        return call
     if kind in ("function_call_output", "custom_tool_call_output"):
         call_id = item.get("call_id")
         if not isinstance(call_id, str) or not call_id:
@@ -573,7 +650,7 @@ def _item(item: Any, where: str) -> JSON:
             _invalid(f"{where}.name", "is required")
         if not isinstance(text, str):
             _invalid(f"{where}.input", "must be a string")
-        return {
+        custom: JSON = {
             "id": given or item_id("ctc"),
             "type": "custom_tool_call",
             "call_id": call_id,
@@ -581,6 +658,12 @@ def _item(item: Any, where: str) -> JSON:
             "input": text,
             "status": "completed",
         }
+        namespace = item.get("namespace")
+        if namespace is not None:
+            if not isinstance(namespace, str) or not _PROVIDER_NAME.fullmatch(namespace):
+                _invalid(f"{where}.namespace", "must be 1-64 of A-Z a-z 0-9 _ -")
+            custom["namespace"] = namespace
+        return custom
     if kind == "reasoning":
         return _reasoning_item(item, given, where)
     _invalid(f"{where}.type", f"{kind!r} items are not supported")
@@ -736,11 +819,14 @@ def items_to_messages(items: list[JSON], field: str) -> tuple[list[str], list[Me
                 turns.add("user", [_block(p, f"{field}[{i}]") for p in item["content"]])
         elif kind == "function_call":
             arguments = _arguments(item["arguments"], f"{field}[{i}].arguments")
-            turns.add("assistant", [ToolUseBlock(item["call_id"], item["name"], arguments)])
+            namespace = item.get("namespace")
+            name = _flat_name(namespace, item["name"]) if namespace else item["name"]
+            turns.add("assistant", [ToolUseBlock(item["call_id"], name, arguments)])
         elif kind == "custom_tool_call":
-            turns.add(
-                "assistant", [ToolUseBlock(item["call_id"], item["name"], {"input": item["input"]})]
-            )
+            namespace = item.get("namespace")
+            name = _flat_name(namespace, item["name"]) if namespace else item["name"]
+            call = ToolUseBlock(item["call_id"], name, {"input": item["input"]})
+            turns.add("assistant", [call])
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item["output"]
             parts: tuple[TextBlock | ImageBlock, ...]

@@ -29,6 +29,7 @@ from typing import Any
 from orchestrator._json import dumps
 from orchestrator.errors import OrchestratorError
 from orchestrator.providers._responses_format.answer import (
+    caller_name,
     custom_call_item,
     custom_input,
     function_call_item,
@@ -60,14 +61,23 @@ def sse_event(data: JSON) -> bytes:
 
 
 class _Open:
-    """The output item being streamed."""
+    """The output item being streamed (a tool's name and namespace as the caller has them)."""
 
-    def __init__(self, kind: str, id: str, index: int, name: str = "", call_id: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        id: str,
+        index: int,
+        name: str = "",
+        call_id: str = "",
+        namespace: str | None = None,
+    ) -> None:
         self.kind = kind
         self.id = id
         self.index = index
         self.name = name
         self.call_id = call_id
+        self.namespace = namespace
         self.text: list[str] = []
 
 
@@ -156,14 +166,17 @@ class EventEncoder:
         out = self._close_block(None)  # one block at a time: a missing stop closes it
         index = len(self.output)
         summary = self.request.summary
-        if event.block_type == "tool_use" and event.name in self.request.custom_tools:
-            block = _Open("custom", item_id("ctc"), index, event.name or "", event.id or "")
-            item = custom_call_item(block.id, block.call_id, block.name, "", "in_progress")
-            self._open = block
-            return [*out, self._event("response.output_item.added", output_index=index, item=item)]
         if event.block_type == "tool_use":
-            block = _Open("function_call", item_id("fc"), index, event.name or "", event.id or "")
-            item = function_call_item(block.id, block.call_id, block.name, "", "in_progress")
+            namespace, name = caller_name(self.request, event.name or "")
+            custom = event.name in self.request.custom_tools
+            kind, prefix = ("custom", "ctc") if custom else ("function_call", "fc")
+            block = _Open(kind, item_id(prefix), index, name, event.id or "", namespace)
+            if custom:
+                item = custom_call_item(block.id, block.call_id, name, "", "in_progress", namespace)
+            else:
+                item = function_call_item(
+                    block.id, block.call_id, name, "", "in_progress", namespace
+                )
             self._open = block
             return [*out, self._event("response.output_item.added", output_index=index, item=item)]
         if event.block_type == "thinking":
@@ -233,13 +246,17 @@ class EventEncoder:
             except ValueError:
                 parsed = {"input": text}
             given = custom_input(parsed if isinstance(parsed, dict) else {"input": text})
-            item = custom_call_item(block.id, block.call_id, block.name, given, "completed")
+            item = custom_call_item(
+                block.id, block.call_id, block.name, given, "completed", block.namespace
+            )
             where = {"item_id": block.id, "output_index": block.index}
             out.append(self._event("response.custom_tool_call_input.delta", **where, delta=given))
             out.append(self._event("response.custom_tool_call_input.done", **where, input=given))
         elif block.kind == "function_call":
             arguments = text or "{}"
-            item = function_call_item(block.id, block.call_id, block.name, arguments)
+            item = function_call_item(
+                block.id, block.call_id, block.name, arguments, "completed", block.namespace
+            )
             out.append(
                 self._event(
                     "response.function_call_arguments.done",
