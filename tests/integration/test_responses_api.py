@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import openai
+import pydantic
 import pytest
 
 from tests.conftest import ServedApp
@@ -300,6 +301,20 @@ async def test_json_schema_to_both_upstreams_and_fields_refused_by_name(
             "json_schema": {"name": "place", "schema": schema, "strict": True},
         }
         assert ant.requests[-1].json["output_config"]["format"]["schema"] == schema
+
+    # The SDK's structured outputs (`responses.parse` with a pydantic model) read it back.
+    class Place(pydantic.BaseModel):
+        city: str
+
+    ant.enqueue(text_reply('{"city": "Lima"}'))
+    parsed = await asyncio.to_thread(
+        oai_client(app).responses.parse,
+        model="claude-sonnet-4-5",
+        input="a city",
+        text_format=Place,
+    )
+    assert parsed.output_parsed == Place(city="Lima")
+    async with _http(app) as http:
         refused = [
             ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
             ({"background": True}, "background"),
