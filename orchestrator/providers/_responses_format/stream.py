@@ -191,6 +191,9 @@ class EventEncoder:
                 part = {"type": "reasoning_text", "text": ""}
                 out.append(self._part_event("response.content_part.added", part=part))
             return out
+        if event.block_type != "text":  # a kind this format has no item for: skipped
+            self._open = _Open("skip", "", index)
+            return out
         block = _Open("message", item_id("msg"), index)
         self._open = block
         item = message_item(block.id, "", "in_progress")
@@ -213,7 +216,7 @@ class EventEncoder:
 
     def _delta(self, text: str) -> list[JSON]:
         block = self._open
-        if block is None or not text:
+        if block is None or not text or block.kind == "skip":
             return []
         block.text.append(text)
         if block.kind == "custom":
@@ -238,6 +241,8 @@ class EventEncoder:
         if block is None:
             return []
         self._open = None
+        if block.kind == "skip":
+            return []
         text = "".join(block.text)
         out: list[JSON] = []
         if block.kind == "custom":
