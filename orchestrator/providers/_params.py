@@ -111,6 +111,10 @@ PARAM_FIELDS = (
     ),
 )
 
+# Fields a provider without them drops and lists (X-Orchestrator-Dropped-Params) even without
+# `drop_unsupported_params`: caching hints change what a call costs, never the answer.
+ADVISORY = frozenset({"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"})
+
 # OpenAI `reasoning_effort` -> a thinking budget in tokens, for providers that take budgets
 # (Anthropic, Gemini). Gemini's OpenAI compatibility documents low/medium/high as 1K/8K/24K;
 # Anthropic documents no mapping, so the same one serves it (its minimum budget is 1024).
@@ -342,25 +346,20 @@ def unsupported(adapter: object, params: Mapping[str, Any]) -> list[str]:
     return [name for name, value in params.items() if not _honoured(table, name, value)]
 
 
-# Caching hints change no output, only what a call costs: a provider without prompt caching
-# drops them (the endpoint lists them in X-Orchestrator-Dropped-Params), never a 400.
-ADVISORY = frozenset({"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"})
-
-
 def fit(params: Mapping[str, Any], adapter: object, provider: str, *, drop: bool) -> dict[str, Any]:
     """`params` narrowed to what `provider` honours; 400 naming the rest unless `drop`
-    (advisory hints, `ADVISORY`, are always dropped, and listed)."""
+    (advisory fields are dropped and listed all the same)."""
     missing = unsupported(adapter, params)
-    refused = [name for name in missing if name not in ADVISORY]
-    if refused and not drop:
-        fields = ", ".join(refused)
+    if missing and not drop and any(m not in ADVISORY for m in missing):
+        missing = [m for m in missing if m not in ADVISORY]
+        fields = ", ".join(missing)
         raise ValidationFailed(
             f"invalid request: {fields}: not supported by provider {provider}",
             extra={
                 "provider": provider,
                 "fields": [
                     {"field": m, "message": f"not supported by provider {provider}"}
-                    for m in refused
+                    for m in missing
                 ],
             },
         )
