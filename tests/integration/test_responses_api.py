@@ -14,6 +14,7 @@ import openai
 import pydantic
 import pytest
 
+from orchestrator.errors import NotFound
 from tests.conftest import ServedApp
 from tests.fakes.anthropic_server import (
     FakeAnthropic,
@@ -514,3 +515,47 @@ async def test_custom_tool_as_codex_declares_apply_patch(
     messages = oai.chat_requests[-1].json["messages"]
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == json.dumps({"input": patch})
     assert messages[2] == {"role": "tool", "tool_call_id": "call_p", "content": "Success."}
+
+
+async def test_store_expiry_purge_and_chain_scoping(database_url: str) -> None:
+    """The store on a real database: the retention is the setting's, expired rows read as
+    missing before any purge, the purge deletes only them, and a chain never crosses owners
+    or an expired link."""
+    from orchestrator.db import connect
+    from orchestrator.responses import ResponseStore
+
+    db = await connect(database_url)
+    try:
+        store = ResponseStore(db.pool, retention_s=2_592_000)
+
+        async def save(owner: str, rid: str, previous: str | None = None) -> None:
+            answer = {"id": rid, "model": "m", "status": "completed", "output": []}
+            item = {"id": f"msg_{rid}", "type": "message", "role": "user", "content": []}
+            await store.save(
+                owner, answer, [item], instructions=None, previous_response_id=previous
+            )
+
+        await save("ann", "resp_1")
+        await save("ann", "resp_2", "resp_1")
+        await save("bob", "resp_3", "resp_2")  # names ann's response: never followed
+        await save("ann", "resp_4", "resp_3")  # names bob's: the chain ends there
+        ttl = await db.pool.fetchval("SELECT expires_at - created_at FROM responses LIMIT 1")
+        assert ttl == 2_592_000_000
+        assert [i["id"] for i in await store.history("ann", "resp_2")] == [
+            "msg_resp_1",
+            "msg_resp_2",
+        ]
+        assert [i["id"] for i in await store.history("bob", "resp_3")] == ["msg_resp_3"]
+        assert [i["id"] for i in await store.history("ann", "resp_4")] == ["msg_resp_4"]
+        for missing in (("bob", "resp_1"), ("ann", "resp_3")):
+            with pytest.raises(NotFound):
+                await store.get(*missing)
+        await db.pool.execute("UPDATE responses SET expires_at = 0 WHERE id = 'resp_1'")
+        with pytest.raises(NotFound):
+            await store.get("ann", "resp_1")  # expired: gone before any purge
+        assert [i["id"] for i in await store.history("ann", "resp_2")] == ["msg_resp_2"]
+        assert await store.purge_expired() == 1 and await store.purge_expired() == 0
+        ids = await db.pool.fetch("SELECT id FROM responses ORDER BY id")
+        assert [r["id"] for r in ids] == ["resp_2", "resp_3", "resp_4"]
+    finally:
+        await db.close()
