@@ -18,7 +18,8 @@ import json
 import time
 from typing import Any
 
-from orchestrator.providers._responses_format.request import ResponsesRequest, item_id
+from orchestrator.providers._responses_format.items import item_id
+from orchestrator.providers._responses_format.request import ResponsesRequest
 from orchestrator.providers._types import (
     Block,
     ChatResponse,

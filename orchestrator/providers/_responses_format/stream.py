@@ -38,7 +38,8 @@ from orchestrator.providers._responses_format.answer import (
     response_object,
     status_of,
 )
-from orchestrator.providers._responses_format.request import ResponsesRequest, item_id
+from orchestrator.providers._responses_format.items import item_id
+from orchestrator.providers._responses_format.request import ResponsesRequest
 from orchestrator.providers._types import (
     BlockDelta,
     BlockStart,
