@@ -161,15 +161,11 @@ def _check_include(request: Request) -> None:
 
 @router.get("/responses/{response_id}")
 async def get_response(
-    response_id: str,
-    request: Request,
-    store: StoredResponses,
-    caller: CurrentUser,
-    stream: bool = False,
+    response_id: str, request: Request, store: StoredResponses, caller: CurrentUser
 ) -> Response:
     """A stored response (404 when missing, expired, deleted or another owner's)."""
     _check_include(request)
-    if stream:
+    if request.query_params.get("stream") in ("true", "1"):  # OpenAI's resume of a stream
         raise ValidationFailed(
             "invalid request: stream: a stored response cannot be streamed again",
             extra={"fields": [{"field": "stream", "message": "not supported"}]},

@@ -15,7 +15,7 @@ import pydantic
 import pytest
 
 from orchestrator.errors import NotFound
-from tests.conftest import ServedApp
+from tests.conftest import ADMIN_TOKEN, ServedApp
 from tests.fakes.anthropic_server import (
     FakeAnthropic,
     Reply,
@@ -559,3 +559,25 @@ async def test_store_expiry_purge_and_chain_scoping(database_url: str) -> None:
         assert [r["id"] for r in ids] == ["resp_2", "resp_3", "resp_4"]
     finally:
         await db.close()
+
+
+async def test_the_service_sdk_creates_reads_lists_and_deletes(
+    app: ServedApp, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    from orchestrator.sdk import AsyncClient
+
+    oai, _ = upstreams
+    oai.script([FakeReply(text="one"), FakeReply(text="two")])
+    async with AsyncClient(app.url, ADMIN_TOKEN) as api:
+        first = await api.create_response("hi", model="gpt-4o-mini", instructions="be brief")
+        assert first.output_text == "one" and first.instructions == "be brief"
+        second = await api.create_response(
+            [{"role": "user", "content": "and?"}],
+            model="gpt-4o-mini",
+            previous_response_id=first.id,
+        )
+        assert second.output_text == "two" and second.previous_response_id == first.id
+        assert (await api.response(second.id)).output == second.output
+        page = await api.response_input_items(second.id, order="asc")
+        assert [i["content"][0]["text"] for i in page.data] == ["and?"]
+        assert (await api.delete_response(first.id)).deleted is True
