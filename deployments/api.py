@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from deployments.errors import install_error_handlers
 from deployments.layers import install as install_layers
 from deployments.layers import request_layers
-from deployments.routers import ROUTERS
+from deployments.routers import ROUTERS, responses
 from deployments.routers.gateway import MODEL_ENDPOINTS, add_model_routes
 from deployments.ui import mount as mount_ui
 from orchestrator import SERVICE_VERSION
@@ -128,8 +128,10 @@ def create_app(
             await heartbeat(s.db.pool)
             await prune_heartbeats(s.db.pool)
             # The housekeeping that rides on the heartbeat: expired idempotency keys (issue
-            # 32; reads check expiry too, so this only bounds the table).
+            # 32) and stored responses (issue 34); reads check expiry too, so this only
+            # bounds the tables.
             await s.idempotency.purge_expired()
+            await s.responses.purge_expired()
 
         if settings.admin_token is not None:
             await s.tokens.register_configured_admin(settings.admin_token.get_secret_value())
@@ -185,13 +187,14 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_error_handlers(app)
-    add_model_routes(app.router, API_PREFIX)  # first of the app's routes
+    model_routes = MODEL_ENDPOINTS + responses.MODEL_ENDPOINTS
+    add_model_routes(app.router, API_PREFIX, model_routes)  # first of the app's routes
     for router in ROUTERS:
         app.include_router(router, prefix=API_PREFIX)
     # The web console's static files (no token: its data calls are the API's own, above).
     mount_ui(app)
     templates = RouteTemplates(
-        [API_PREFIX + path for path, _ in MODEL_ENDPOINTS]
+        [API_PREFIX + path for path, _ in model_routes]
         + [API_PREFIX + route.path for router in ROUTERS for route in router.routes]  # type: ignore[attr-defined]
         + [app.openapi_url or "", app.docs_url or ""]
         + ["/ui", "/ui/", "/ui/{file:path}"]  # the console's files: one label, not one a file

@@ -44,6 +44,7 @@ from orchestrator.marketplace import Marketplace
 from orchestrator.memory import MemoryStore
 from orchestrator.observability import MetricsPusher, SloTargets
 from orchestrator.providers import Gateway, InferenceLog
+from orchestrator.responses import ResponseStore
 from orchestrator.scheduler import JobStore
 from orchestrator.services import ApiServices, MetricsHub, WorkflowRunner
 from orchestrator.teams import TeamStore
@@ -112,6 +113,7 @@ StartedAt = Annotated[float, _service("started_at")]
 ModelGateway = Annotated[Gateway, _service("gateway")]
 InferenceRecords = Annotated[InferenceLog, _service("inference_log")]
 Inference = Annotated[InferenceService, _service("inference")]
+StoredResponses = Annotated[ResponseStore, _service("responses")]
 Workflows = Annotated[WorkflowStore, _service("workflows")]
 WorkflowDriver = Annotated[WorkflowRunner, _service("workflow_runner")]
 Interventions = Annotated[InterventionStore, _service("interventions")]

@@ -12,6 +12,7 @@ from deployments.routers import (
     marketplace,
     memory,
     operations,
+    responses,
     scheduler,
     teams,
     tokens,
@@ -43,6 +44,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     marketplace.router,
     tools.router,
     workspace.router,
+    responses.router,
 )
 
 __all__ = ["ROUTERS"]

@@ -142,13 +142,18 @@ MODEL_ENDPOINTS: tuple[tuple[str, Callable[..., Awaitable[Response]]], ...] = (
 )
 
 
-def add_model_routes(router: APIRouter, prefix: str) -> None:
-    """The model endpoints on `router` (the app's own: a JsonRoute sees the dependencies
-    that apply to it only there), under `prefix`, first of its routes: a request's route is
-    found by trying them in order (by FastAPI, and by Serve on every request for its
-    metrics), and these are on every model call's path."""
+def add_model_routes(
+    router: APIRouter,
+    prefix: str,
+    endpoints: Iterable[tuple[str, Callable[..., Awaitable[Response]]]] = MODEL_ENDPOINTS,
+) -> None:
+    """The model endpoints (these, and `POST /responses` from responses.py) on `router` (the
+    app's own: a JsonRoute sees the dependencies that apply to it only there), under
+    `prefix`, first of its routes: a request's route is found by trying them in order (by
+    FastAPI, and by Serve on every request for its metrics), and these are on every model
+    call's path."""
     others = len(router.routes)
-    for path, endpoint in MODEL_ENDPOINTS:
+    for path, endpoint in endpoints:
         router.add_api_route(
             prefix + path,
             endpoint,

@@ -87,6 +87,12 @@ class Settings(ServiceSettings):
     stream_heartbeat_s: float = Field(
         10.0, gt=0, description="SSE comment sent while an upstream is silent this long"
     )
+    response_retention_s: int = Field(
+        30 * 86_400,
+        ge=1,
+        description="How long POST /responses keeps a response (store not false) for GET "
+        "/responses/{id}, its input items and previous_response_id; then it is deleted",
+    )
     inference_log_flush_s: float = Field(
         0.05,
         gt=0,

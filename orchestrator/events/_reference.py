@@ -55,7 +55,8 @@ EMITTED_BY: Mapping[str, str] = {
     "worker.killed": "an AgentWorker stopped on purpose: its generation drained (a "
     "redeploy, a change of the pool, a shutdown; `reason`)",
     "inference.request": "a model call starts: `POST /chat/completions`, `/messages`, "
-    "`/embeddings` (the request's id), and each agent turn (`<task_id>:turn-<n>`)",
+    "`/responses`, `/embeddings` (the request's id), and each agent turn "
+    "(`<task_id>:turn-<n>`)",
     "inference.complete": "the gateway: a call answered, or its stream ended",
     "inference.error": "the gateway: a call failed (the provider's error, no route)",
     "inference.interrupted": "the gateway: a stream cut (the client left, or the upstream "

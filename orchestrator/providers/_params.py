@@ -12,6 +12,10 @@ absent field. A caller's `user` (end-user id) is in `params` too, so it is check
 others; the encoders write `ChatRequest.user` where the provider documents one (the agent
 runner's own attribution, set without `params`, goes only where a provider takes it).
 
+Caching hints (`prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`:
+`ADVISORY`) change no output: a provider without them drops them and the endpoint lists
+them, never a 400 (issue 34).
+
 Fields every kind honours without a table entry: `stop` (each adapter's stop sequences;
 Zhipu: one at most), `max_tokens`/`max_completion_tokens` (the one output limit), and
 `stream_options.include_usage` (the usage chunk is built by our encoder from the upstream's
@@ -51,6 +55,7 @@ from typing import Any
 from orchestrator.errors import ValidationFailed
 
 __all__ = [
+    "ADVISORY",
     "ANTHROPIC",
     "BEDROCK",
     "GEMINI",
@@ -105,6 +110,10 @@ PARAM_FIELDS = (
         "web_search_options",
     ),
 )
+
+# Fields a provider without them drops and lists (X-Orchestrator-Dropped-Params) even without
+# `drop_unsupported_params`: caching hints change what a call costs, never the answer.
+ADVISORY = frozenset({"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"})
 
 # OpenAI `reasoning_effort` -> a thinking budget in tokens, for providers that take budgets
 # (Anthropic, Gemini). Gemini's OpenAI compatibility documents low/medium/high as 1K/8K/24K;
@@ -352,9 +361,11 @@ def fit(
     model: str | None = None,
 ) -> dict[str, Any]:
     """`params` narrowed to what `provider` honours (for `model`, where the table depends on
-    it); 400 naming the rest unless `drop`."""
+    it); 400 naming the rest unless `drop` (advisory fields are dropped and listed all the
+    same)."""
     missing = unsupported(adapter, params, model)
-    if missing and not drop:
+    if missing and not drop and any(m not in ADVISORY for m in missing):
+        missing = [m for m in missing if m not in ADVISORY]
         fields = ", ".join(missing)
         raise ValidationFailed(
             f"invalid request: {fields}: not supported by provider {provider}",

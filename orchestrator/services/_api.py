@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from orchestrator.memory import MemoryStore
     from orchestrator.observability import MetricsPusher, MetricsSnapshot, SloQuery, SloTargets
     from orchestrator.providers import Gateway, InferenceLog
+    from orchestrator.responses import ResponseStore
     from orchestrator.runtime.supervisor import Supervisor
     from orchestrator.scheduler import JobStore, SchedulerService
     from orchestrator.teams import TeamStore
@@ -128,6 +129,7 @@ class ApiServices(Core):
     workspace: Workspace
     marketplace: Marketplace
     idempotency: IdempotencyStore  # Idempotency-Key of the creating POSTs (issue 32)
+    responses: ResponseStore  # stored answers of POST /responses (issue 34)
     interventions: InterventionStore  # decisions workflow steps wait for (issue 32)
     tool_store: ToolStore
     tool_clients: AgentToolClients  # .mcp: the MCP pool, made on first use
@@ -202,6 +204,7 @@ async def _api(
     from orchestrator.memory._embed import EmbeddingLimits
     from orchestrator.observability import MetricsPusher, SloTargets
     from orchestrator.providers import Gateway, InferenceLog
+    from orchestrator.responses import ResponseStore
     from orchestrator.scheduler import JobStore, SchedulerService
     from orchestrator.secret_box import configured_box
     from orchestrator.teams import MailWaker, TeamHub, TeamStore
@@ -379,6 +382,7 @@ async def _api(
         "workspace": workspace,
         "marketplace": marketplace,
         "idempotency": IdempotencyStore(db.pool, s.idempotency_ttl_s),
+        "responses": ResponseStore(db.pool, s.response_retention_s),
         "interventions": interventions,
         "tool_store": tool_store,
         "tool_clients": tool_clients,

@@ -1,7 +1,7 @@
-"""Chat as the gateway answers it: OpenAI's chat completions (whole and streamed) and
-Anthropic's messages. The gateway writes these bodies itself (they are the providers'
-formats, orchestrator/providers); the models are what a client reads, checked against
-OpenAI's published schemas (tests/unit/test_sdk_openapi.py)."""
+"""Chat as the gateway answers it: OpenAI's chat completions (whole and streamed), its
+Responses API (issue 34) and Anthropic's messages. The gateway writes these bodies itself
+(they are the providers' formats, orchestrator/providers); the models are what a client
+reads, checked against OpenAI's published schemas (tests/unit/test_sdk_openapi.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ __all__ = [
     "ChunkChoice",
     "Message",
     "MessageStreamEvent",
+    "ModelResponse",
+    "ResponseDeleted",
+    "ResponseItemList",
     "Usage",
 ]
 
@@ -88,3 +91,46 @@ class MessageStreamEvent(ApiModel):
     the event's fields are kept as extra attributes (`.delta`, `.message`, `.index`)."""
 
     type: str
+
+
+class ModelResponse(ApiModel):
+    """OpenAI's Response object (`POST /responses`, `GET /responses/{id}`): `output` items
+    (message, reasoning, function_call...) as dicts; every other field kept as an extra
+    attribute (`.instructions`, `.tools`, `.metadata`...)."""
+
+    id: str
+    object: str = "response"
+    created_at: float
+    status: str | None = None
+    model: str
+    output: list[dict[str, Any]]
+    previous_response_id: str | None = None
+    usage: dict[str, Any] | None = None
+
+    @property
+    def output_text(self) -> str:
+        return "".join(
+            part.get("text", "")
+            for item in self.output
+            if item.get("type") == "message"
+            for part in item.get("content", [])
+            if part.get("type") == "output_text"
+        )
+
+
+class ResponseDeleted(ApiModel):
+    """`DELETE /responses/{id}`: `{id, object: "response", deleted: true}`."""
+
+    id: str
+    object: str = "response"
+    deleted: bool
+
+
+class ResponseItemList(ApiModel):
+    """`GET /responses/{id}/input_items`: a page of the response's input items."""
+
+    object: str = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool

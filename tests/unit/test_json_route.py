@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.testclient import TestClient
 
 from deployments.json_route import JsonRoute
+from deployments.routers import responses
 from deployments.routers.gateway import MODEL_ENDPOINTS
 
 JsonBody = Annotated[dict[str, Any], Body()]
@@ -117,7 +118,7 @@ def test_the_model_endpoints_are_called_directly() -> None:
     """Their signature is the direct one: a change that gave them a dependency would make
     every model call resolve it (docs/benchmarks.md): that is a choice, not an accident."""
     app = FastAPI()
-    for path, endpoint in MODEL_ENDPOINTS:
+    for path, endpoint in MODEL_ENDPOINTS + responses.MODEL_ENDPOINTS:
         app.router.add_api_route(path, endpoint, methods=["POST"], route_class_override=JsonRoute)
     routes = [r for r in app.router.routes if isinstance(r, JsonRoute)]
-    assert [r._direct_parameters() for r in routes] == [("body", "request")] * 2
+    assert [r._direct_parameters() for r in routes] == [("body", "request")] * 3

@@ -1,5 +1,6 @@
 """Inference instances, models, embeddings, provider health, and chat: OpenAI's chat
-completions and Anthropic's messages, whole or streamed."""
+completions and Anthropic's messages, whole or streamed, and OpenAI's Responses API (its
+stored responses too)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,12 @@ from orchestrator.wire import (
     MessageStreamEvent,
     Model,
     ModelList,
+    ModelResponse,
     ModelsDiscovered,
     ProvidersStatus,
     ProviderStatusDetail,
+    ResponseDeleted,
+    ResponseItemList,
 )
 
 __all__ = ["AsyncInference"]
@@ -165,3 +169,56 @@ class AsyncInference(AsyncCore):
                 event = _streams.message_event(frame)
                 if event is not None:
                     yield event
+
+    # --- responses (OpenAI's Responses API) ------------------------------------------------
+
+    async def create_response(
+        self,
+        input: str | Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        instructions: str | None = None,
+        previous_response_id: str | None = None,
+        store: bool | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> ModelResponse:
+        """POST /responses, answered whole. Fields not named here go in `extra_body`; to
+        stream, use the official `openai` SDK (`client.responses.stream`)."""
+        body: dict[str, Any] = {
+            **(extra_body or {}),
+            "input": input if isinstance(input, str) else [dict(i) for i in input],
+        }
+        body.update(
+            given(
+                model=model,
+                instructions=instructions,
+                previous_response_id=previous_response_id,
+                store=store,
+                tools=None if tools is None else [dict(t) for t in tools],
+            )
+        )
+        return await self._send(Call("POST", "/responses", model_of(ModelResponse), body=body))
+
+    async def response(self, response_id: str) -> ModelResponse:
+        """GET /responses/{id}: a stored response of yours."""
+        path = f"/responses/{seg(response_id)}"
+        return await self._send(Call("GET", path, model_of(ModelResponse)))
+
+    async def delete_response(self, response_id: str) -> ResponseDeleted:
+        path = f"/responses/{seg(response_id)}"
+        return await self._send(Call("DELETE", path, model_of(ResponseDeleted)))
+
+    async def response_input_items(
+        self,
+        response_id: str,
+        *,
+        limit: int | None = None,
+        order: str | None = None,
+        after: str | None = None,
+        before: str | None = None,
+    ) -> ResponseItemList:
+        """GET /responses/{id}/input_items: one page (`order` desc by default, OpenAI's)."""
+        path = f"/responses/{seg(response_id)}/input_items"
+        params = given(limit=limit, order=order, after=after, before=before)
+        return await self._send(Call("GET", path, model_of(ResponseItemList), params=params))
