@@ -159,13 +159,22 @@ def _npm_client(package: str, version: str, command: str) -> Path:
             pytest.skip(f"{name}: npm install failed: {done.stderr.strip()[-500:]}")
         shutil.rmtree(root, ignore_errors=True)
         partial.rename(root)  # whole or absent: an interrupted install is not reused
-    try:
-        ran = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"{name} does not run here: {exc}")
-    if ran.returncode != 0 or version not in ran.stdout:
-        pytest.skip(f"{name} does not run here: {(ran.stdout + ran.stderr).strip()[-500:]}")
-    return binary
+    # The package's bin, else the platform package's native binary (Claude Code's bin is a
+    # placeholder until its postinstall links that binary over it).
+    candidates = [binary, *sorted((root / "node_modules").glob(f"{package}-*/{command}"))]
+    problem = ""
+    for candidate in candidates:
+        try:
+            ran = subprocess.run(
+                [str(candidate), "--version"], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = str(exc)
+            continue
+        if ran.returncode == 0 and version in ran.stdout:
+            return candidate
+        problem = (ran.stdout + ran.stderr).strip()[-500:]
+    pytest.skip(f"{name} does not run here: {problem}")
 
 
 @pytest.fixture(scope="session")
