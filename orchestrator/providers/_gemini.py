@@ -35,6 +35,7 @@ from orchestrator.providers._types import (
     Block,
     ChatRequest,
     ChatResponse,
+    DocumentBlock,
     Embeddings,
     EmbedRequest,
     ImageBlock,
@@ -387,6 +388,12 @@ def _user_parts(message: Message, names: dict[str, str]) -> list[dict[str, Any]]
             parts.append({"text": block.text})
         elif isinstance(block, ImageBlock):
             parts.append(_image_part(block))
+        elif isinstance(block, DocumentBlock):
+            # A PDF inline (Gemini reads application/pdf inlineData), plain text as text.
+            if block.text is not None:
+                parts.append({"text": block.text})
+            else:
+                parts.append({"inlineData": {"mimeType": "application/pdf", "data": block.data}})
         elif isinstance(block, ToolResultBlock):
             if block.tool_use_id not in names:
                 raise BadRequest(
@@ -465,7 +472,9 @@ def _usage(meta: Any) -> Usage:
     if not isinstance(meta, dict):
         return Usage()
     output = int(meta.get("candidatesTokenCount") or 0) + int(meta.get("thoughtsTokenCount") or 0)
-    return Usage(int(meta.get("promptTokenCount") or 0), output)
+    # Gemini caches prompts on its own (implicit caching): the cached part of the prompt.
+    cached = int(meta.get("cachedContentTokenCount") or 0)
+    return Usage(int(meta.get("promptTokenCount") or 0), output, cache_read_input_tokens=cached)
 
 
 # --- JSON Schema -> Gemini Schema ----------------------------------------------------------

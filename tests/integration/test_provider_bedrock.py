@@ -120,7 +120,7 @@ async def test_streams_reasoning_and_text_from_binary_frames(
         BlockStart(0, "thinking"),
         BlockDelta(0, "Thin"),
         BlockDelta(0, "k."),
-        BlockStop(0),
+        BlockStop(0, signature="sig"),  # the reasoning's signature delta, with its end
         BlockStart(1, "text"),
         BlockDelta(1, "Hell"),
         BlockDelta(1, "o th"),
