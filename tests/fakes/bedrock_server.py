@@ -210,6 +210,8 @@ class BedrockTurn:
     stop_reason: str = "end_turn"
     input_tokens: int = 25
     output_tokens: int = 12
+    cache_read_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
     chunk: int = 4
     args_chunk: int = 6
     status: int = 200
@@ -260,11 +262,17 @@ class BedrockTurn:
         return out
 
     def usage(self) -> dict[str, int]:
-        return {
+        usage = {
             "inputTokens": self.input_tokens,
             "outputTokens": self.output_tokens,
             "totalTokens": self.input_tokens + self.output_tokens,
         }
+        cached = self.cache_read_input_tokens + self.cache_write_input_tokens
+        if cached:  # TokenUsage: cache counts apart from inputTokens, in the total
+            usage["totalTokens"] += cached
+            usage["cacheReadInputTokens"] = self.cache_read_input_tokens
+            usage["cacheWriteInputTokens"] = self.cache_write_input_tokens
+        return usage
 
     def converse(self) -> dict[str, Any]:
         """The Converse (non-streaming) answer."""

@@ -15,6 +15,7 @@ from orchestrator.providers import (
     BlockStart,
     BlockStop,
     ChatRequest,
+    DocumentBlock,
     ImageBlock,
     Message,
     MessageEnd,
@@ -398,6 +399,31 @@ async def test_images_inline_and_by_uri(server: GeminiFake, http: httpx.AsyncCli
         {"inlineData": {"mimeType": "image/png", "data": PNG}},
         {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://example.com/cat.jpg"}},
         {"inlineData": {"mimeType": "image/webp", "data": "UklGRg=="}},
+    ]
+
+
+async def test_documents_inline(server: GeminiFake, http: httpx.AsyncClient) -> None:
+    """A base64 PDF is inlineData application/pdf; a plain-text document is text."""
+    pdf = base64.b64encode(b"%PDF-1.4 minimal").decode()
+    request = ChatRequest(
+        model="gemini-2.0-flash",
+        messages=(
+            Message(
+                "user",
+                (
+                    DocumentBlock(media_type="application/pdf", data=pdf),
+                    DocumentBlock(media_type="text/plain", text="Notes."),
+                    TextBlock("Summarise"),
+                ),
+            ),
+        ),
+        params={"document": ("base64", "text")},
+    )
+    await adapter(server, http).complete(request)
+    assert server.generate_requests[0].json["contents"][0]["parts"] == [
+        {"inlineData": {"mimeType": "application/pdf", "data": pdf}},
+        {"text": "Notes."},
+        {"text": "Summarise"},
     ]
 
 
