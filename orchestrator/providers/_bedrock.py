@@ -291,6 +291,25 @@ class BedrockAdapter:
         ) as response:
             yield response
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Bedrock's own count (CountTokens, `POST /model/{id}/count-tokens`) of the Converse
+        request's messages, system prompt and tools."""
+        body = self.build_body(request)
+        converse = {k: body[k] for k in ("messages", "system", "toolConfig") if k in body}
+        async with self._post(
+            self._url(request, "count-tokens"), {"input": {"converse": converse}}
+        ) as response:
+            raw = await response.aread()
+        data = json_object(self.config.name, json_answer(self.config.name, raw))
+        count = data.get("inputTokens")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ProviderError(
+                f"{self.config.name}: malformed CountTokens answer",
+                provider=self.config.name,
+                upstream_status=200,
+            )
+        return count
+
     async def complete(self, request: ChatRequest) -> ChatResponse:
         name = self.config.name
         async with self._post(self._url(request, "converse"), self.build_body(request)) as response:

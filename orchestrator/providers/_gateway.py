@@ -401,8 +401,10 @@ class Gateway:
         try:
             count = await counter(request.with_model(route.model))
         except ProviderError as exc:
-            if _provider_fault(exc):
-                breaker.release()  # a count is no model call: it does not judge the provider
+            if _provider_fault(exc) or exc.upstream_status in (404, 405):
+                # No counting endpoint there after all (a 404), or the provider is failing:
+                # a count is no model call, it does not judge the provider.
+                breaker.release()
                 log.info("count_tokens by %s failed, estimating: %s", route.provider, exc)
                 return estimate_tokens(request), "estimate"
             breaker.release()

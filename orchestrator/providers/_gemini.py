@@ -186,6 +186,23 @@ class GeminiAdapter:
                 self._signatures.popitem(last=False)
 
     # --- the adapter protocol --------------------------------------------------------------
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Gemini's own count (models/{model}:countTokens) of the whole request, given as a
+        `generateContentRequest` so the system instruction and tools count too."""
+        name = self.config.name
+        model = request.model.removeprefix("models/")
+        body = {"generateContentRequest": {"model": f"models/{model}", **self.build_body(request)}}
+        async with self._request(
+            "POST", self._url(request, "countTokens"), body, self._timeout
+        ) as response:
+            data = json_object(name, json_answer(name, await response.aread()))
+        total = data.get("totalTokens")
+        if not isinstance(total, int) or isinstance(total, bool):
+            raise ProviderError(
+                f"{name}: malformed countTokens answer", provider=name, upstream_status=200
+            )
+        return total
+
     async def complete(self, request: ChatRequest) -> ChatResponse:
         name = self.config.name
         async with self._request(

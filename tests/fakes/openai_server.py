@@ -27,6 +27,8 @@ Routes (`prefix` defaults to "/v1"):
   embedding}], model, usage: {prompt_tokens, total_tokens}}` for `input` (a string or a list
   of strings); vectors from `embed(text)` (default: words hashed into `embedding_dim`
   buckets, L2-normalised, so texts sharing words are close); status `embeddings_status`.
+- `POST /apply-template` and `POST /tokenize` (profile llamacpp): llama-server's prompt of a
+  chat and its tokens (see `_template_or_tokens`).
 - `GET /health` and `GET {prefix}/health`: llama-server's `{"status": "ok"}`, or with
   `health_status` 503 its `{"error": {"code": 503, "message": "Loading model", ...}}`.
 
@@ -436,12 +438,37 @@ class OpenAIFake:
             await self._chat(send, raw)
         elif method == "POST" and path == f"{self.prefix}/embeddings":
             await self._embeddings(send, raw)
+        elif llamacpp and method == "POST" and path in ("/apply-template", "/tokenize"):
+            await self._template_or_tokens(send, path, json.loads(raw or b"{}"))
         elif llamacpp:
             await self._json(send, 404, {"error": _LLAMACPP_ERRORS[404]})
         else:
             await self._json(
                 send, 404, {"error": error_object(404, f"Invalid URL ({method} {path})")}
             )
+
+    async def _template_or_tokens(self, send: Send, path: str, body: Any) -> None:
+        """llama-server's `/apply-template` ({messages, tools?} -> {prompt}: here each message
+        as `<|role|>content`) and `/tokenize` ({content, add_special?} -> {tokens}: one token
+        a word, plus BOS with add_special), from its tools/server README."""
+        if path == "/apply-template":
+            messages = body.get("messages") if isinstance(body, dict) else None
+            if not isinstance(messages, list):
+                await self._json(send, 400, {"error": error_object(400, "messages required")})
+                return
+
+            def text(content: Any) -> str:
+                return content if isinstance(content, str) else json.dumps(content)
+
+            prompt = "".join(f"<|{m.get('role')}|>{text(m.get('content'))}" for m in messages)
+            await self._json(send, 200, {"prompt": prompt})
+            return
+        content = body.get("content") if isinstance(body, dict) else None
+        if not isinstance(content, str):
+            await self._json(send, 400, {"error": error_object(400, "content required")})
+            return
+        tokens = list(range(len(content.split()) + (1 if body.get("add_special") else 0)))
+        await self._json(send, 200, {"tokens": tokens})
 
     async def _embeddings(self, send: Send, raw: bytes) -> None:
         if self.embeddings_status >= 400:

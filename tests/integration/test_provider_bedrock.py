@@ -757,3 +757,13 @@ async def test_cache_breakpoints_and_documents_as_converse_blocks(
     url_doc = Message("user", (DocumentBlock(url="https://x.test/a.pdf"),))
     with pytest.raises(BadRequest):
         await adapter(server, http).complete(ChatRequest(model="claude", messages=(url_doc,)))
+
+
+async def test_count_tokens_is_bedrocks_own(server: BedrockFake, http: httpx.AsyncClient) -> None:
+    server.token_count = 77
+    request = ask("How many?", system="Be brief.", tools=(ToolDef("f", None, {"type": "object"}),))
+    assert await adapter(server, http).count_tokens(request) == 77
+    sent = server.requests[-1]
+    assert sent.raw_path.endswith("/count-tokens") and server.violations == []
+    converse = sent.json["input"]["converse"]
+    assert converse["system"] == [{"text": "Be brief."}] and "toolConfig" in converse

@@ -427,6 +427,17 @@ async def test_documents_inline(server: GeminiFake, http: httpx.AsyncClient) -> 
     ]
 
 
+async def test_count_tokens_is_geminis_own(server: GeminiFake, http: httpx.AsyncClient) -> None:
+    server.token_count = 321
+    request = ask("How many?", system="Be brief.")
+    assert await adapter(server, http).count_tokens(request) == 321
+    sent = server.requests[-1]
+    assert sent.path.endswith("/models/gemini-2.0-flash:countTokens") and server.violations == []
+    inner = sent.json["generateContentRequest"]
+    assert inner["model"] == "models/gemini-2.0-flash"
+    assert inner["systemInstruction"] == {"parts": [{"text": "Be brief."}]}
+
+
 async def test_rate_limit_reads_retry_info_and_a_retry_succeeds(
     server: GeminiFake, http: httpx.AsyncClient
 ) -> None:

@@ -457,6 +457,10 @@ async def test_local_server_logprobs_come_back_streamed_and_not(
             for t in e.logprobs
         ]
         assert "".join(tokens) == "pong pong"
+        # llama-server counts a prompt: its chat template applied, then tokenized.
+        count = await adapter.count_tokens(request)
+        assert [r.path for r in fake.requests[-2:]] == ["/apply-template", "/tokenize"]
+        assert count == len(fake.requests[-1].json["content"].split()) + 1
     custom = build_adapter(
         ProviderConfig("vllm", "custom", "http://x", extra={"format": "openai"}), http
     )
