@@ -68,6 +68,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/discover"): "discover_models",
     ("POST", "/chat/completions"): "chat_completion",
     ("POST", "/messages"): "message",
+    ("POST", "/messages/count_tokens"): "count_message_tokens",
     ("GET", "/providers/health"): "providers_health",
     ("GET", "/providers/health/{provider}"): "provider_health",
     ("GET", "/events"): "events",
@@ -137,6 +138,7 @@ UNDECLARED = {
     ("GET", "/inference/{instance_id}"),
     ("POST", "/chat/completions"),
     ("POST", "/messages"),
+    ("POST", "/messages/count_tokens"),
     ("GET", "/providers/health"),
     ("GET", "/providers/health/{provider}"),
     ("GET", "/sync-events"),
@@ -343,7 +345,7 @@ def test_arguments_cover_the_request_fields(openapi: dict[str, Any]) -> None:
             wanted |= set(variants[0]["properties"])
         elif body:
             # A free-form body (chat, messages) is the method's messages + extra_body.
-            chat = route[1] in ("/chat/completions", "/messages")
+            chat = route[1] in ("/chat/completions", "/messages", "/messages/count_tokens")
             wanted = wanted | ({"messages"} if chat else set())
         wanted -= NOT_ARGUMENTS.get(route, set())
         if route == ("POST", "/channels/webhook/{token}"):
