@@ -268,7 +268,7 @@ class BedrockAdapter:
         tool_config = _tool_config(request)
         if tool_config:
             body["toolConfig"] = tool_config
-        return body
+        return _params.apply(self, body, request.params)
 
     # --- the adapter protocol --------------------------------------------------------------
     @contextlib.asynccontextmanager

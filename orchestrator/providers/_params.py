@@ -29,7 +29,9 @@ Wire references (the providers' API references, as of 2026-11):
   of Gemini's own OpenAI compatibility (ai.google.dev/gemini-api/docs/openai): low 1024,
   medium 8192, high 24576, none 0 (no thinking).
 - Bedrock Converse `inferenceConfig` (maxTokens, temperature, topP, stopSequences only:
-  nothing else is portable across its models).
+  nothing else is portable across its models); Claude's `thinking` in
+  `additionalModelRequestFields` (Bedrock's extended-thinking guide); `cachePoint` and
+  `document` blocks (botocore's bedrock-runtime service model).
 - Ollama /api/chat (`format`, `think`, `options.seed`, `options.presence_penalty`,
   `options.frequency_penalty`).
 - Zhipu GLM chat completions (docs.bigmodel.cn / docs.z.ai): `response_format` {type: text |
@@ -351,6 +353,10 @@ GEMINI: Mapping[str, Translate] = {
 # Anthropic and Nova models on Bedrock cache; others answer Bedrock's own 400) and
 # `document` blocks (bytes: PDF or text; Bedrock takes no URL).
 BEDROCK: Mapping[str, Translate] = {
+    # Claude on Bedrock takes Anthropic's `thinking` (enabled with budget_tokens, adaptive on
+    # the models that have it) in the model-specific `additionalModelRequestFields`; another
+    # model answers Bedrock's own 400.
+    "thinking": _under("additionalModelRequestFields", "thinking"),
     "cache_control": _encoded,
     "document": Limited(_encoded, lambda kinds: set(kinds) <= {"base64", "text"}),
 }

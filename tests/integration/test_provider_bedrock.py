@@ -727,7 +727,11 @@ async def test_cache_breakpoints_and_documents_as_converse_blocks(
                 ),
             ),
         ),
-        params={"cache_control": True, "document": ("base64", "text")},
+        params={
+            "cache_control": True,
+            "document": ("base64", "text"),
+            "thinking": {"type": "enabled", "budget_tokens": 2048},
+        },
     )
     response = await adapter(server, http).complete(request)
     assert server.violations == []
@@ -738,6 +742,9 @@ async def test_cache_breakpoints_and_documents_as_converse_blocks(
         {"text": "Dynamic."},
     ]
     assert body["toolConfig"]["tools"][1] == {"cachePoint": {"type": "default", "ttl": "1h"}}
+    assert body["additionalModelRequestFields"] == {
+        "thinking": {"type": "enabled", "budget_tokens": 2048}
+    }
     assert body["messages"][0]["content"] == [
         {"document": {"format": "pdf", "name": "report-pdf", "source": {"bytes": pdf}}},
         {
