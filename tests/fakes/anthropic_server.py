@@ -39,7 +39,8 @@ invalid_request_error. The fields and blocks accepted are those of anthropic-sdk
 0.121.0 (commit 009b035, `types/message_create_params.py`; with `?beta=true`, as the SDK's beta
 client sends, `types/beta/message_create_params.py`): any other top-level field is
 "<field>: Extra inputs are not permitted" (Anthropic's pydantic message); a `system`-role
-message, `context_management` and the other beta-only fields need `?beta=true`; `thinking`
+message, `context_management` and the other beta-only fields need `?beta=true` or an
+`anthropic-beta` header; `thinking`
 is enabled (budget), disabled or adaptive; `output_config.effort` one of low, medium, high,
 xhigh, max; `cache_control` is `{type: ephemeral, ttl?: 5m|1h}` on at most 4 blocks
 (system, message blocks, tools, and the top-level one), else "A maximum of 4 blocks with
@@ -635,7 +636,11 @@ class FakeAnthropic:
             )
             return await self._error(send, error, request_id)
         query = scope.get("query_string", b"").decode()
-        beta = urllib.parse.parse_qs(query).get("beta") == ["true"]
+        # The beta surface: the SDK's beta client marks it with ?beta=true, the API gates it
+        # on the anthropic-beta header; either opens it here.
+        beta = urllib.parse.parse_qs(query).get("beta") == ["true"] or bool(
+            headers.get("anthropic-beta")
+        )
         if method == "GET" and path == "/v1/models":
             return await self._models(send, request_id, query)
         if method == "POST" and path == "/v1/messages/count_tokens":
