@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -74,7 +75,10 @@ class AnthropicAdapter:
             self._headers(request),
             self._timeout,
         )
-        return decode_response(body, self.config.name)
+        response = decode_response(body, self.config.name)
+        if request.native is not None:
+            response = dataclasses.replace(response, native=body)
+        return response
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Anthropic's own count (POST /v1/messages/count_tokens) of `request`'s prompt."""

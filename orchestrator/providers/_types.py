@@ -266,6 +266,10 @@ class ChatResponse:
     created: int = 0  # Unix seconds; 0 = now, filled by the encoder
     # OpenAI's `choices[0].logprobs` object ({content: [...], refusal}) when asked and given.
     logprobs: dict[str, Any] | None = None
+    # An Anthropic-format upstream's Message as it came, for a caller that sent its own
+    # Messages body (`ChatRequest.native`): answered verbatim, server-tool blocks, citations
+    # and context_management included.
+    native: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def text(self) -> str:

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, ServedApp
-from tests.fakes.anthropic_server import FakeAnthropic, text_reply, thinking_reply
+from tests.fakes.anthropic_server import FakeAnthropic, Reply, text_reply, thinking_reply
 from tests.fakes.openai_server import FakeReply, OpenAIFake
 from tests.openai_schema import validate
 
@@ -398,3 +398,42 @@ async def test_logprobs_pass_to_openai_and_come_back_in_its_shape(
     for frame in frames:
         validate(json.loads(frame), "CreateChatCompletionStreamResponse")
     assert any(json.loads(f)["choices"][0]["logprobs"] for f in frames)
+
+
+async def test_an_anthropic_answer_comes_back_verbatim_to_a_messages_caller(
+    app: ServedApp, upstreams: tuple[OpenAIFake, FakeAnthropic]
+) -> None:
+    """Non-streamed, what only Anthropic answers (server-tool blocks, citations, the applied
+    context edits) reaches the caller as Anthropic sent it; the model is the one asked."""
+    _, ant = upstreams
+    content = [
+        {
+            "type": "server_tool_use",
+            "id": "srvtoolu_01",
+            "name": "web_search",
+            "input": {"query": "weather Paris"},
+        },
+        {
+            "type": "web_search_tool_result",
+            "tool_use_id": "srvtoolu_01",
+            "content": [{"type": "web_search_result", "url": "https://x.test", "title": "X"}],
+        },
+        {
+            "type": "text",
+            "text": "Sunny.",
+            "citations": [{"type": "web_search_result_location", "url": "https://x.test"}],
+        },
+    ]
+    ant.enqueue(Reply(content, cache_read_input_tokens=7))
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}],
+    }
+    async with httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN) as raw:
+        r = await raw.post("/messages", json=body)
+    assert r.status_code == 200, r.text
+    assert ant.requests[-1].json["tools"] == body["tools"]
+    assert r.json()["content"] == content and r.json()["model"] == "claude-sonnet-4-5"
+    assert r.json()["usage"]["cache_read_input_tokens"] == 7

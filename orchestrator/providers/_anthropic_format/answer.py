@@ -93,7 +93,10 @@ def _usage(usage: Usage) -> dict[str, Any]:
 
 
 def encode_response(resp: ChatResponse, model: str) -> dict[str, Any]:
-    """A `ChatResponse` as Anthropic's Message object, naming `model` (what the caller asked)."""
+    """A `ChatResponse` as Anthropic's Message object, naming `model` (what the caller asked);
+    an Anthropic upstream's own Message as it came (`resp.native`)."""
+    if resp.native is not None:
+        return {**resp.native, "model": model}
     content = [b for b in map(_response_block, resp.content) if b is not None]
     return {
         "id": _message_id(resp.id),
