@@ -40,6 +40,8 @@ from orchestrator.services import ApiServices
 router = APIRouter(tags=["inference"])
 
 DROPPED_HEADER = "X-Orchestrator-Dropped-Params"
+# Who counted a /messages/count_tokens answer: "provider" (its own endpoint) or "estimate".
+TOKEN_COUNT_HEADER = "X-Orchestrator-Token-Count"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 log = logging.getLogger("orchestrator.gateway")
 
@@ -114,7 +116,7 @@ async def messages(body: JsonBody, request: Request) -> Response:
     """Anthropic Messages; `stream: true` answers the real event sequence (message_start,
     content_block_start/delta/stop, message_delta, message_stop)."""
     services, principal = services_of(request), principal_of(request)
-    chat = _with_default_model(anthropic_format.decode_request(body), services)
+    chat = _with_default_model(_decode_messages(body, request), services)
     call = _Call(services, principal, _request_id(request), chat)
     if not chat.stream:
         response = await call.complete()
@@ -136,9 +138,32 @@ async def messages(body: JsonBody, request: Request) -> Response:
     return _SseResponse(stream, lambda: call.close(stream), call.dropped_header())
 
 
+def _decode_messages(body: dict[str, Any], request: Request, *, count: bool = False) -> ChatRequest:
+    """A Messages body with the caller's `anthropic-beta` header and `?beta=true`, which an
+    Anthropic upstream receives as they came."""
+    return anthropic_format.decode_request(
+        body,
+        beta_header=request.headers.get("anthropic-beta"),
+        beta_query=request.query_params.get("beta") == "true",
+        count=count,
+    )
+
+
+async def count_tokens(body: JsonBody, request: Request) -> Response:
+    """Anthropic's `POST /messages/count_tokens`: `{input_tokens}` of the prompt, counted by
+    the model's provider where it has a counting endpoint, else estimated; the
+    `X-Orchestrator-Token-Count` header says which ("provider" or "estimate")."""
+    services = services_of(request)
+    principal_of(request)  # the caller is authenticated as for /messages
+    chat = _with_default_model(_decode_messages(body, request, count=True), services)
+    count, source = await services.gateway.count_tokens(chat)
+    return _JsonResponse({"input_tokens": count}, headers={TOKEN_COUNT_HEADER: source})
+
+
 MODEL_ENDPOINTS: tuple[tuple[str, Callable[..., Awaitable[Response]]], ...] = (
     ("/chat/completions", chat_completions),
     ("/messages", messages),
+    ("/messages/count_tokens", count_tokens),
 )
 
 

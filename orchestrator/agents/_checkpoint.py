@@ -22,6 +22,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from orchestrator.providers import (
     ImageBlock,
     Message,
+    RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -128,6 +129,8 @@ def _block(block: Block) -> dict[str, Any]:
         }
     if isinstance(block, ThinkingBlock):
         return {"type": "thinking", "text": block.text, "signature": block.signature}
+    if isinstance(block, RedactedThinkingBlock):  # Anthropic's, kept for its next turn
+        return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
     if isinstance(block, ToolResultBlock):
@@ -148,6 +151,8 @@ def _from_block(data: Mapping[str, Any]) -> Block:
         return ImageBlock(data.get("media_type"), data.get("data"), data.get("url"))
     if kind == "thinking":
         return ThinkingBlock(data["text"], data.get("signature"))
+    if kind == "redacted_thinking":
+        return RedactedThinkingBlock(data["data"])
     if kind == "tool_use":
         return ToolUseBlock(data["id"], data["name"], dict(data["input"]))
     if kind == "tool_result":

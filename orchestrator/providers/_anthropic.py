@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -10,8 +11,9 @@ from orchestrator.providers import _params
 from orchestrator.providers._anthropic_format import (
     ANTHROPIC_VERSION,
     EventDecoder,
+    count_body,
     decode_response,
-    encode_request,
+    native_body,
 )
 from orchestrator.providers._http import (
     error_message,
@@ -46,22 +48,56 @@ class AnthropicAdapter:
         self._base = config.base_url.rstrip("/").removesuffix("/v1")
         self._timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, request: ChatRequest | None = None) -> dict[str, str]:
         headers = {"anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"}
         if self.config.api_key:
             headers["x-api-key"] = self.config.api_key
+        if request is not None and request.native is not None and request.native.beta_header:
+            headers["anthropic-beta"] = request.native.beta_header  # the caller's, verbatim
         return headers
+
+    def _url(self, request: ChatRequest, path: str = "/v1/messages") -> str:
+        beta = request.native is not None and request.native.beta_query
+        return f"{self._base}{path}?beta=true" if beta else f"{self._base}{path}"
+
+    def _body(self, request: ChatRequest, *, stream: bool) -> dict[str, object]:
+        body = native_body(request, stream=stream)
+        if request.native is not None:
+            return body  # the caller's own fields, already in Anthropic's form
+        return _params.apply(self, body, request.params)
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         body = await post_json(
             self._http,
             self.config.name,
-            f"{self._base}/v1/messages",
-            _params.apply(self, encode_request(request, stream=False), request.params),
-            self._headers(),
+            self._url(request),
+            self._body(request, stream=False),
+            self._headers(request),
             self._timeout,
         )
-        return decode_response(body, self.config.name)
+        response = decode_response(body, self.config.name)
+        if request.native is not None:
+            response = dataclasses.replace(response, native=body)
+        return response
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Anthropic's own count (POST /v1/messages/count_tokens) of `request`'s prompt."""
+        body = await post_json(
+            self._http,
+            self.config.name,
+            self._url(request, "/v1/messages/count_tokens"),
+            count_body(request),
+            self._headers(request),
+            self._timeout,
+        )
+        count = body.get("input_tokens") if isinstance(body, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ProviderError(
+                f"{self.config.name}: malformed count_tokens answer",
+                provider=self.config.name,
+                upstream_status=200,
+            )
+        return count
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         decoder = EventDecoder(self.config.name)
@@ -69,9 +105,9 @@ class AnthropicAdapter:
             self._http,
             self.config.name,
             "POST",
-            f"{self._base}/v1/messages",
-            json_body=_params.apply(self, encode_request(request, stream=True), request.params),
-            headers={**self._headers(), "accept": "text/event-stream"},
+            self._url(request),
+            json_body=self._body(request, stream=True),
+            headers={**self._headers(request), "accept": "text/event-stream"},
             request_timeout=self._timeout,
         ) as response:
             async for event, data in iter_sse(response):

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, NoReturn, cast
@@ -34,6 +35,7 @@ from orchestrator.providers._types import (
     Block,
     ChatRequest,
     ChatResponse,
+    DocumentBlock,
     Embeddings,
     EmbedRequest,
     ImageBlock,
@@ -41,6 +43,7 @@ from orchestrator.providers._types import (
     MessageStart,
     ProviderConfig,
     ProviderError,
+    RedactedThinkingBlock,
     StopReason,
     StreamEvent,
     TextBlock,
@@ -242,7 +245,14 @@ class BedrockAdapter:
             else:
                 messages.append({"role": message.role, "content": content})
         body: dict[str, Any] = {"messages": messages}
-        if request.system:
+        if request.system_blocks:
+            system: list[dict[str, Any]] = []
+            for block in request.system_blocks:
+                if block.text:
+                    system.append({"text": block.text})
+                _cache_point(system, block.cache_control)
+            body["system"] = system
+        elif request.system:
             body["system"] = [{"text": request.system}]
         inference: dict[str, Any] = {}
         if request.max_tokens is not None:
@@ -258,7 +268,7 @@ class BedrockAdapter:
         tool_config = _tool_config(request)
         if tool_config:
             body["toolConfig"] = tool_config
-        return body
+        return _params.apply(self, body, request.params)
 
     # --- the adapter protocol --------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -280,6 +290,25 @@ class BedrockAdapter:
             request_timeout=self._timeout,
         ) as response:
             yield response
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Bedrock's own count (CountTokens, `POST /model/{id}/count-tokens`) of the Converse
+        request's messages, system prompt and tools."""
+        body = self.build_body(request)
+        converse = {k: body[k] for k in ("messages", "system", "toolConfig") if k in body}
+        async with self._post(
+            self._url(request, "count-tokens"), {"input": {"converse": converse}}
+        ) as response:
+            raw = await response.aread()
+        data = json_object(self.config.name, json_answer(self.config.name, raw))
+        count = data.get("inputTokens")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ProviderError(
+                f"{self.config.name}: malformed CountTokens answer",
+                provider=self.config.name,
+                upstream_status=200,
+            )
+        return count
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         name = self.config.name
@@ -304,10 +333,13 @@ class BedrockAdapter:
                 )
             elif "reasoningContent" in block:
                 reasoning = block["reasoningContent"].get("reasoningText")
+                redacted = block["reasoningContent"].get("redactedContent")
                 if isinstance(reasoning, dict):
                     content.append(
                         ThinkingBlock(str(reasoning.get("text") or ""), reasoning.get("signature"))
                     )
+                elif isinstance(redacted, str):
+                    content.append(RedactedThinkingBlock(redacted))
         stop = _STOP.get(str(data.get("stopReason")), "end_turn")
         if stop == "end_turn" and any(isinstance(b, ToolUseBlock) for b in content):
             stop = "tool_use"
@@ -439,7 +471,46 @@ def _dumps(body: dict[str, Any]) -> bytes:
 def _usage(usage: Any) -> Usage:
     if not isinstance(usage, dict):
         return Usage()
-    return Usage(int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0))
+    # inputTokens leaves out the cached parts, reported apart (as Anthropic does).
+    read = int(usage.get("cacheReadInputTokens") or 0)
+    written = int(usage.get("cacheWriteInputTokens") or 0)
+    return Usage(
+        int(usage.get("inputTokens") or 0) + read + written,
+        int(usage.get("outputTokens") or 0),
+        cache_creation_input_tokens=written,
+        cache_read_input_tokens=read,
+    )
+
+
+def _cache_point(out: list[dict[str, Any]], control: dict[str, Any] | None) -> None:
+    """Anthropic's `cache_control` on the entry just written, as Converse's `cachePoint`
+    block after it (CachePointBlock: type default, ttl 5m|1h)."""
+    if control is None:
+        return
+    point: dict[str, Any] = {"type": "default"}
+    if control.get("ttl") in ("5m", "1h"):
+        point["ttl"] = control["ttl"]
+    out.append({"cachePoint": point})
+
+
+def _document_name(title: str | None) -> str:
+    """A DocumentBlock name as Converse takes it: alphanumerics, single whitespace,
+    hyphens, parentheses and square brackets, 1 to 200 characters."""
+    name = re.sub(r"[^0-9A-Za-z\s\-()\[\]]", "-", title or "")
+    name = re.sub(r"\s+", " ", name).strip()[:200]
+    return name or "document"
+
+
+def _document(block: DocumentBlock) -> dict[str, Any]:
+    if block.url or block.file_id:
+        raise BadRequest("bedrock accepts inline documents only, not document URLs or file ids")
+    if block.text is not None:
+        data, fmt = base64.b64encode(block.text.encode()).decode(), "txt"
+    else:
+        data, fmt = block.data or "", "pdf"
+    return {
+        "document": {"format": fmt, "name": _document_name(block.title), "source": {"bytes": data}}
+    }
 
 
 def _block_events(
@@ -462,8 +533,11 @@ def _block_events(
                     f"{provider}: malformed stream: {exc}", provider=provider, upstream_status=200
                 ) from exc
         if "reasoningContent" in delta:
-            # Signature and redacted-content deltas have no place in the stream model.
-            return writer.thinking(str((delta["reasoningContent"] or {}).get("text") or ""))
+            reasoning = delta["reasoningContent"] or {}
+            if reasoning.get("signature"):
+                writer.sign(str(reasoning["signature"]))  # comes with the block's stop
+            # A redacted-content delta has no place in the stream model.
+            return writer.thinking(str(reasoning.get("text") or ""))
     elif event_type == "contentBlockStop":
         return writer.close()
     return ()
@@ -477,6 +551,11 @@ def _content(message: Message) -> list[dict[str, Any]]:
                 out.append({"text": block.text})
         elif isinstance(block, ImageBlock):
             out.append(_image(block))
+        elif isinstance(block, DocumentBlock):
+            out.append(_document(block))
+        elif isinstance(block, RedactedThinkingBlock):
+            if message.role == "assistant":
+                out.append({"reasoningContent": {"redactedContent": block.data}})
         elif isinstance(block, ThinkingBlock):
             # Only signed reasoning can be replayed; the model ignores or rejects the rest.
             if block.signature and message.role == "assistant":
@@ -497,6 +576,8 @@ def _content(message: Message) -> list[dict[str, Any]]:
                 if isinstance(part, TextBlock):
                     if part.text:
                         result.append({"text": part.text})
+                elif isinstance(part, DocumentBlock):
+                    result.append(_document(part))
                 else:
                     result.append(_image(part))
             out.append(
@@ -509,6 +590,9 @@ def _content(message: Message) -> list[dict[str, Any]]:
                     }
                 }
             )
+        control = getattr(block, "cache_control", None)
+        if control is not None and out:
+            _cache_point(out, control)
     return out
 
 
@@ -553,18 +637,16 @@ def _tool_config(request: ChatRequest) -> dict[str, Any] | None:
         )
         if not used:
             return None
-    config: dict[str, Any] = {
-        "tools": [
-            {
-                "toolSpec": {
-                    "name": tool.name,
-                    **({"description": tool.description} if tool.description else {}),
-                    "inputSchema": {"json": tool.parameters},
-                }
-            }
-            for tool in request.tools
-        ]
-    }
+    tools: list[dict[str, Any]] = []
+    for tool in request.tools:
+        spec = {
+            "name": tool.name,
+            **({"description": tool.description} if tool.description else {}),
+            "inputSchema": {"json": tool.parameters},
+        }
+        tools.append({"toolSpec": spec})
+        _cache_point(tools, tool.cache_control)
+    config: dict[str, Any] = {"tools": tools}
     if choice == "auto":
         config["toolChoice"] = {"auto": {}}
     elif choice == "any":

@@ -49,6 +49,7 @@ class BlockWriter:
     _open: tuple[str, object] | None = None  # (kind, key) of the open block
     _open_index: int = -1
     _tool_blocks: dict[object, int] = field(default_factory=dict)
+    _signature: str | None = None
     saw_tool: bool = False
 
     def _switch(self, kind: str, key: object, start: BlockStart | None) -> list[StreamEvent]:
@@ -96,12 +97,16 @@ class BlockWriter:
             raise ValueError(f"tool-call fragment for call {key!r} after it was closed")
         return [BlockDelta(self._open_index, fragment)]
 
+    def sign(self, signature: str) -> None:
+        """The open thinking block's signature (sent with its BlockStop)."""
+        self._signature = (self._signature or "") + signature
+
     def close(self) -> list[StreamEvent]:
         if self._open is None:
             return []
-        index = self._open_index
-        self._open, self._open_index = None, -1
-        return [BlockStop(index)]
+        index, signature = self._open_index, self._signature
+        self._open, self._open_index, self._signature = None, -1, None
+        return [BlockStop(index, signature=signature)]
 
     def finish(self, stop_reason: StopReason, usage: Usage) -> list[StreamEvent]:
         """Close the open block and end the message. A provider that reports `stop` while

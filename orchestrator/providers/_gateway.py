@@ -25,6 +25,7 @@ from orchestrator.observability import MetricsRecorder
 from orchestrator.providers import _params
 from orchestrator.providers._breaker import BreakerState, CircuitBreaker
 from orchestrator.providers._client import UpstreamClient, upstream_client
+from orchestrator.providers._count import estimate_tokens
 from orchestrator.providers._registry import build_adapter, configured_providers
 from orchestrator.providers._types import (
     ChatRequest,
@@ -391,6 +392,34 @@ class Gateway:
         finally:
             await settlement.release()
             self._recorder.provider_latency(route.provider, time.perf_counter() - started)
+
+    async def count_tokens(self, request: ChatRequest) -> tuple[int, str]:
+        """The prompt of `request` in tokens, and who counted: "provider" (the first route
+        whose provider has a counting endpoint, when it answers) or "estimate" (ours:
+        `_count.estimate_tokens`). A count the provider refuses as a bad request is that
+        400; one it cannot give (unreachable, 5xx, breaker open) falls back to the estimate."""
+        routes = await self.routes(request.model)
+        route = routes[0]
+        counter = getattr(route.adapter, "count_tokens", None)
+        if counter is None or not self.breaker(route.breaker_key, route.provider).allow():
+            return estimate_tokens(request), "estimate"
+        breaker = self.breaker(route.breaker_key, route.provider)
+        try:
+            count = await counter(request.with_model(route.model))
+        except ProviderError as exc:
+            if _provider_fault(exc) or exc.upstream_status in (404, 405):
+                # No counting endpoint there after all (a 404), or the provider is failing:
+                # a count is no model call, it does not judge the provider.
+                breaker.release()
+                log.info("count_tokens by %s failed, estimating: %s", route.provider, exc)
+                return estimate_tokens(request), "estimate"
+            breaker.release()
+            raise exc.to_http() from exc
+        except BaseException:
+            breaker.release()
+            raise
+        breaker.release()
+        return int(count), "provider"
 
     async def embed(self, request: EmbedRequest) -> tuple[Embeddings, Route]:
         """Embeddings from the first route of `request.model` that answers, with the same

@@ -35,6 +35,7 @@ from orchestrator.providers._types import (
     Block,
     ChatRequest,
     ChatResponse,
+    DocumentBlock,
     Embeddings,
     EmbedRequest,
     ImageBlock,
@@ -185,6 +186,23 @@ class GeminiAdapter:
                 self._signatures.popitem(last=False)
 
     # --- the adapter protocol --------------------------------------------------------------
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Gemini's own count (models/{model}:countTokens) of the whole request, given as a
+        `generateContentRequest` so the system instruction and tools count too."""
+        name = self.config.name
+        model = request.model.removeprefix("models/")
+        body = {"generateContentRequest": {"model": f"models/{model}", **self.build_body(request)}}
+        async with self._request(
+            "POST", self._url(request, "countTokens"), body, self._timeout
+        ) as response:
+            data = json_object(name, json_answer(name, await response.aread()))
+        total = data.get("totalTokens")
+        if not isinstance(total, int) or isinstance(total, bool):
+            raise ProviderError(
+                f"{name}: malformed countTokens answer", provider=name, upstream_status=200
+            )
+        return total
+
     async def complete(self, request: ChatRequest) -> ChatResponse:
         name = self.config.name
         async with self._request(
@@ -387,6 +405,12 @@ def _user_parts(message: Message, names: dict[str, str]) -> list[dict[str, Any]]
             parts.append({"text": block.text})
         elif isinstance(block, ImageBlock):
             parts.append(_image_part(block))
+        elif isinstance(block, DocumentBlock):
+            # A PDF inline (Gemini reads application/pdf inlineData), plain text as text.
+            if block.text is not None:
+                parts.append({"text": block.text})
+            else:
+                parts.append({"inlineData": {"mimeType": "application/pdf", "data": block.data}})
         elif isinstance(block, ToolResultBlock):
             if block.tool_use_id not in names:
                 raise BadRequest(
@@ -465,7 +489,9 @@ def _usage(meta: Any) -> Usage:
     if not isinstance(meta, dict):
         return Usage()
     output = int(meta.get("candidatesTokenCount") or 0) + int(meta.get("thoughtsTokenCount") or 0)
-    return Usage(int(meta.get("promptTokenCount") or 0), output)
+    # Gemini caches prompts on its own (implicit caching): the cached part of the prompt.
+    cached = int(meta.get("cachedContentTokenCount") or 0)
+    return Usage(int(meta.get("promptTokenCount") or 0), output, cache_read_input_tokens=cached)
 
 
 # --- JSON Schema -> Gemini Schema ----------------------------------------------------------

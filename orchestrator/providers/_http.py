@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import email.utils
 import json
@@ -24,12 +25,12 @@ from orchestrator.providers._types import (
     MessageEnd,
     MessageStart,
     ProviderError,
+    RedactedThinkingBlock,
     StopReason,
     StreamEvent,
     TextBlock,
     ThinkingBlock,
     ToolUseBlock,
-    Usage,
 )
 
 __all__ = [
@@ -261,6 +262,8 @@ class StreamAssembler:
                 "type": event.block_type,
                 "id": event.id,
                 "name": event.name,
+                "data": event.data,
+                "signature": None,
                 "parts": [],
             }
         elif isinstance(event, BlockDelta):
@@ -268,7 +271,8 @@ class StreamAssembler:
         elif isinstance(event, MessageEnd):
             self.end = event
         elif isinstance(event, BlockStop):
-            pass
+            if event.signature is not None and event.index in self.blocks:
+                self.blocks[event.index]["signature"] = event.signature
 
     def result(self) -> ChatResponse:
         if self.end is None:
@@ -280,12 +284,14 @@ class StreamAssembler:
             if b["type"] == "text":
                 content.append(TextBlock(text))
             elif b["type"] == "thinking":
-                content.append(ThinkingBlock(text))
+                content.append(ThinkingBlock(text, b["signature"]))
+            elif b["type"] == "redacted_thinking":
+                content.append(RedactedThinkingBlock(b["data"] or ""))
             else:
                 content.append(ToolUseBlock(b["id"] or "", b["name"] or "", _args(text)))
         usage = self.end.usage
         if not usage.input_tokens and self.input_tokens:
-            usage = Usage(self.input_tokens, usage.output_tokens)
+            usage = dataclasses.replace(usage, input_tokens=self.input_tokens)
         return ChatResponse(self.id, self.model, tuple(content), self.end.stop_reason, usage)
 
 
@@ -308,7 +314,14 @@ async def collect(events: AsyncIterator[StreamEvent]) -> ChatResponse:
 
 def response_events(response: ChatResponse) -> Iterable[StreamEvent]:
     """A complete response replayed as a stream (for a provider answered non-streaming)."""
-    yield MessageStart(response.id, response.model, response.usage.input_tokens)
+    usage = response.usage
+    yield MessageStart(
+        response.id,
+        response.model,
+        usage.input_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens,
+        cache_read_input_tokens=usage.cache_read_input_tokens,
+    )
     for index, block in enumerate(response.content):
         if isinstance(block, TextBlock):
             yield BlockStart(index, "text")
@@ -316,6 +329,10 @@ def response_events(response: ChatResponse) -> Iterable[StreamEvent]:
         elif isinstance(block, ThinkingBlock):
             yield BlockStart(index, "thinking")
             yield BlockDelta(index, block.text)
+            yield BlockStop(index, signature=block.signature)
+            continue
+        elif isinstance(block, RedactedThinkingBlock):
+            yield BlockStart(index, "redacted_thinking", data=block.data)
         elif isinstance(block, ToolUseBlock):
             yield BlockStart(index, "tool_use", block.id, block.name)
             yield BlockDelta(index, json.dumps(block.input))

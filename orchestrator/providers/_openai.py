@@ -238,6 +238,37 @@ class LocalAdapter(OpenAIAdapter):
 
     params: Mapping[str, Translate] = _params.LOCAL
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """llama-server's own count: `POST /apply-template` (the chat template applied to the
+        request's messages and tools, no inference) then `POST /tokenize` of that prompt.
+        A server without those routes (the bundled launcher) answers 404: estimated then."""
+        root = self.config.base_url.rstrip("/").removesuffix("/v1")
+        body = self.build_body(request, stream=False)
+        template: dict[str, Any] = {k: body[k] for k in ("messages", "tools") if k in body}
+        applied = await post_json(
+            self._http,
+            self.name,
+            f"{root}/apply-template",
+            template,
+            self._post_headers,
+            self._timeout,
+        )
+        prompt = applied.get("prompt") if isinstance(applied, dict) else None
+        tokens = await post_json(
+            self._http,
+            self.name,
+            f"{root}/tokenize",
+            {"content": prompt if isinstance(prompt, str) else "", "add_special": True},
+            self._post_headers,
+            self._timeout,
+        )
+        found = tokens.get("tokens") if isinstance(tokens, dict) else None
+        if not isinstance(found, list):
+            raise ProviderError(
+                f"{self.name}: malformed /tokenize answer", provider=self.name, upstream_status=200
+            )
+        return len(found)
+
     def probe_url(self) -> str:
         root = self.config.base_url.rstrip("/").removesuffix("/v1")
         return f"{root}/health"

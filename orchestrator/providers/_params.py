@@ -33,7 +33,9 @@ Wire references (the providers' API references, as of 2026-11):
   of Gemini's own OpenAI compatibility (ai.google.dev/gemini-api/docs/openai): low 1024,
   medium 8192, high 24576, none 0 (no thinking).
 - Bedrock Converse `inferenceConfig` (maxTokens, temperature, topP, stopSequences only:
-  nothing else is portable across its models).
+  nothing else is portable across its models); Claude's `thinking` in
+  `additionalModelRequestFields` (Bedrock's extended-thinking guide); `cachePoint` and
+  `document` blocks (botocore's bedrock-runtime service model).
 - Ollama /api/chat (`format`, `think`, `options.seed`, `options.presence_penalty`,
   `options.frequency_penalty`).
 - Zhipu GLM chat completions (docs.bigmodel.cn / docs.z.ai): `response_format` {type: text |
@@ -67,6 +69,7 @@ __all__ = [
     "Limited",
     "apply",
     "fit",
+    "portable",
     "unsupported",
 ]
 
@@ -109,11 +112,32 @@ PARAM_FIELDS = (
         "moderation",
         "web_search_options",
     ),
+    # Anthropic Messages fields beyond OpenAI's (decoded from /messages; see
+    # _anthropic_format/request.py), and what the internal model carries that not every
+    # provider takes: `cache_control` (anywhere), `document` (value: its source kinds).
+    # Anthropic-only block and server-tool types come as `content.<type>` / `tools.<type>`.
+    "output_config",
+    "output_format",
+    "context_management",
+    "container",
+    "mcp_servers",
+    "inference_geo",
+    "speed",
+    "diagnostics",
+    "fallbacks",
+    "fallback_credit_token",
+    "citations",
+    "cache_control",
+    "document",
 )
 
 # Fields a provider without them drops and lists (X-Orchestrator-Dropped-Params) even without
-# `drop_unsupported_params`: caching hints change what a call costs, never the answer.
-ADVISORY = frozenset({"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"})
+# `drop_unsupported_params`: caching hints (prompt_cache_*, Anthropic's cache breakpoints)
+# change what a call costs, never the answer (OpenAI and Gemini cache prompts on their own and
+# report the cached tokens all the same).
+ADVISORY = frozenset(
+    {"cache_control", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"}
+)
 
 # OpenAI `reasoning_effort` -> a thinking budget in tokens, for providers that take budgets
 # (Anthropic, Gemini). Gemini's OpenAI compatibility documents low/medium/high as 1K/8K/24K;
@@ -186,13 +210,29 @@ OPENAI: Mapping[str, Translate] = {
         "prompt_cache_retention",
         "safety_identifier",
         "verbosity",
+        # The answer carries them: ChatResponse.logprobs / BlockDelta.logprobs.
+        "logprobs",
+        "top_logprobs",
     )
-} | {"user": _encoded}
+} | {
+    "user": _encoded,
+    # The encoder writes a base64 PDF as a `file` content part, plain text as a text part.
+    "document": Limited(_encoded, lambda kinds: set(kinds) <= {"base64", "text"}),
+}
 
 # --- the local llama.cpp server (OpenAI-compatible): sampling and grammar-backed formats ---
 LOCAL: Mapping[str, Translate] = {
     name: _same(name)
-    for name in ("seed", "frequency_penalty", "presence_penalty", "logit_bias", "response_format")
+    for name in (
+        "seed",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "response_format",
+        # llama-server returns OpenAI's logprobs shape (`n_probs` under its own name too).
+        "logprobs",
+        "top_logprobs",
+    )
 }
 
 
@@ -222,7 +262,35 @@ def _anthropic_effort(body: JSON, value: Any) -> None:
         body["max_tokens"] = budget + body.get("max_tokens", 0)
 
 
-ANTHROPIC: Mapping[str, Translate] = {
+class _NativeTable(dict[str, Translate]):
+    """Anthropic's table: its fixed entries, and every Anthropic-only block or tool type
+    (`content.<type>`, `tools.<type>`), which reach it in the caller's own body."""
+
+    def __missing__(self, key: str) -> Translate:
+        if key.startswith(NATIVE_PREFIXES):
+            return _encoded
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key) or (
+            isinstance(key, str) and key.startswith(NATIVE_PREFIXES)
+        )
+
+
+NATIVE_PREFIXES = ("content.", "tools.")
+
+
+def _anthropic_config(body: JSON, value: Any) -> None:
+    body.setdefault("output_config", {}).update(value)
+
+
+_ANTHROPIC_FIXED: dict[str, Translate] = {
     "thinking": _same("thinking"),
     "parallel_tool_calls": _anthropic_parallel,
     "response_format": _anthropic_format,
@@ -230,7 +298,29 @@ ANTHROPIC: Mapping[str, Translate] = {
     "user": _encoded,  # metadata.user_id
     "top_k": _same("top_k"),
     "service_tier": Limited(_same("service_tier"), lambda v: v in ("auto", "standard_only")),
+    "output_config": _anthropic_config,
+    # The encoder writes cache breakpoints and documents where the blocks carry them.
+    "cache_control": _encoded,
+    "document": _encoded,
+    "citations": _encoded,
 }
+ANTHROPIC: Mapping[str, Translate] = _NativeTable(
+    _ANTHROPIC_FIXED
+    | {
+        name: _same(name)
+        for name in (
+            "output_format",
+            "context_management",
+            "container",
+            "mcp_servers",
+            "inference_geo",
+            "speed",
+            "diagnostics",
+            "fallbacks",
+            "fallback_credit_token",
+        )
+    }
+)
 
 
 # --- Gemini generateContent ----------------------------------------------------------------
@@ -258,13 +348,25 @@ GEMINI: Mapping[str, Translate] = {
     "frequency_penalty": _under("generationConfig", "frequencyPenalty"),
     "presence_penalty": _under("generationConfig", "presencePenalty"),
     "response_format": _gemini_format,
-    "thinking": _gemini_thinking,
+    "thinking": Limited(_gemini_thinking, lambda v: _switched(v)),
     "reasoning_effort": Limited(_gemini_effort, _known_effort),
     "top_k": _under("generationConfig", "topK"),
+    # inlineData (base64 PDF) and text parts; Gemini fetches no arbitrary URL.
+    "document": Limited(_encoded, lambda kinds: set(kinds) <= {"base64", "text"}),
 }
 
 # --- Bedrock Converse: inferenceConfig carries only what ChatRequest already has -----------
-BEDROCK: Mapping[str, Translate] = {}
+# Its encoder writes `cachePoint` blocks after cached system, message and tool entries (the
+# Anthropic and Nova models on Bedrock cache; others answer Bedrock's own 400) and
+# `document` blocks (bytes: PDF or text; Bedrock takes no URL).
+BEDROCK: Mapping[str, Translate] = {
+    # Claude on Bedrock takes Anthropic's `thinking` (enabled with budget_tokens, adaptive on
+    # the models that have it) in the model-specific `additionalModelRequestFields`; another
+    # model answers Bedrock's own 400.
+    "thinking": _under("additionalModelRequestFields", "thinking"),
+    "cache_control": _encoded,
+    "document": Limited(_encoded, lambda kinds: set(kinds) <= {"base64", "text"}),
+}
 
 
 # --- Ollama /api/chat ------------------------------------------------------------------------
@@ -287,7 +389,10 @@ OLLAMA: Mapping[str, Translate] = {
     "response_format": _ollama_format,
     # `think` takes true/false, or "low"/"medium"/"high" for models that grade it.
     "reasoning_effort": Limited(_ollama_effort, _known_effort),
-    "thinking": lambda body, value: body.__setitem__("think", value.get("type") == "enabled"),
+    "thinking": Limited(
+        lambda body, value: body.__setitem__("think", value.get("type") == "enabled"),
+        lambda v: _switched(v),
+    ),
     "top_k": _under("options", "top_k"),
 }
 
@@ -298,9 +403,15 @@ def _switch(body: JSON, value: Any) -> None:
     body["thinking"] = {"type": "enabled" if value.get("type") == "enabled" else "disabled"}
 
 
+def _switched(value: Any) -> bool:
+    """A `thinking` these tables translate: enabled or disabled (adaptive is translated to
+    an effort first, `portable`)."""
+    return isinstance(value, dict) and value.get("type") in ("enabled", "disabled")
+
+
 ZHIPU: Mapping[str, Translate] = {
     "response_format": Limited(_same("response_format"), _json_object_only),
-    "thinking": _switch,
+    "thinking": Limited(_switch, _switched),
     "user": _encoded,  # user_id (6-128 characters), written by the adapter
 }
 
@@ -308,7 +419,7 @@ DEEPSEEK: Mapping[str, Translate] = {
     "frequency_penalty": _same("frequency_penalty"),
     "presence_penalty": _same("presence_penalty"),
     "response_format": Limited(_same("response_format"), _json_object_only),
-    "thinking": _switch,
+    "thinking": Limited(_switch, _switched),
 }
 
 
@@ -324,7 +435,7 @@ QWEN: Mapping[str, Translate] = {
     "presence_penalty": _same("presence_penalty"),
     "response_format": _same("response_format"),
     "parallel_tool_calls": _same("parallel_tool_calls"),
-    "thinking": _qwen_thinking,
+    "thinking": Limited(_qwen_thinking, _switched),
 }
 
 
@@ -347,8 +458,76 @@ def _honoured(table: Mapping[str, Translate], name: str, value: Any) -> bool:
     return not isinstance(entry, Limited) or entry.accepts(value)
 
 
+# Anthropic's output_config.effort as OpenAI's reasoning_effort (OpenAI has no level above
+# high; Anthropic's adaptive thinking defaults to high effort).
+_EFFORT: Mapping[str, str] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
+
+
+def portable(table: Mapping[str, Translate], params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Anthropic's forms of a field, for a provider whose table lacks them, as the OpenAI
+    forms it may honour: `output_config.effort` -> `reasoning_effort`, `output_config.format`
+    and `output_format` -> `response_format` (json_schema), `thinking: adaptive` ->
+    `reasoning_effort` (or `thinking: enabled` with that effort's budget). A form whose
+    translation the provider does not honour either stays, to be refused by its own name.
+    Only requests that carry these fields pay for the copy."""
+    if not ("output_config" in params or "output_format" in params or "thinking" in params) or (
+        table.get("output_config") is not None and table.get("output_format") is not None
+    ):
+        return params
+    out = dict(params)
+    config = out.get("output_config")
+    if isinstance(config, dict) and "output_config" not in table:
+        rest = dict(config)
+        effort = _EFFORT.get(rest.get("effort") or "")
+        wanted = effort and "reasoning_effort" not in out
+        if wanted and _honoured(table, "reasoning_effort", effort):
+            out["reasoning_effort"] = effort
+            del rest["effort"]
+        fmt = rest.get("format")
+        if isinstance(fmt, dict) and "response_format" not in out:
+            as_openai = _json_schema(fmt)
+            if _honoured(table, "response_format", as_openai):
+                out["response_format"] = as_openai
+                del rest["format"]
+        if rest:
+            out["output_config"] = rest
+        else:
+            del out["output_config"]
+    fmt = out.get("output_format")
+    if isinstance(fmt, dict) and "output_format" not in table and "response_format" not in out:
+        as_openai = _json_schema(fmt)
+        if _honoured(table, "response_format", as_openai):
+            out["response_format"] = as_openai
+            del out["output_format"]
+    thinking = out.get("thinking")
+    if isinstance(thinking, dict) and not _honoured(table, "thinking", thinking):
+        if thinking.get("type") == "adaptive":
+            effort = out.get("reasoning_effort") or _EFFORT.get(
+                (config or {}).get("effort") or "", "high"
+            )
+            budget = {"type": "enabled", "budget_tokens": REASONING_BUDGETS.get(effort, 24576)}
+            if _honoured(table, "reasoning_effort", effort):
+                out["reasoning_effort"] = effort
+                del out["thinking"]
+            elif _honoured(table, "thinking", budget):
+                out["thinking"] = budget
+    return out
+
+
+def _json_schema(fmt: Mapping[str, Any]) -> dict[str, Any]:
+    schema = fmt.get("schema") or {"type": "object"}
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
 def unsupported(adapter: object, params: Mapping[str, Any], model: str | None = None) -> list[str]:
     table = table_of(adapter, model)
+    params = portable(table, params)
     return [name for name, value in params.items() if not _honoured(table, name, value)]
 
 
@@ -360,9 +539,10 @@ def fit(
     drop: bool,
     model: str | None = None,
 ) -> dict[str, Any]:
-    """`params` narrowed to what `provider` honours (for `model`, where the table depends on
-    it); 400 naming the rest unless `drop` (advisory fields are dropped and listed all the
-    same)."""
+    """`params` narrowed to what `provider` honours for `model` (where the table depends on
+    it; Anthropic's forms translated where it honours the OpenAI ones: `portable`); 400
+    naming the rest unless `drop` (advisory fields are dropped and listed all the same)."""
+    params = portable(table_of(adapter, model), params)
     missing = unsupported(adapter, params, model)
     if missing and not drop and any(m not in ADVISORY for m in missing):
         missing = [m for m in missing if m not in ADVISORY]

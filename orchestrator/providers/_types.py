@@ -38,15 +38,18 @@ __all__ = [
     "BlockStop",
     "ChatRequest",
     "ChatResponse",
+    "DocumentBlock",
     "EmbedRequest",
     "Embeddings",
     "ImageBlock",
     "Message",
     "MessageEnd",
     "MessageStart",
+    "NativeRequest",
     "ProviderAdapter",
     "ProviderConfig",
     "ProviderError",
+    "RedactedThinkingBlock",
     "StopReason",
     "StreamEvent",
     "TextBlock",
@@ -68,6 +71,9 @@ StopReason = Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "ref
 class TextBlock:
     text: str
     type: Literal["text"] = "text"
+    # Anthropic's prompt-caching breakpoint on this block ({"type": "ephemeral", "ttl"?}):
+    # honoured by Anthropic and Bedrock, dropped and listed elsewhere (see `_params`).
+    cache_control: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,7 @@ class ImageBlock:
     data: str | None = None
     url: str | None = None
     type: Literal["image"] = "image"
+    cache_control: dict[str, Any] | None = None
 
     def inline(self) -> tuple[str | None, str] | None:
         """(media type, base64 bytes) of an image sent inline, a `data:` URL included (its
@@ -103,6 +110,34 @@ class ThinkingBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class RedactedThinkingBlock:
+    """Anthropic's encrypted reasoning (`data`): only Anthropic can read it, so it goes back
+    to an Anthropic-format upstream unchanged and to no other provider."""
+
+    data: str
+    type: Literal["redacted_thinking"] = "redacted_thinking"
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentBlock:
+    """A document in a user turn: a PDF as base64 `data` (`media_type` application/pdf),
+    plain `text` (media type text/plain), a PDF by `url`, or an Anthropic `file_id`: exactly
+    one. `title` and `context` are Anthropic's; `citations` its citations config (passed to
+    Anthropic only)."""
+
+    media_type: str | None = None
+    data: str | None = None
+    text: str | None = None
+    url: str | None = None
+    title: str | None = None
+    context: str | None = None
+    citations: dict[str, Any] | None = None
+    type: Literal["document"] = "document"
+    cache_control: dict[str, Any] | None = None
+    file_id: str | None = None  # Anthropic's Files API (`source.type: file`): Anthropic only
+
+
+@dataclass(frozen=True, slots=True)
 class ToolUseBlock:
     """A tool call by the assistant. `input` is the parsed JSON arguments object."""
 
@@ -110,6 +145,7 @@ class ToolUseBlock:
     name: str
     input: dict[str, Any]
     type: Literal["tool_use"] = "tool_use"
+    cache_control: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +153,25 @@ class ToolResultBlock:
     """The result of a tool call, sent back by the user side."""
 
     tool_use_id: str
-    content: tuple[TextBlock | ImageBlock, ...]
+    content: tuple[TextBlock | ImageBlock | DocumentBlock, ...]
     is_error: bool = False
     type: Literal["tool_result"] = "tool_result"
+    cache_control: dict[str, Any] | None = None
 
     @property
     def text(self) -> str:
         return "".join(b.text for b in self.content if isinstance(b, TextBlock))
 
 
-Block = TextBlock | ImageBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock
+Block = (
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ToolUseBlock
+    | ToolResultBlock
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +192,20 @@ class ToolDef:
     name: str
     description: str | None
     parameters: dict[str, Any]  # JSON Schema of the arguments object
+    cache_control: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Token counts. `input_tokens` is the whole prompt (OpenAI's prompt_tokens), the cached
+    parts included: `cache_read_input_tokens` read from a prompt cache, and
+    `cache_creation_input_tokens` written to one (Anthropic and Bedrock report both; OpenAI
+    and Gemini, which cache on their own, report reads)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -181,9 +234,26 @@ class ChatRequest:
     # Generation options beyond the above, keyed by their OpenAI name (`thinking`: Anthropic's);
     # each provider's declared table (`_params.py`) says which it honours and how.
     params: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Cache breakpoints of the system prompt, by its text blocks (Anthropic's `system` array);
+    # `system` stays the joined text every adapter reads.
+    system_blocks: tuple[TextBlock, ...] = ()
+    # The caller's own Messages request, for an Anthropic-format upstream to receive verbatim.
+    native: NativeRequest | None = field(default=None, compare=False)
 
     def with_model(self, model: str) -> ChatRequest:
         return _replace(self, model=model)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRequest:
+    """A Messages API request as the caller sent it: the body, its `anthropic-beta` header
+    and whether it came with `?beta=true`. An Anthropic-format upstream gets exactly this
+    (model replaced by the route's), so every field and block Anthropic documents, beta ones
+    included, reaches it unchanged; other providers get the decoded `ChatRequest`."""
+
+    body: dict[str, Any]
+    beta_header: str | None = None
+    beta_query: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +264,12 @@ class ChatResponse:
     stop_reason: StopReason
     usage: Usage
     created: int = 0  # Unix seconds; 0 = now, filled by the encoder
+    # OpenAI's `choices[0].logprobs` object ({content: [...], refusal}) when asked and given.
+    logprobs: dict[str, Any] | None = None
+    # An Anthropic-format upstream's Message as it came, for a caller that sent its own
+    # Messages body (`ChatRequest.native`): answered verbatim, server-tool blocks, citations
+    # and context_management included.
+    native: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def text(self) -> str:
@@ -233,18 +309,23 @@ class MessageStart:
     model: str
     input_tokens: int = 0
     kind: Literal["message_start"] = "message_start"
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class BlockStart:
     """A content block opens at `index` (0, 1, 2... in order; one block open at a time).
-    `block_type` text/thinking carry no extra; tool_use carries `id` and `name`."""
+    `block_type` text/thinking carry no extra; tool_use carries `id` and `name`;
+    redacted_thinking (Anthropic's, whole at its start: no deltas) its encrypted `data`.
+    Encoders of formats without redacted reasoning skip that block."""
 
     index: int
-    block_type: Literal["text", "thinking", "tool_use"]
+    block_type: Literal["text", "thinking", "tool_use", "redacted_thinking"]
     id: str | None = None
     name: str | None = None
     kind: Literal["block_start"] = "block_start"
+    data: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,12 +336,19 @@ class BlockDelta:
     index: int
     text: str
     kind: Literal["block_delta"] = "block_delta"
+    # OpenAI's logprobs entries ({token, logprob, bytes, top_logprobs}) of this text, when
+    # the caller asked for them and the provider gave them.
+    logprobs: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BlockStop:
+    """The block at `index` is complete. `signature`: a thinking block's (Anthropic's
+    signature_delta), which a caller must send back with the block."""
+
     index: int
     kind: Literal["block_stop"] = "block_stop"
+    signature: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

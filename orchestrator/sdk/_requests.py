@@ -11,7 +11,7 @@ from typing import Any, Literal, TypedDict
 from urllib.parse import quote
 
 from orchestrator.sdk._base import IDEMPOTENCY_HEADER, Call, model_of, no_body
-from orchestrator.wire import ChatCompletion, Message
+from orchestrator.wire import ChatCompletion, Message, MessageTokenCount
 
 __all__ = [
     "ScheduleOptions",
@@ -29,6 +29,7 @@ __all__ = [
     "mcp_server_body",
     "memory_path",
     "message_call",
+    "message_count_call",
     "seg",
     "sync_events_call",
 ]
@@ -173,6 +174,10 @@ def chat_completion_call(body: dict[str, Any]) -> Call[ChatCompletion]:
 
 def message_call(body: dict[str, Any]) -> Call[Message]:
     return Call("POST", "/messages", model_of(Message), body=body)
+
+
+def message_count_call(body: dict[str, Any]) -> Call[MessageTokenCount]:
+    return Call("POST", "/messages/count_tokens", model_of(MessageTokenCount), body=body)
 
 
 def sync_events_call(

@@ -17,6 +17,7 @@ __all__ = [
     "ChunkChoice",
     "Message",
     "MessageStreamEvent",
+    "MessageTokenCount",
     "ModelResponse",
     "ResponseDeleted",
     "ResponseItemList",
@@ -84,6 +85,13 @@ class Message(ApiModel):
     @property
     def text(self) -> str:
         return "".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+
+class MessageTokenCount(ApiModel):
+    """Anthropic's count_tokens answer: the prompt's tokens (the header
+    X-Orchestrator-Token-Count says whether the provider counted or the gateway estimated)."""
+
+    input_tokens: int
 
 
 class MessageStreamEvent(ApiModel):

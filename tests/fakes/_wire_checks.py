@@ -6,6 +6,7 @@ empty when the body is well formed; a fake answers 400 on any and records them i
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # Gemini GenerateContentRequest (ai.google.dev/api/generate-content#request-body): `contents`
@@ -130,6 +131,42 @@ BEDROCK_BLOCKS = {
     "citationsContent",
 }
 BEDROCK_INFERENCE = {"maxTokens", "temperature", "topP", "stopSequences"}
+# botocore's bedrock-runtime 2023-09-30 service model: CachePointBlock {type: default, ttl?:
+# 5m|1h}; DocumentBlock {format?, name (alphanumerics, single whitespace, hyphens,
+# parentheses, square brackets; 1-200), source: one of bytes|s3Location|text|content};
+# SystemContentBlock and Tool entries: one member each.
+BEDROCK_DOC_FORMATS = {"pdf", "csv", "doc", "docx", "xls", "xlsx", "html", "txt", "md"}
+_DOC_NAME = re.compile(r"^(?!.*\s\s)[0-9A-Za-z\s\-()\[\]]{1,200}$")
+
+
+def _bedrock_block(block: dict[str, Any], where: str) -> list[str]:
+    out: list[str] = []
+    if "cachePoint" in block:
+        point = block["cachePoint"]
+        if not isinstance(point, dict) or point.get("type") != "default":
+            out.append(f"{where}.cachePoint.type: must be 'default'")
+        elif set(point) - {"type", "ttl"} or point.get("ttl", "5m") not in ("5m", "1h"):
+            out.append(f"{where}.cachePoint: unknown member or ttl not 5m|1h")
+    if "document" in block:
+        doc = block["document"]
+        if doc.get("format") not in BEDROCK_DOC_FORMATS:
+            out.append(f"{where}.document.format: not a DocumentFormat")
+        if not isinstance(doc.get("name"), str) or not _DOC_NAME.match(doc["name"]):
+            out.append(f"{where}.document.name: invalid characters")
+        source = doc.get("source")
+        if (
+            not isinstance(source, dict)
+            or len(source) != 1
+            or set(source)
+            - {
+                "bytes",
+                "s3Location",
+                "text",
+                "content",
+            }
+        ):
+            out.append(f"{where}.document.source: exactly one DocumentSource member")
+    return out
 
 
 def bedrock_problems(body: Any) -> list[str]:
@@ -151,6 +188,36 @@ def bedrock_problems(body: Any) -> list[str]:
         for j, block in enumerate(content):
             if not isinstance(block, dict) or len(block) != 1 or set(block) - BEDROCK_BLOCKS:
                 out.append(f"messages[{i}].content[{j}]: exactly one ContentBlock member")
+            else:
+                out += _bedrock_block(block, f"messages[{i}].content[{j}]")
+    for i, entry in enumerate(body.get("system") or []):
+        if (
+            not isinstance(entry, dict)
+            or len(entry) != 1
+            or set(entry)
+            - {
+                "text",
+                "guardContent",
+                "cachePoint",
+            }
+        ):
+            out.append(f"system[{i}]: exactly one SystemContentBlock member")
+        else:
+            out += _bedrock_block(entry, f"system[{i}]")
+    for i, tool in enumerate((body.get("toolConfig") or {}).get("tools") or []):
+        if (
+            not isinstance(tool, dict)
+            or len(tool) != 1
+            or set(tool)
+            - {
+                "toolSpec",
+                "systemTool",
+                "cachePoint",
+            }
+        ):
+            out.append(f"toolConfig.tools[{i}]: exactly one Tool member")
+        else:
+            out += _bedrock_block(tool, f"toolConfig.tools[{i}]")
     inference = body.get("inferenceConfig", {})
     out += [
         f"inferenceConfig.{k}: not an InferenceConfiguration field"

@@ -21,6 +21,8 @@ Endpoints:
   an empty fragment, all cut every `Reply.chunk` characters, so JSON splits mid-token),
   `content_block_stop`, `message_delta` (stop reason, cumulative `output_tokens`),
   `message_stop`. Otherwise a Message JSON object.
+- `POST /v1/messages/count_tokens`: `{"input_tokens": N}` (`fake.token_count`, or the
+  request's JSON size / 4), the body checked like a Messages body without `max_tokens`.
 - `GET /v1/models`: the `models` list in Anthropic's page format (ModelInfo: id, type,
   display_name, created_at, `max_input_tokens` from `fake.context` (default 200000),
   `max_tokens`), paged by `limit` / `after_id` (`has_more`, `last_id`), or
@@ -33,7 +35,18 @@ is set) -> 401 authentication_error; no `anthropic-version` header, a body witho
 a first message that is not `user`, empty text blocks or empty content, a thinking block
 without signature, `thinking` enabled without `budget_tokens` >= 1024 and < `max_tokens`,
 `output_config.format` that is not `{type: json_schema, schema: {...}}` -> 400
-invalid_request_error.
+invalid_request_error. The fields and blocks accepted are those of anthropic-sdk-python
+0.121.0 (commit 009b035, `types/message_create_params.py`; with `?beta=true`, as the SDK's beta
+client sends, `types/beta/message_create_params.py`): any other top-level field is
+"<field>: Extra inputs are not permitted" (Anthropic's pydantic message); a `system`-role
+message, `context_management` and the other beta-only fields need `?beta=true` or an
+`anthropic-beta` header; `thinking`
+is enabled (budget), disabled or adaptive; `output_config.effort` one of low, medium, high,
+xhigh, max; `cache_control` is `{type: ephemeral, ttl?: 5m|1h}` on at most 4 blocks
+(system, message blocks, tools, and the top-level one), else "A maximum of 4 blocks with
+cache_control may be provided. Found N."; a `document` block's source is base64
+(application/pdf), text (text/plain), url, content or file. `Reply.cache_creation_input_tokens`
+and `cache_read_input_tokens` are the cache usage answered (message_start and the Message).
 
 Failure modes: `ErrorReply(status, type, message, headers)` (helpers `rate_limited(retry_after)`
 429 with `retry-after`, `overloaded()` 529, `unauthorized()` 401); `Reply.error_after=n`:
@@ -104,6 +117,7 @@ class Reply:
     input_tokens: int = 12
     output_tokens: int = 7
     cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
     model: str | None = None  # default: the model the request named
     id: str | None = None  # default: a new msg_... id
     chunk: int = 3  # characters per streamed delta
@@ -193,7 +207,7 @@ def _pieces(text: str, size: int) -> list[str]:
 def _usage(reply: Reply, output_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": reply.input_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": reply.cache_creation_input_tokens,
         "cache_read_input_tokens": reply.cache_read_input_tokens,
         "output_tokens": output_tokens,
         "service_tier": "standard",
@@ -314,23 +328,92 @@ def _echo(body: dict[str, Any]) -> Reply:
     return text_reply(f"echo: {text}")
 
 
-def _check(body: Any, strict: bool) -> str | None:
+# MessageCreateParams of anthropic-sdk-python 0.121.0, and the beta one's extra fields.
+FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "cache_control",
+        "container",
+        "inference_geo",
+        "metadata",
+        "output_config",
+        "service_tier",
+        "stop_sequences",
+        "stream",
+        "system",
+        "temperature",
+        "thinking",
+        "tool_choice",
+        "tools",
+        "top_k",
+        "top_p",
+    }
+)
+BETA_FIELDS = FIELDS | {
+    "context_management",
+    "diagnostics",
+    "fallback_credit_token",
+    "fallbacks",
+    "mcp_servers",
+    "output_format",
+    "speed",
+}
+# MessageCountTokensParams (beta included).
+COUNT_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "cache_control",
+        "context_management",
+        "mcp_servers",
+        "output_config",
+        "output_format",
+        "speed",
+    }
+)
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+DOCUMENT_SOURCES = {
+    "base64": ("media_type", "application/pdf"),
+    "text": ("media_type", "text/plain"),
+    "url": ("url", None),
+    "content": ("content", None),
+    "file": ("file_id", None),
+}
+
+
+def _check(body: Any, strict: bool, *, beta: bool = False, count: bool = False) -> str | None:
     """Anthropic's 400 message for a request it would reject, else None."""
     if not isinstance(body, dict):
         return "body: Input should be an object"
-    for key in ("model", "max_tokens", "messages"):
+    allowed = COUNT_FIELDS if count else BETA_FIELDS if beta else FIELDS
+    for key in body:
+        if key not in allowed:
+            return f"{key}: Extra inputs are not permitted"
+    for key in ("model", "messages") if count else ("model", "max_tokens", "messages"):
         if key not in body:
             return f"{key}: Field required"
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         return "messages: at least one message is required"
-    if not strict:
-        return None
-    if messages[0].get("role") != "user":
+    roles = ("user", "assistant", "system") if beta else ("user", "assistant")
+    for i, message in enumerate(messages):
+        if message.get("role") not in roles:
+            return f"messages.{i}.role: Input should be {' or '.join(map(repr, roles))}"
+    problem = _check_cache_and_documents(body)
+    if problem is not None or not strict:
+        return problem
+    turns = [m for m in messages if m.get("role") != "system"]
+    if not turns or turns[0].get("role") != "user":
         return 'messages: first message must use the "user" role'
     for i, message in enumerate(messages):
         role = message.get("role")
-        if i and messages[i - 1].get("role") == role:
+        if i and messages[i - 1].get("role") == role and role != "system":
             return (
                 'messages: roles must alternate between "user" and "assistant", '
                 f'but found multiple "{role}" roles in a row'
@@ -343,26 +426,82 @@ def _check(body: Any, strict: bool) -> str | None:
                 return f"messages.{i}.content.{j}.text: text content blocks must be non-empty"
             if block.get("type") == "thinking" and not block.get("signature"):
                 return f"messages.{i}.content.{j}.thinking.signature: Field required"
+            if block.get("type") == "redacted_thinking" and not block.get("data"):
+                return f"messages.{i}.content.{j}.redacted_thinking.data: Field required"
     if "tool_choice" in body and not body.get("tools"):
         return "tool_choice: tool_choice may only be specified while providing tools"
-    return _check_options(body)
+    return _check_options(body, count=count)
 
 
-def _check_options(body: dict[str, Any]) -> str | None:
+def _blocks(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every block of the request that may carry cache_control, with its path."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    system = body.get("system")
+    if isinstance(system, list):
+        out += [(f"system.{i}", b) for i, b in enumerate(system) if isinstance(b, dict)]
+    for i, message in enumerate(body.get("messages") or []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(block, dict):
+                continue
+            out.append((f"messages.{i}.content.{j}", block))
+            inner = block.get("content")
+            if block.get("type") == "tool_result" and isinstance(inner, list):
+                out += [(f"messages.{i}.content.{j}.content.{k}", b) for k, b in enumerate(inner)]
+    out += [(f"tools.{i}", t) for i, t in enumerate(body.get("tools") or [])]
+    return out
+
+
+def _check_cache_and_documents(body: dict[str, Any]) -> str | None:
+    blocks = _blocks(body)
+    marked = [(p, b["cache_control"]) for p, b in blocks if b.get("cache_control") is not None]
+    if body.get("cache_control") is not None:
+        marked.append(("cache_control", body["cache_control"]))
+    for path, control in marked:
+        if not isinstance(control, dict) or control.get("type") != "ephemeral":
+            return f"{path}.cache_control.type: Input should be 'ephemeral'"
+        if set(control) - {"type", "ttl"} or control.get("ttl", "5m") not in ("5m", "1h"):
+            return f"{path}.cache_control.ttl: Input should be '5m' or '1h'"
+    if len(marked) > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {len(marked)}."
+    for path, block in blocks:
+        if block.get("type") != "document":
+            continue
+        source = block.get("source") if isinstance(block.get("source"), dict) else {}
+        kind = source.get("type")
+        if kind not in DOCUMENT_SOURCES:
+            return f"{path}.source: Input tag {kind!r} does not match the document sources"
+        key, media = DOCUMENT_SOURCES[kind]
+        if media is not None and source.get(key) != media:
+            return f"{path}.source.media_type: Input should be '{media}'"
+        if media is None and not source.get(key):
+            return f"{path}.source.{key}: Field required"
+        if kind in ("base64", "text") and not isinstance(source.get("data"), str):
+            return f"{path}.source.data: Field required"
+    return None
+
+
+def _check_options(body: dict[str, Any], *, count: bool = False) -> str | None:
     """`thinking` and `output_config` as the Messages reference documents them."""
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "enabled":
         budget = thinking.get("budget_tokens")
         if not isinstance(budget, int) or budget < 1024:
             return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
-        if budget >= body["max_tokens"]:
+        if not count and budget >= body["max_tokens"]:
             return "`max_tokens` must be greater than `thinking.budget_tokens`"
-    elif thinking is not None and thinking != {"type": "disabled"}:
-        return "thinking: Input tag does not match 'enabled', 'disabled'"
+    elif thinking is not None and not (
+        isinstance(thinking, dict) and thinking.get("type") in ("disabled", "adaptive")
+    ):
+        return "thinking: Input tag does not match 'enabled', 'disabled', 'adaptive'"
     config = body.get("output_config")
     if config is not None:
-        fmt = config.get("format") if isinstance(config, dict) else None
-        if (
+        if not isinstance(config, dict) or set(config) - {"effort", "format", "task_budget"}:
+            return "output_config: Extra inputs are not permitted"
+        if config.get("effort") is not None and config["effort"] not in EFFORTS:
+            return f"output_config.effort: Input should be {', '.join(map(repr, EFFORTS))}"
+        fmt = config.get("format")
+        if fmt is not None and (
             not isinstance(fmt, dict)
             or fmt.get("type") != "json_schema"
             or not isinstance(fmt.get("schema"), dict)
@@ -390,6 +529,9 @@ class FakeAnthropic:
         self.models_error: ErrorReply | None = None
         # model id -> max_input_tokens in GET /v1/models (others: 200000)
         self.context: dict[str, int] = {}
+        # The count /v1/messages/count_tokens answers (None: the body's JSON size / 4), or
+        # an ErrorReply.
+        self.token_count: int | ErrorReply | None = None
         # Problems `_check` found in /v1/messages bodies (each answered with a 400).
         self.violations: list[str] = []
         self.requests: list[Received] = []
@@ -493,16 +635,23 @@ class FakeAnthropic:
                 400, "invalid_request_error", "anthropic-version: header is required"
             )
             return await self._error(send, error, request_id)
+        query = scope.get("query_string", b"").decode()
+        # The beta surface: the SDK's beta client marks it with ?beta=true, the API gates it
+        # on the anthropic-beta header; either opens it here.
+        beta = urllib.parse.parse_qs(query).get("beta") == ["true"] or bool(
+            headers.get("anthropic-beta")
+        )
         if method == "GET" and path == "/v1/models":
-            query = scope.get("query_string", b"").decode()
             return await self._models(send, request_id, query)
+        if method == "POST" and path == "/v1/messages/count_tokens":
+            return await self._count(send, request_id, raw, parsed, beta)
         if method != "POST" or path != "/v1/messages":
             error = ErrorReply(404, "not_found_error", "Not found")
             return await self._error(send, error, request_id)
         if raw and parsed is None:
             error = ErrorReply(400, "invalid_request_error", "There was an error parsing the body")
             return await self._error(send, error, request_id)
-        problem = _check(parsed, self.strict)
+        problem = _check(parsed, self.strict, beta=beta)
         if problem is not None:
             self.violations.append(problem)
             return await self._error(
@@ -551,6 +700,21 @@ class FakeAnthropic:
         headers.update(error.headers)
         data = json.dumps(body).encode()
         await self._respond(send, error.status, data, "application/json", request_id, headers)
+
+    async def _count(self, send: Any, request_id: str, raw: bytes, parsed: Any, beta: bool) -> None:
+        if raw and parsed is None:
+            error = ErrorReply(400, "invalid_request_error", "There was an error parsing the body")
+            return await self._error(send, error, request_id)
+        problem = _check(parsed, self.strict, beta=beta, count=True)
+        if problem is not None:
+            self.violations.append(problem)
+            error = ErrorReply(400, "invalid_request_error", problem)
+            return await self._error(send, error, request_id)
+        if isinstance(self.token_count, ErrorReply):
+            return await self._error(send, self.token_count, request_id)
+        count = self.token_count if self.token_count is not None else max(1, len(raw) // 4)
+        body = json.dumps({"input_tokens": count}).encode()
+        await self._respond(send, 200, body, "application/json", request_id, {})
 
     async def _models(self, send: Any, request_id: str, query: str = "") -> None:
         if self.models_error is not None:

@@ -29,6 +29,10 @@ Routes:
   Cohere Embed (`cohere.embed-*`: `{texts, input_type, ...}` -> `{embeddings, id,
   response_type, texts}`, 1024 dimensions); bodies checked with `bedrock_embed_problems`; any
   other model id is AWS's 400 "The provided model identifier is invalid."
+- `POST /model/{modelId}/count-tokens` (CountTokens): `{"input": {"converse": {messages,
+  system?, toolConfig?}}}` (botocore's CountTokensInput / ConverseTokensRequest; the converse
+  part checked like a Converse body) -> `{"inputTokens": N}` (`token_count`, else the body's
+  size / 4).
 - `GET /foundation-models`: a ListFoundationModels answer.
 
 The model id path segment is percent-decoded (ARNs arrive encoded); each request records it
@@ -210,6 +214,8 @@ class BedrockTurn:
     stop_reason: str = "end_turn"
     input_tokens: int = 25
     output_tokens: int = 12
+    cache_read_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
     chunk: int = 4
     args_chunk: int = 6
     status: int = 200
@@ -260,11 +266,17 @@ class BedrockTurn:
         return out
 
     def usage(self) -> dict[str, int]:
-        return {
+        usage = {
             "inputTokens": self.input_tokens,
             "outputTokens": self.output_tokens,
             "totalTokens": self.input_tokens + self.output_tokens,
         }
+        cached = self.cache_read_input_tokens + self.cache_write_input_tokens
+        if cached:  # TokenUsage: cache counts apart from inputTokens, in the total
+            usage["totalTokens"] += cached
+            usage["cacheReadInputTokens"] = self.cache_read_input_tokens
+            usage["cacheWriteInputTokens"] = self.cache_write_input_tokens
+        return usage
 
     def converse(self) -> dict[str, Any]:
         """The Converse (non-streaming) answer."""
@@ -312,6 +324,7 @@ class BedrockFake(LoopbackServer):
         self.model_ids: list[str] = []
         self.rejected: list[tuple[str, str]] = []  # (error type, message) of 403s sent
         self.models_status = 200
+        self.token_count: int | None = None  # CountTokens' answer (None: body size / 4)
 
     async def handle(self, request: RecordedRequest, send: Send) -> None:
         problem = verify_sigv4(
@@ -338,6 +351,9 @@ class BedrockFake(LoopbackServer):
         ):
             self.model_ids.append(unquote(segments[2]))
             await self._converse(request, send, stream=segments[3] == "converse-stream")
+        elif request.method == "POST" and len(segments) == 4 and segments[3] == "count-tokens":
+            self.model_ids.append(unquote(segments[2]))
+            await self._count(request, send)
         elif request.method == "POST" and len(segments) == 4 and segments[3] == "invoke":
             self.model_ids.append(unquote(segments[2]))
             await self._invoke(request, send, unquote(segments[2]))
@@ -430,6 +446,25 @@ class BedrockFake(LoopbackServer):
             "embeddingsByType": {"float": vector},
         }
         await self.send_json(send, 200, answer, headers)
+
+    async def _count(self, request: RecordedRequest, send: Send) -> None:
+        body = request.json
+        converse = (body.get("input") or {}).get("converse") if isinstance(body, dict) else None
+        problems = (
+            ["input: exactly one of invokeModel, converse"]
+            if not isinstance(converse, dict) or set(body) != {"input"} or len(body["input"]) != 1
+            else [
+                f"input.converse.{k}: not a ConverseTokensRequest field"
+                for k in sorted(set(converse) - {"messages", "system", "toolConfig"})
+            ]
+            + bedrock_problems(converse)
+        )
+        if problems:
+            self.violations.extend(problems)
+            await self._error(send, 400, "ValidationException", "; ".join(problems))
+            return
+        count = self.token_count if self.token_count is not None else max(1, len(request.raw) // 4)
+        await self.send_json(send, 200, {"inputTokens": count})
 
     async def _converse(self, request: RecordedRequest, send: Send, *, stream: bool) -> None:
         try:

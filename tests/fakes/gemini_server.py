@@ -17,6 +17,10 @@ Routes (under `/v1beta`):
   order, for the models in `embed_models` (else Google's 404 NOT_FOUND); vectors are the
   words hashed into `embedding_dim` buckets, cut to `outputDimensionality` when asked; the
   body is checked with `gemini_embed_problems`; a scripted failing turn answers instead.
+- `POST /models/{model}:countTokens`: `{totalTokens, promptTokensDetails}` (ai.google.dev/api/
+  tokens): the body is `{contents}` or `{generateContentRequest}` (one of the two; the latter's
+  `model` must be `models/{model}` and the rest is checked like a generateContent body);
+  `token_count` answers, else the body's JSON size / 4.
 - `GET /models`: `{models: [{name, version, displayName, ..., supportedGenerationMethods}]}`.
 
 On the wire as Google's front end answers (checked against a recorded
@@ -144,6 +148,7 @@ class GeminiFake(LoopbackServer):
         self.models_status = 200
         self.embed_models = {"gemini-embedding-001", "text-embedding-004"}
         self.embedding_dim = 768
+        self.token_count: int | None = None  # countTokens' answer (None: body size / 4)
 
     @property
     def embed_requests(self) -> list[RecordedRequest]:
@@ -185,6 +190,9 @@ class GeminiFake(LoopbackServer):
                 return
             if method == "batchEmbedContents":
                 await self._embed(request, send, model)
+                return
+            if method == "countTokens":
+                await self._count(request, send, model)
                 return
         await self.send_json(
             send, 404, google_error(404, f"Method not found: {request.method} {request.path}")
@@ -242,6 +250,33 @@ class GeminiFake(LoopbackServer):
                 values = values[: r["outputDimensionality"]]
             embeddings.append({"values": values})
         await self.send_json(send, 200, {"embeddings": embeddings})
+
+    async def _count(self, request: RecordedRequest, send: Send, model: str) -> None:
+        body = request.json
+        problems: list[str] = []
+        if (
+            not isinstance(body, dict)
+            or len(set(body) & {"contents", "generateContentRequest"}) != 1
+        ):
+            problems.append("exactly one of contents, generateContentRequest")
+        elif set(body) - {"contents", "generateContentRequest"}:
+            problems.append(
+                f"unknown fields {sorted(set(body) - {'contents', 'generateContentRequest'})}"
+            )
+        elif "generateContentRequest" in body:
+            inner = dict(body["generateContentRequest"])
+            if inner.pop("model", None) != f"models/{model}":
+                problems.append(f"generateContentRequest.model: must be 'models/{model}'")
+            problems += gemini_problems(inner)
+        else:
+            problems += gemini_problems({"contents": body["contents"]})
+        if problems:
+            self.violations.extend(problems)
+            await self.send_json(send, 400, google_error(400, "; ".join(problems)))
+            return
+        total = self.token_count if self.token_count is not None else max(1, len(request.raw) // 4)
+        details = [{"modality": "TEXT", "tokenCount": total}]
+        await self.send_json(send, 200, {"totalTokens": total, "promptTokensDetails": details})
 
     async def _generate(
         self, request: RecordedRequest, send: Send, model: str, method: str, sse: bool

@@ -27,6 +27,8 @@ Routes (`prefix` defaults to "/v1"):
   embedding}], model, usage: {prompt_tokens, total_tokens}}` for `input` (a string or a list
   of strings); vectors from `embed(text)` (default: words hashed into `embedding_dim`
   buckets, L2-normalised, so texts sharing words are close); status `embeddings_status`.
+- `POST /apply-template` and `POST /tokenize` (profile llamacpp): llama-server's prompt of a
+  chat and its tokens (see `_template_or_tokens`).
 - `GET /health` and `GET {prefix}/health`: llama-server's `{"status": "ok"}`, or with
   `health_status` 503 its `{"error": {"code": 503, "message": "Loading model", ...}}`.
 
@@ -57,7 +59,11 @@ reply's status and headers (`FakeReply.rate_limited` sets `Retry-After`). Failin
 `fail_after=N` sends N chunks, then closes the connection without finishing the chunked body
 (`fail_with="close"`) or sends `data: {"error": {...}}` and ends (`fail_with="error_chunk"`).
 Every request is recorded in `requests` (method, path, headers, raw body, parsed JSON);
-`chat_requests` and `last_request` filter it; `reset()` empties the script and the record
+`chat_requests` and `last_request` filter it; a request with `logprobs: true` gets OpenAI's
+`choices[].logprobs` ({content: [{token, logprob, bytes, top_logprobs}], refusal}, one token
+per 3 characters of text, `top_logprobs` alternatives each), `top_logprobs` without
+`logprobs: true` is OpenAI's 400; `FakeReply.cached_tokens` is the usage's
+prompt_tokens_details.cached_tokens; `reset()` empties the script and the record
 (for a server shared by a module's tests); `completion()` and `chunks()` return the exact
 objects a reply produces.
 """
@@ -149,6 +155,7 @@ class FakeReply:
     finish_reason: str | None = None  # default: tool_calls when calling tools, else stop
     prompt_tokens: int = 11
     completion_tokens: int = 7
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (OpenAI's own cache)
     status: int = 200
     error: dict[str, Any] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)  # replace the profile's by name
@@ -189,7 +196,7 @@ class FakeReply:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "audio_tokens": 0},
             "completion_tokens_details": {
                 "reasoning_tokens": 0,
                 "audio_tokens": 0,
@@ -302,6 +309,7 @@ class OpenAIFake:
         # CreateChatCompletionRequest mismatches of chat bodies received (answered with 400).
         self.violations: list[str] = []
         self._script: collections.deque[FakeReply] = collections.deque()
+        self._logprobs: int | None = None  # the current request's top_logprobs, if asked
         self._lock = threading.Lock()
         self._socket = bound_socket()
         # Closed when the server stops, or when the fake is dropped without starting.
@@ -430,12 +438,37 @@ class OpenAIFake:
             await self._chat(send, raw)
         elif method == "POST" and path == f"{self.prefix}/embeddings":
             await self._embeddings(send, raw)
+        elif llamacpp and method == "POST" and path in ("/apply-template", "/tokenize"):
+            await self._template_or_tokens(send, path, json.loads(raw or b"{}"))
         elif llamacpp:
             await self._json(send, 404, {"error": _LLAMACPP_ERRORS[404]})
         else:
             await self._json(
                 send, 404, {"error": error_object(404, f"Invalid URL ({method} {path})")}
             )
+
+    async def _template_or_tokens(self, send: Send, path: str, body: Any) -> None:
+        """llama-server's `/apply-template` ({messages, tools?} -> {prompt}: here each message
+        as `<|role|>content`) and `/tokenize` ({content, add_special?} -> {tokens}: one token
+        a word, plus BOS with add_special), from its tools/server README."""
+        if path == "/apply-template":
+            messages = body.get("messages") if isinstance(body, dict) else None
+            if not isinstance(messages, list):
+                await self._json(send, 400, {"error": error_object(400, "messages required")})
+                return
+
+            def text(content: Any) -> str:
+                return content if isinstance(content, str) else json.dumps(content)
+
+            prompt = "".join(f"<|{m.get('role')}|>{text(m.get('content'))}" for m in messages)
+            await self._json(send, 200, {"prompt": prompt})
+            return
+        content = body.get("content") if isinstance(body, dict) else None
+        if not isinstance(content, str):
+            await self._json(send, 400, {"error": error_object(400, "content required")})
+            return
+        tokens = list(range(len(content.split()) + (1 if body.get("add_special") else 0)))
+        await self._json(send, 200, {"tokens": tokens})
 
     async def _embeddings(self, send: Send, raw: bytes) -> None:
         if self.embeddings_status >= 400:
@@ -547,12 +580,36 @@ class OpenAIFake:
             return
         model = reply.model or str(body.get("model") or "gpt-4o-mini")
         completion_id = reply.id or f"chatcmpl-{uuid.uuid4().hex[:29]}"
+        if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+            msg = "logprobs must be set to true if top_logprobs is set."
+            self.violations.append(msg)
+            await self._json(send, 400, {"error": error_object(400, msg)})
+            return
+        # logprobs: true asks for each text token's logprob (and top_logprobs alternatives).
+        top = body.get("top_logprobs") if body.get("logprobs") is True else None
+        self._logprobs = (top or 0) if body.get("logprobs") is True else None
         if body.get("stream") is True:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             await self._stream(send, reply, model, completion_id, include_usage)
         else:
             await self._json(send, 200, self.completion(reply, model, completion_id), reply.headers)
+
+    def _token_logprobs(self, text: str) -> dict[str, Any] | None:
+        """OpenAI's `choices[].logprobs` for `text` (one token a piece of 3 characters) when
+        the request asked for logprobs, else None."""
+        top = self._logprobs
+        if top is None:
+            return None
+
+        def entry(token: str, logprob: float) -> dict[str, Any]:
+            return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+        content = [
+            {**entry(t, -0.25), "top_logprobs": [entry(t, -0.25 - k) for k in range(top)]}
+            for t in _pieces(text, 3)
+        ]
+        return {"content": content, "refusal": None}
 
     @staticmethod
     def _call_ids(reply: FakeReply) -> list[str]:
@@ -586,7 +643,7 @@ class OpenAIFake:
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": self._token_logprobs(reply.text),
                     "finish_reason": reply.finish,
                 }
             ],
@@ -601,7 +658,9 @@ class OpenAIFake:
         """The `chat.completion.chunk` objects streamed for `reply`, in order."""
         created = int(time.time())
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        def chunk(
+            delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
+        ) -> dict[str, Any]:
             c: dict[str, Any] = {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
@@ -609,7 +668,7 @@ class OpenAIFake:
                 "model": model,
                 "system_fingerprint": "fp_fake",
                 "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                    {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
                 ],
             }
             if include_usage:
@@ -621,7 +680,10 @@ class OpenAIFake:
             chunk({"content": None, "reasoning_content": p})
             for p in _pieces(reply.reasoning, reply.text_chunk)
         ]
-        out += [chunk({"content": p}) for p in _pieces(reply.text, reply.text_chunk)]
+        out += [
+            chunk({"content": p}, logprobs=self._token_logprobs(p))
+            for p in _pieces(reply.text, reply.text_chunk)
+        ]
         for i, (call, call_id) in enumerate(
             zip(reply.tool_calls, self._call_ids(reply), strict=True)
         ):

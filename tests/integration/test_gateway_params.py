@@ -113,10 +113,10 @@ async def test_no_field_is_ignored_silently(
         ServedApp(gateway_settings(make_settings, oai, ant)) as app,
         httpx.AsyncClient(base_url=f"{app.url}/api/v1", headers=ADMIN, timeout=30) as client,
     ):
-        # logprobs: OpenAI has them, but the answer we return cannot carry them.
-        r = await client.post("/chat/completions", json=chat("gpt-4o-mini", logprobs=True))
+        # logprobs: OpenAI returns them (test_gateway_fidelity.py); Anthropic has none.
+        r = await client.post("/chat/completions", json=chat("claude-sonnet-4-5", logprobs=True))
         assert r.status_code == 400, r.text
-        assert "logprobs" in r.json()["error"] and "openai" in r.json()["error"]
+        assert "logprobs" in r.json()["error"] and "anthropic" in r.json()["error"]
         # Request-side fields reach OpenAI as they are.
         oai.script([FakeReply(text="ok")])
         r = await client.post(

@@ -22,6 +22,7 @@ from orchestrator.providers import (
     BlockStart,
     BlockStop,
     ChatRequest,
+    DocumentBlock,
     ImageBlock,
     Message,
     MessageEnd,
@@ -120,7 +121,7 @@ async def test_streams_reasoning_and_text_from_binary_frames(
         BlockStart(0, "thinking"),
         BlockDelta(0, "Thin"),
         BlockDelta(0, "k."),
-        BlockStop(0),
+        BlockStop(0, signature="sig"),  # the reasoning's signature delta, with its end
         BlockStart(1, "text"),
         BlockDelta(1, "Hell"),
         BlockDelta(1, "o th"),
@@ -696,3 +697,80 @@ async def test_temporary_keys_from_the_environment_keep_their_session_token(
     assert r.status_code == 200, r.text
     assert fake.rejected == []
     assert fake.requests[0].headers["x-amz-security-token"] == AWS_TOKEN
+
+
+async def test_cache_breakpoints_and_documents_as_converse_blocks(
+    server: BedrockFake, http: httpx.AsyncClient
+) -> None:
+    """Anthropic's cache_control on system, tools and blocks becomes a Converse `cachePoint`
+    after the entry (its ttl kept); documents are `document` blocks with bytes (a PDF, plain
+    text as txt) and a name Bedrock takes; the cache usage comes back in Usage."""
+    ephemeral = {"type": "ephemeral"}
+    server.script(
+        BedrockTurn(text="Read.", cache_read_input_tokens=1024, cache_write_input_tokens=10)
+    )
+    pdf = base64.b64encode(b"%PDF-1.4 minimal").decode()
+    request = ChatRequest(
+        model="claude",
+        system="Static.\n\nDynamic.",
+        system_blocks=(TextBlock("Static.", cache_control=ephemeral), TextBlock("Dynamic.")),
+        tools=(
+            ToolDef("lookup", None, {"type": "object"}, cache_control={**ephemeral, "ttl": "1h"}),
+        ),
+        messages=(
+            Message(
+                "user",
+                (
+                    DocumentBlock(media_type="application/pdf", data=pdf, title="report.pdf"),
+                    DocumentBlock(media_type="text/plain", text="Notes."),
+                    TextBlock("Summarise.", cache_control=ephemeral),
+                ),
+            ),
+        ),
+        params={
+            "cache_control": True,
+            "document": ("base64", "text"),
+            "thinking": {"type": "enabled", "budget_tokens": 2048},
+        },
+    )
+    response = await adapter(server, http).complete(request)
+    assert server.violations == []
+    body = server.requests[-1].json
+    assert body["system"] == [
+        {"text": "Static."},
+        {"cachePoint": {"type": "default"}},
+        {"text": "Dynamic."},
+    ]
+    assert body["toolConfig"]["tools"][1] == {"cachePoint": {"type": "default", "ttl": "1h"}}
+    assert body["additionalModelRequestFields"] == {
+        "thinking": {"type": "enabled", "budget_tokens": 2048}
+    }
+    assert body["messages"][0]["content"] == [
+        {"document": {"format": "pdf", "name": "report-pdf", "source": {"bytes": pdf}}},
+        {
+            "document": {
+                "format": "txt",
+                "name": "document",
+                "source": {"bytes": base64.b64encode(b"Notes.").decode()},
+            }
+        },
+        {"text": "Summarise."},
+        {"cachePoint": {"type": "default"}},
+    ]
+    assert response.usage == Usage(
+        25 + 1024 + 10, 12, cache_creation_input_tokens=10, cache_read_input_tokens=1024
+    )
+    # A document by URL cannot go to Bedrock (it takes bytes or S3 only).
+    url_doc = Message("user", (DocumentBlock(url="https://x.test/a.pdf"),))
+    with pytest.raises(BadRequest):
+        await adapter(server, http).complete(ChatRequest(model="claude", messages=(url_doc,)))
+
+
+async def test_count_tokens_is_bedrocks_own(server: BedrockFake, http: httpx.AsyncClient) -> None:
+    server.token_count = 77
+    request = ask("How many?", system="Be brief.", tools=(ToolDef("f", None, {"type": "object"}),))
+    assert await adapter(server, http).count_tokens(request) == 77
+    sent = server.requests[-1]
+    assert sent.raw_path.endswith("/count-tokens") and server.violations == []
+    converse = sent.json["input"]["converse"]
+    assert converse["system"] == [{"text": "Be brief."}] and "toolConfig" in converse

@@ -15,6 +15,7 @@ from orchestrator.providers import (
     BlockStart,
     BlockStop,
     ChatRequest,
+    DocumentBlock,
     ImageBlock,
     Message,
     MessageEnd,
@@ -399,6 +400,42 @@ async def test_images_inline_and_by_uri(server: GeminiFake, http: httpx.AsyncCli
         {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://example.com/cat.jpg"}},
         {"inlineData": {"mimeType": "image/webp", "data": "UklGRg=="}},
     ]
+
+
+async def test_documents_inline(server: GeminiFake, http: httpx.AsyncClient) -> None:
+    """A base64 PDF is inlineData application/pdf; a plain-text document is text."""
+    pdf = base64.b64encode(b"%PDF-1.4 minimal").decode()
+    request = ChatRequest(
+        model="gemini-2.0-flash",
+        messages=(
+            Message(
+                "user",
+                (
+                    DocumentBlock(media_type="application/pdf", data=pdf),
+                    DocumentBlock(media_type="text/plain", text="Notes."),
+                    TextBlock("Summarise"),
+                ),
+            ),
+        ),
+        params={"document": ("base64", "text")},
+    )
+    await adapter(server, http).complete(request)
+    assert server.generate_requests[0].json["contents"][0]["parts"] == [
+        {"inlineData": {"mimeType": "application/pdf", "data": pdf}},
+        {"text": "Notes."},
+        {"text": "Summarise"},
+    ]
+
+
+async def test_count_tokens_is_geminis_own(server: GeminiFake, http: httpx.AsyncClient) -> None:
+    server.token_count = 321
+    request = ask("How many?", system="Be brief.")
+    assert await adapter(server, http).count_tokens(request) == 321
+    sent = server.requests[-1]
+    assert sent.path.endswith("/models/gemini-2.0-flash:countTokens") and server.violations == []
+    inner = sent.json["generateContentRequest"]
+    assert inner["model"] == "models/gemini-2.0-flash"
+    assert inner["systemInstruction"] == {"parts": [{"text": "Be brief."}]}
 
 
 async def test_rate_limit_reads_retry_info_and_a_retry_succeeds(

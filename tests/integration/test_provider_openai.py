@@ -32,6 +32,7 @@ from orchestrator.providers import (
     ToolResultBlock,
     ToolUseBlock,
     Usage,
+    _params,
     build_adapter,
     collect,
 )
@@ -423,6 +424,47 @@ async def test_local_adapter_sends_no_key_and_checks_health(http: httpx.AsyncCli
         assert resp.text == "echo: ping"  # the fake echoes when nothing is scripted
         sent = fake.last_request
         assert "authorization" not in sent.headers and sent.json["model"] == "any-name.gguf"
+
+
+async def test_local_server_logprobs_come_back_streamed_and_not(
+    http: httpx.AsyncClient,
+) -> None:
+    """llama-server (and vLLM, a custom openai-format provider) take OpenAI's `logprobs` /
+    `top_logprobs` and answer them in OpenAI's shape: declared in their tables, passed on,
+    and read back onto the answer's text (ChatResponse.logprobs, BlockDelta.logprobs)."""
+    async with OpenAIFake(profile="llamacpp") as fake:
+        adapter = LocalAdapter(config("local", fake.base_url), http)
+        assert not _params.unsupported(adapter, {"logprobs": True, "top_logprobs": 2})
+        request = ChatRequest(
+            "m.gguf",
+            (Message("user", (TextBlock("ping"),)),),
+            params={"logprobs": True, "top_logprobs": 2},
+        )
+        fake.script([FakeReply(text="pong pong")])
+        response = await adapter.complete(request)
+        assert (fake.last_request.json["logprobs"], fake.last_request.json["top_logprobs"]) == (
+            True,
+            2,
+        )
+        assert response.logprobs is not None
+        assert "".join(t["token"] for t in response.logprobs["content"]) == "pong pong"
+        fake.script([FakeReply(text="pong pong", text_chunk=3)])
+        events = await events_of(adapter, request)
+        tokens = [
+            t["token"]
+            for e in events
+            if isinstance(e, BlockDelta) and e.logprobs
+            for t in e.logprobs
+        ]
+        assert "".join(tokens) == "pong pong"
+        # llama-server counts a prompt: its chat template applied, then tokenized.
+        count = await adapter.count_tokens(request)
+        assert [r.path for r in fake.requests[-2:]] == ["/apply-template", "/tokenize"]
+        assert count == len(fake.requests[-1].json["content"].split()) + 1
+    custom = build_adapter(
+        ProviderConfig("vllm", "custom", "http://x", extra={"format": "openai"}), http
+    )
+    assert not _params.unsupported(custom, {"logprobs": True, "top_logprobs": 2})
 
 
 async def test_wrong_key_is_rejected_by_the_fake_as_openai_does(http: httpx.AsyncClient) -> None:

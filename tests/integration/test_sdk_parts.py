@@ -332,6 +332,8 @@ def _inference_and_chat_part(url: str) -> None:
         kinds = [e.type for e in api.message_stream(hello, model=MODEL)]
         assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
         assert "content_block_delta" in kinds
+        counted = api.count_message_tokens(hello, model=MODEL, extra_body={"system": "be brief"})
+        assert counted.input_tokens >= 1 and counted.model_extra == {}  # OpenAI: estimated
         with pytest.raises(ApiError) as caught:
             api.chat_completion(hello, model="no-such-model")
         assert caught.value.status in (400, 404)

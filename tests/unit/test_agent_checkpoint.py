@@ -19,6 +19,7 @@ from orchestrator.agents._checkpoint import (
 from orchestrator.providers import (
     ImageBlock,
     Message,
+    RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -49,6 +50,7 @@ def _checkpoint() -> Checkpoint:
                 (
                     ThinkingBlock("the user wants it paid", signature="EqQBCkYIBRgCKkD=="),
                     ThinkingBlock("unsigned reasoning"),
+                    RedactedThinkingBlock("EmwKAhgBEgy3va3pzix"),
                     TextBlock("Paying."),
                     ToolUseBlock("call-0", "lookup", {}),
                 ),

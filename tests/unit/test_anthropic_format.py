@@ -19,6 +19,7 @@ from orchestrator.providers import (
     MessageEnd,
     MessageStart,
     ProviderError,
+    RedactedThinkingBlock,
     StreamAssembler,
     TextBlock,
     ThinkingBlock,
@@ -138,11 +139,12 @@ def test_decode_request_reads_every_field() -> None:
             ImageBlock(url="https://x.test/cat.jpg"),
         ),
     )
-    # redacted_thinking is dropped: no other provider can use it
+    # redacted_thinking is kept for an Anthropic-format upstream (the others skip it)
     assert assistant == Message(
         "assistant",
         (
             ThinkingBlock("Need the weather.", "sig-1"),
+            RedactedThinkingBlock("EmwKAhgBEgy3va3pzix"),
             TextBlock("Let me check."),
             ToolUseBlock("toolu_01", "get_weather", {"city": "Paris"}),
             ToolUseBlock("toolu_02", "get_time", {}),
@@ -201,11 +203,11 @@ def test_validation_errors_name_the_field() -> None:
     base = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
     err = _bad({"model": "m", "messages": base["messages"]}, "max_tokens")
     assert "required" in err.message
-    _bad({**base, "max_tokens": 0}, "max_tokens")
+    _bad({**base, "max_tokens": -1}, "max_tokens")
     _bad({**base, "max_tokens": "10"}, "max_tokens")
     _bad({**base, "model": 3}, "model")
     _bad({**base, "messages": []}, "messages")
-    _bad({**base, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role")
+    _bad({**base, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role")
     _bad({**base, "messages": [{"role": "user", "content": 5}]}, "messages.0.content")
     _bad({**base, "temperature": 1.5}, "temperature")
     _bad({**base, "top_p": "high"}, "top_p")
@@ -213,17 +215,25 @@ def test_validation_errors_name_the_field() -> None:
     _bad({**base, "stop_sequences": "STOP"}, "stop_sequences")
     _bad({**base, "system": [{"type": "image"}]}, "system.0.type")
     _bad({**base, "tools": [{"name": "t"}]}, "tools.0.input_schema")
-    _bad({**base, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type")
+    _bad({**base, "tools": [{"type": 7, "name": "web_search"}]}, "tools.0.type")
+    _bad({**base, "thinking": {"type": "sometimes"}}, "thinking.type")
+    _bad({**base, "output_config": {"effort": "extreme"}}, "output_config.effort")
+    _bad({**base, "unknown_field": 1}, "unknown_field")
+    _bad(
+        _with_message([{"type": "text", "text": "x", "cache_control": {}}]),
+        "messages.0.content.0.cache_control.type",
+    )
     _bad({**base, "tool_choice": {"type": "tool"}}, "tool_choice.name")
     _bad({**base, "tool_choice": {"type": "some"}}, "tool_choice.type")
     _bad({**base, "metadata": {"user_id": 7}}, "metadata.user_id")
-    _bad(_with_message([{"type": "document", "source": {}}]), "messages.0.content.0.type")
+    _bad(_with_message([{"type": "document", "source": {}}]), "messages.0.content.0.source.type")
+    _bad(_with_message([{"type": "mystery"}]), "messages.0.content.0.type")
     _bad(
         _with_message([{"type": "image", "source": {"type": "base64", "data": PNG}}]),
         "messages.0.content.0.source.media_type",
     )
     _bad(
-        _with_message([{"type": "image", "source": {"type": "file", "file_id": "f"}}]),
+        _with_message([{"type": "image", "source": {"type": "s3", "file_id": "f"}}]),
         "messages.0.content.0.source.type",
     )
     _bad(
@@ -275,7 +285,12 @@ def test_encode_response_is_an_exact_message_object() -> None:
         ],
         "stop_reason": "tool_use",
         "stop_sequence": None,
-        "usage": {"input_tokens": 11, "output_tokens": 22},
+        "usage": {
+            "input_tokens": 11,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 22,
+        },
     }
     anthropic_id = ChatResponse("msg_01X", "m", (TextBlock("hi"),), "end_turn", Usage(1, 1))
     assert encode_response(anthropic_id, "m")["id"] == "msg_01X"
@@ -314,7 +329,12 @@ def test_event_encoder_exact_sequence_for_text_and_tool_use() -> None:
                     "content": [],
                     "stop_reason": None,
                     "stop_sequence": None,
-                    "usage": {"input_tokens": 25, "output_tokens": 0},
+                    "usage": {
+                        "input_tokens": 25,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                        "output_tokens": 0,
+                    },
                 },
             },
         ),
@@ -373,7 +393,12 @@ def test_event_encoder_exact_sequence_for_text_and_tool_use() -> None:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-                "usage": {"input_tokens": 25, "output_tokens": 40},
+                "usage": {
+                    "input_tokens": 25,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 40,
+                },
             },
         ),
         ("message_stop", {"type": "message_stop"}),
@@ -438,14 +463,7 @@ def test_encode_request_round_trips_a_decoded_request() -> None:
     body = encode_request(decode_request(FULL_REQUEST), stream=True)
     expected_messages = [
         FULL_REQUEST["messages"][0],
-        {
-            "role": "assistant",
-            "content": [
-                b
-                for b in FULL_REQUEST["messages"][1]["content"]
-                if b["type"] != "redacted_thinking"
-            ],
-        },
+        FULL_REQUEST["messages"][1],  # redacted thinking included
         {
             "role": "user",
             "content": [
@@ -467,7 +485,7 @@ def test_encode_request_round_trips_a_decoded_request() -> None:
         "model": "claude-sonnet-4-5",
         "max_tokens": 1024,
         "messages": expected_messages,
-        "system": "You are terse.\n\nUse tools.",
+        "system": FULL_REQUEST["system"],  # with its cache breakpoint
         "tools": FULL_REQUEST["tools"],
         "tool_choice": {"type": "tool", "name": "get_weather"},
         "temperature": 0.2,
@@ -580,11 +598,12 @@ def test_decode_response_reads_a_message() -> None:
         model="claude-sonnet-4-5-20250929",
         content=(
             ThinkingBlock("plan", "sig"),
+            RedactedThinkingBlock("xyz"),
             TextBlock("Calling."),
             ToolUseBlock("toolu_1", "f", {"a": 1}),
         ),
         stop_reason="tool_use",
-        usage=Usage(18, 7),
+        usage=Usage(18, 7, cache_creation_input_tokens=3, cache_read_input_tokens=5),
     )
 
 
@@ -715,20 +734,21 @@ def test_event_decoder_fragmented_tool_input_and_usage() -> None:
     out = [e for name, data in _sse(UPSTREAM) for e in decoder.feed(name, data)]
     decoder.finish()
     assert out == [
-        MessageStart("msg_abc", "claude-sonnet-4-5", 32),
+        MessageStart("msg_abc", "claude-sonnet-4-5", 32, cache_read_input_tokens=2),
         BlockStart(0, "thinking"),
         BlockDelta(0, "hm"),
-        BlockStop(0),
-        # the redacted block is skipped and the tool call renumbered 1
-        BlockStart(1, "tool_use", "toolu_7", "get_weather"),
-        BlockDelta(1, '{"ci'),
-        BlockDelta(1, 'ty": "Pa'),
-        BlockDelta(1, "ris"),
-        BlockDelta(1, '", "days"'),
-        BlockDelta(1, ": 3"),
-        BlockDelta(1, "}"),
+        BlockStop(0, signature="s"),  # the signature_delta, with the block's end
+        BlockStart(1, "redacted_thinking", data="xyz"),  # whole at its start
         BlockStop(1),
-        MessageEnd("tool_use", Usage(32, 55)),
+        BlockStart(2, "tool_use", "toolu_7", "get_weather"),
+        BlockDelta(2, '{"ci'),
+        BlockDelta(2, 'ty": "Pa'),
+        BlockDelta(2, "ris"),
+        BlockDelta(2, '", "days"'),
+        BlockDelta(2, ": 3"),
+        BlockDelta(2, "}"),
+        BlockStop(2),
+        MessageEnd("tool_use", Usage(32, 55, cache_read_input_tokens=2)),
     ]
     assembler = StreamAssembler()
     for event in out:
@@ -753,7 +773,7 @@ def test_event_decoder_cumulative_input_in_message_delta() -> None:
         ("message_stop", {"type": "message_stop"}),
     ]
     out = [e for name, data in _sse(events) for e in decoder.feed(name, data)]
-    assert out[-1] == MessageEnd("end_turn", Usage(42, 9))
+    assert out[-1] == MessageEnd("end_turn", Usage(42, 9, cache_read_input_tokens=2))
 
 
 def test_event_decoder_requires_message_stop() -> None:

@@ -72,6 +72,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/responses/{response_id}"): "response",
     ("DELETE", "/responses/{response_id}"): "delete_response",
     ("GET", "/responses/{response_id}/input_items"): "response_input_items",
+    ("POST", "/messages/count_tokens"): "count_message_tokens",
     ("GET", "/providers/health"): "providers_health",
     ("GET", "/providers/health/{provider}"): "provider_health",
     ("GET", "/events"): "events",
@@ -145,6 +146,7 @@ UNDECLARED = {
     ("GET", "/responses/{response_id}"),
     ("DELETE", "/responses/{response_id}"),
     ("GET", "/responses/{response_id}/input_items"),
+    ("POST", "/messages/count_tokens"),
     ("GET", "/providers/health"),
     ("GET", "/providers/health/{provider}"),
     ("GET", "/sync-events"),
@@ -351,7 +353,7 @@ def test_arguments_cover_the_request_fields(openapi: dict[str, Any]) -> None:
             wanted |= set(variants[0]["properties"])
         elif body:
             # A free-form body (chat, messages) is the method's messages + extra_body.
-            chat = route[1] in ("/chat/completions", "/messages")
+            chat = route[1] in ("/chat/completions", "/messages", "/messages/count_tokens")
             wanted = wanted | ({"messages"} if chat else set())
         wanted -= NOT_ARGUMENTS.get(route, set())
         if route == ("POST", "/channels/webhook/{token}"):

@@ -252,7 +252,12 @@ def test_non_streaming_response_across_formats() -> None:
     assert message["content"] == [
         {"type": "tool_use", "id": "call_z", "name": "f", "input": {"a": 1}}
     ]
-    assert message["usage"] == {"input_tokens": 3, "output_tokens": 4}
+    assert message["usage"] == {
+        "input_tokens": 3,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 4,
+    }
     again = ant.decode_response(message, "anthropic")
     out = oai.encode_response(again, "m")
     assert out["choices"][0]["finish_reason"] == "tool_calls"

@@ -28,8 +28,10 @@ from orchestrator.providers._anthropic_format.upstream import (
     ANTHROPIC_VERSION,
     DEFAULT_MAX_TOKENS,
     EventDecoder,
+    count_body,
     decode_response,
     encode_request,
+    native_body,
     stream_error,
 )
 
@@ -40,6 +42,7 @@ __all__ = [
     "PING",
     "EventDecoder",
     "EventEncoder",
+    "count_body",
     "decode_request",
     "decode_response",
     "encode_request",
@@ -47,6 +50,7 @@ __all__ = [
     "error_body",
     "error_event",
     "error_type_for",
+    "native_body",
     "sse_event",
     "stream_error",
 ]

@@ -25,10 +25,12 @@ from orchestrator.providers._types import (
     ChatResponse,
     MessageStart,
     ProviderError,
+    RedactedThinkingBlock,
     StreamEvent,
     TextBlock,
     ThinkingBlock,
     ToolUseBlock,
+    Usage,
 )
 
 __all__ = [
@@ -72,13 +74,29 @@ def _response_block(block: Block) -> dict[str, Any] | None:
         return {"type": "text", "text": block.text}
     if isinstance(block, ThinkingBlock):
         return {"type": "thinking", "thinking": block.text, "signature": block.signature or ""}
+    if isinstance(block, RedactedThinkingBlock):
+        return {"type": "redacted_thinking", "data": block.data}
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
     return None  # images and tool results are never part of an assistant answer
 
 
+def _usage(usage: Usage) -> dict[str, Any]:
+    """Anthropic's usage: `input_tokens` without the cached parts, which it counts apart."""
+    created, read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
+    return {
+        "input_tokens": max(0, usage.input_tokens - created - read),
+        "cache_creation_input_tokens": created,
+        "cache_read_input_tokens": read,
+        "output_tokens": usage.output_tokens,
+    }
+
+
 def encode_response(resp: ChatResponse, model: str) -> dict[str, Any]:
-    """A `ChatResponse` as Anthropic's Message object, naming `model` (what the caller asked)."""
+    """A `ChatResponse` as Anthropic's Message object, naming `model` (what the caller asked);
+    an Anthropic upstream's own Message as it came (`resp.native`)."""
+    if resp.native is not None:
+        return {**resp.native, "model": model}
     content = [b for b in map(_response_block, resp.content) if b is not None]
     return {
         "id": _message_id(resp.id),
@@ -88,10 +106,7 @@ def encode_response(resp: ChatResponse, model: str) -> dict[str, Any]:
         "content": content,
         "stop_reason": resp.stop_reason,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": resp.usage.input_tokens,
-            "output_tokens": resp.usage.output_tokens,
-        },
+        "usage": _usage(resp.usage),
     }
 
 
@@ -144,7 +159,14 @@ class EventEncoder:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": event.input_tokens, "output_tokens": 0},
+                "usage": _usage(
+                    Usage(
+                        event.input_tokens,
+                        0,
+                        event.cache_creation_input_tokens,
+                        event.cache_read_input_tokens,
+                    )
+                ),
             }
             return [("message_start", {"type": "message_start", "message": message})]
         if isinstance(event, BlockStart):
@@ -154,6 +176,8 @@ class EventEncoder:
                 block = {"type": "text", "text": ""}
             elif event.block_type == "thinking":
                 block = {"type": "thinking", "thinking": "", "signature": ""}
+            elif event.block_type == "redacted_thinking":
+                block = {"type": "redacted_thinking", "data": event.data or ""}
             else:
                 block = {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
             start = {"type": "content_block_start", "index": event.index, "content_block": block}
@@ -171,13 +195,16 @@ class EventEncoder:
             data = {"type": "content_block_delta", "index": event.index, "delta": delta}
             return [("content_block_delta", data)]
         if isinstance(event, BlockStop):
-            return [("content_block_stop", {"type": "content_block_stop", "index": event.index})]
+            stop = ("content_block_stop", {"type": "content_block_stop", "index": event.index})
+            if event.signature is None:
+                return [stop]
+            # A thinking block's signature, as Anthropic sends it: one delta before the stop.
+            signature = {"type": "signature_delta", "signature": event.signature}
+            data = {"type": "content_block_delta", "index": event.index, "delta": signature}
+            return [("content_block_delta", data), stop]
         # MessageEnd. Usage counts on message_delta are cumulative; input_tokens is repeated
         # there because providers other than Anthropic only know it at the end.
-        usage = {
-            "input_tokens": event.usage.input_tokens,
-            "output_tokens": event.usage.output_tokens,
-        }
+        usage = _usage(event.usage)
         delta_event = {
             "type": "message_delta",
             "delta": {"stop_reason": event.stop_reason, "stop_sequence": None},

@@ -21,11 +21,13 @@ from orchestrator.providers._types import (
     BlockStop,
     ChatRequest,
     ChatResponse,
+    DocumentBlock,
     ImageBlock,
     Message,
     MessageEnd,
     MessageStart,
     ProviderError,
+    RedactedThinkingBlock,
     StopReason,
     StreamEvent,
     TextBlock,
@@ -38,8 +40,10 @@ __all__ = [
     "ANTHROPIC_VERSION",
     "DEFAULT_MAX_TOKENS",
     "EventDecoder",
+    "count_body",
     "decode_response",
     "encode_request",
+    "native_body",
     "stream_error",
 ]
 
@@ -69,27 +73,54 @@ def _image_source(block: ImageBlock) -> dict[str, Any]:
     return {"type": "url", "url": block.url or ""}
 
 
+def _document(block: DocumentBlock) -> dict[str, Any]:
+    source: dict[str, Any]
+    if block.file_id:
+        source = {"type": "file", "file_id": block.file_id}
+    elif block.url:
+        source = {"type": "url", "url": block.url}
+    elif block.text is not None:
+        source = {"type": "text", "media_type": "text/plain", "data": block.text}
+    else:
+        source = {"type": "base64", "media_type": "application/pdf", "data": block.data or ""}
+    out: dict[str, Any] = {"type": "document", "source": source}
+    for name in ("title", "context", "citations"):
+        if getattr(block, name) is not None:
+            out[name] = getattr(block, name)
+    return out
+
+
 def _request_block(block: Block) -> dict[str, Any] | None:
+    out: dict[str, Any]
     if isinstance(block, TextBlock):
         # Anthropic rejects empty text blocks.
-        return {"type": "text", "text": block.text} if block.text else None
-    if isinstance(block, ImageBlock):
-        return {"type": "image", "source": _image_source(block)}
-    if isinstance(block, ThinkingBlock):
+        if not block.text:
+            return None
+        out = {"type": "text", "text": block.text}
+    elif isinstance(block, ImageBlock):
+        out = {"type": "image", "source": _image_source(block)}
+    elif isinstance(block, DocumentBlock):
+        out = _document(block)
+    elif isinstance(block, ThinkingBlock):
         # Anthropic verifies the signature of every thinking block sent back; reasoning from
         # another provider (no signature) cannot be replayed and is dropped.
         if not block.signature:
             return None
         return {"type": "thinking", "thinking": block.text, "signature": block.signature}
-    if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
-    content = [b for b in map(_request_block, block.content) if b is not None]
-    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.tool_use_id}
-    if content:
-        result["content"] = content
-    if block.is_error:
-        result["is_error"] = True
-    return result
+    elif isinstance(block, RedactedThinkingBlock):
+        return {"type": "redacted_thinking", "data": block.data}
+    elif isinstance(block, ToolUseBlock):
+        out = {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    else:
+        content = [b for b in map(_request_block, block.content) if b is not None]
+        out = {"type": "tool_result", "tool_use_id": block.tool_use_id}
+        if content:
+            out["content"] = content
+        if block.is_error:
+            out["is_error"] = True
+    if block.cache_control is not None:
+        out["cache_control"] = block.cache_control
+    return out
 
 
 def _messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
@@ -126,6 +157,65 @@ def _input_schema(parameters: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {}, **parameters}
 
 
+# Top-level fields of a caller's body that its `params` carry under the same name.
+_NATIVE_PARAMS = (
+    "top_k",
+    "service_tier",
+    "thinking",
+    "output_config",
+    "output_format",
+    "context_management",
+    "container",
+    "mcp_servers",
+    "inference_geo",
+    "speed",
+    "diagnostics",
+    "fallbacks",
+    "fallback_credit_token",
+)
+
+
+def native_body(req: ChatRequest, *, stream: bool, model: str | None = None) -> dict[str, Any]:
+    """The caller's own Messages body (`req.native`), for `model` (the route's), verbatim
+    otherwise; `encode_request` for a request that came in another format."""
+    if req.native is None:
+        return encode_request(req, stream=stream, model=model)
+    body = dict(req.native.body)
+    body["model"] = model or req.model
+    for name in _NATIVE_PARAMS:
+        if name in body and name not in req.params:
+            del body[name]  # dropped for this provider (`drop_unsupported_params`)
+    if stream:
+        body["stream"] = True
+    else:
+        body.pop("stream", None)
+    return body
+
+
+# Fields of a Messages body that /v1/messages/count_tokens takes (MessageCountTokensParams).
+_COUNT_FIELDS = (
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "cache_control",
+    "context_management",
+    "mcp_servers",
+    "output_config",
+    "output_format",
+    "speed",
+)
+
+
+def count_body(req: ChatRequest) -> dict[str, Any]:
+    """`req` as a /v1/messages/count_tokens body: the caller's own (count_tokens or Messages)
+    body narrowed to the fields that endpoint takes, or the encoded request."""
+    body = native_body(req, stream=False)
+    return {k: body[k] for k in _COUNT_FIELDS if k in body}
+
+
 def encode_request(req: ChatRequest, *, stream: bool, model: str | None = None) -> dict[str, Any]:
     """A `ChatRequest` as a Messages API request body (for `model`, default `req.model`)."""
     body: dict[str, Any] = {
@@ -133,7 +223,9 @@ def encode_request(req: ChatRequest, *, stream: bool, model: str | None = None) 
         "max_tokens": req.max_tokens or DEFAULT_MAX_TOKENS,
         "messages": _messages(req.messages),
     }
-    if req.system:
+    if req.system_blocks:
+        body["system"] = [b for b in map(_request_block, req.system_blocks) if b is not None]
+    elif req.system:
         body["system"] = req.system
     if req.tools:
         tools: list[dict[str, Any]] = []
@@ -142,6 +234,8 @@ def encode_request(req: ChatRequest, *, stream: bool, model: str | None = None) 
             if tool.description:
                 entry["description"] = tool.description
             entry["input_schema"] = _input_schema(tool.parameters)
+            if tool.cache_control is not None:
+                entry["cache_control"] = tool.cache_control
             tools.append(entry)
         body["tools"] = tools
         # Anthropic rejects tool_choice without tools.
@@ -191,6 +285,15 @@ def _input_tokens(usage: dict[str, Any]) -> int:
     )
 
 
+def _usage(usage: dict[str, Any], output_tokens: int) -> Usage:
+    return Usage(
+        _input_tokens(usage),
+        output_tokens,
+        _int(usage.get("cache_creation_input_tokens")),
+        _int(usage.get("cache_read_input_tokens")),
+    )
+
+
 def decode_response(body: Any, provider: str) -> ChatResponse:
     """An Anthropic Message object -> `ChatResponse`; a malformed one is a `ProviderError`."""
     if not isinstance(body, dict) or not isinstance(body.get("content"), list):
@@ -206,6 +309,8 @@ def decode_response(body: Any, provider: str) -> ChatResponse:
             content.append(
                 ThinkingBlock(str(item.get("thinking", "")), item.get("signature") or None)
             )
+        elif kind == "redacted_thinking":
+            content.append(RedactedThinkingBlock(str(item.get("data", ""))))
         elif kind == "tool_use":
             tool_input = item.get("input")
             content.append(
@@ -215,7 +320,7 @@ def decode_response(body: Any, provider: str) -> ChatResponse:
                     tool_input if isinstance(tool_input, dict) else {},
                 )
             )
-        # redacted_thinking and server-tool blocks have no internal equivalent.
+        # Server-tool blocks have no internal equivalent.
     usage = _sub(body, "usage")
     saw_tool = any(isinstance(b, ToolUseBlock) for b in content)
     return ChatResponse(
@@ -223,7 +328,7 @@ def decode_response(body: Any, provider: str) -> ChatResponse:
         model=str(body.get("model", "")),
         content=tuple(content),
         stop_reason=_stop_reason(body.get("stop_reason"), saw_tool),
-        usage=Usage(_input_tokens(usage), _int(usage.get("output_tokens"))),
+        usage=_usage(usage, _int(usage.get("output_tokens"))),
     )
 
 
@@ -239,8 +344,8 @@ def stream_error(provider: str, data: dict[str, Any]) -> ProviderError:
 class EventDecoder:
     """An Anthropic SSE stream -> internal `StreamEvent`s. Feed every (event, data) pair;
     call `finish()` when the body ends (a stream cut before `message_stop` is an error).
-    Blocks with no internal equivalent (redacted thinking, server tools) are skipped and the
-    remaining blocks renumbered 0, 1, 2..."""
+    Blocks with no internal equivalent (server tools) are skipped and the remaining blocks
+    renumbered 0, 1, 2...; a thinking block's signature comes with its BlockStop."""
 
     provider: str
     done: bool = False
@@ -250,6 +355,7 @@ class EventDecoder:
     _output_tokens: int = 0
     _stop: Any = None
     _saw_tool: bool = False
+    _signatures: dict[int, str] = field(default_factory=dict)
 
     def feed(self, event: str, data: str) -> list[StreamEvent]:
         if event == "ping" or self.done:
@@ -284,16 +390,27 @@ class EventDecoder:
         self._input.update(usage)
         self._output_tokens = _int(usage.get("output_tokens"))
         msg_id, model = str(message.get("id", "")), str(message.get("model", ""))
-        return [MessageStart(msg_id, model, _input_tokens(self._input))]
+        return [
+            MessageStart(
+                msg_id,
+                model,
+                _input_tokens(self._input),
+                cache_creation_input_tokens=_int(usage.get("cache_creation_input_tokens")),
+                cache_read_input_tokens=_int(usage.get("cache_read_input_tokens")),
+            )
+        ]
 
     def _on_content_block_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
         upstream = _int(payload.get("index"))
         block = _sub(payload, "content_block")
         kind = block.get("type")
-        if kind not in ("text", "thinking", "tool_use"):
+        if kind not in ("text", "thinking", "tool_use", "redacted_thinking"):
             self._index[upstream] = None
             return []
         index, self._next = self._next, self._next + 1
+        if kind == "redacted_thinking":
+            self._index[upstream] = index
+            return [BlockStart(index, "redacted_thinking", data=str(block.get("data", "")))]
         self._index[upstream] = index
         out: list[StreamEvent] = []
         if kind == "tool_use":
@@ -314,19 +431,26 @@ class EventDecoder:
         delta = payload.get("delta")
         if index is None or not isinstance(delta, dict):
             return []
+        if delta.get("type") == "signature_delta":
+            self._signatures[index] = self._signatures.get(index, "") + str(
+                delta.get("signature") or ""
+            )
+            return []
         text = {
             "text_delta": delta.get("text"),
             "thinking_delta": delta.get("thinking"),
             "input_json_delta": delta.get("partial_json"),
         }.get(str(delta.get("type")))
-        # signature_delta and citations_delta have no place in the internal stream.
+        # citations_delta has no place in the internal stream.
         if not isinstance(text, str) or not text:
             return []
         return [BlockDelta(index, text)]
 
     def _on_content_block_stop(self, payload: dict[str, Any]) -> list[StreamEvent]:
         index = self._index.get(_int(payload.get("index")))
-        return [] if index is None else [BlockStop(index)]
+        if index is None:
+            return []
+        return [BlockStop(index, signature=self._signatures.pop(index, None))]
 
     def _on_message_delta(self, payload: dict[str, Any]) -> list[StreamEvent]:
         delta = _sub(payload, "delta")
@@ -341,5 +465,5 @@ class EventDecoder:
 
     def _on_message_stop(self, payload: dict[str, Any]) -> list[StreamEvent]:
         self.done = True
-        usage = Usage(_input_tokens(self._input), self._output_tokens)
+        usage = _usage(self._input, self._output_tokens)
         return [MessageEnd(_stop_reason(self._stop, self._saw_tool), usage)]

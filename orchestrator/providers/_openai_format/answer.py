@@ -9,6 +9,7 @@ an assistant message.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -72,11 +73,15 @@ def _completion_id(upstream_id: str) -> str:
 
 
 def _usage(usage: Usage) -> JSON:
-    return {
+    out: JSON = {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.cache_read_input_tokens:
+        # OpenAI's count of prompt tokens read from its cache (part of prompt_tokens).
+        out["prompt_tokens_details"] = {"cached_tokens": usage.cache_read_input_tokens}
+    return out
 
 
 def _finish(stop: StopReason, called_tools: bool) -> str:
@@ -114,7 +119,7 @@ def encode_response(resp: ChatResponse, model: str) -> JSON:
             {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": resp.logprobs,
                 "finish_reason": _finish(resp.stop_reason, bool(calls)),
             }
         ],
@@ -146,14 +151,20 @@ class ChunkEncoder:
         self._tool_index: dict[int, int] = {}  # block index -> OpenAI tool_calls index
         self._input_tokens = 0
 
-    def _chunk(self, delta: JSON, finish_reason: str | None = None) -> JSON:
+    def _chunk(
+        self,
+        delta: JSON,
+        finish_reason: str | None = None,
+        logprobs: tuple[JSON, ...] | None = None,
+    ) -> JSON:
+        lp = None if logprobs is None else {"content": list(logprobs), "refusal": None}
         chunk: JSON = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
             ],
         }
         if self.include_usage:
@@ -192,13 +203,13 @@ class ChunkEncoder:
             elif kind == "thinking":
                 out.append(self._chunk({"reasoning_content": event.text}))
             else:
-                out.append(self._chunk({"content": event.text}))
+                out.append(self._chunk({"content": event.text}, logprobs=event.logprobs))
         elif isinstance(event, MessageEnd):
             out.append(self._chunk({}, _finish(event.stop_reason, bool(self._tool_index))))
             if self.include_usage:
                 usage = event.usage
                 if not usage.input_tokens and self._input_tokens:
-                    usage = Usage(self._input_tokens, usage.output_tokens)
+                    usage = dataclasses.replace(usage, input_tokens=self._input_tokens)
                 out.append({**self._chunk({}), "choices": [], "usage": _usage(usage)})
         elif isinstance(event, BlockStop):
             pass

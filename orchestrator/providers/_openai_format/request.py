@@ -17,6 +17,7 @@ from orchestrator.errors import ValidationFailed
 from orchestrator.providers._types import (
     Block,
     ChatRequest,
+    DocumentBlock,
     ImageBlock,
     Message,
     TextBlock,
@@ -61,7 +62,8 @@ def decode_request(body: Any) -> ChatRequest:
         _invalid("messages", "is required")
     if not isinstance(raw, list) or not raw:
         _invalid("messages", "must be a non-empty array")
-    system, messages = _decode_messages(raw)
+    documents: set[str] = set()
+    system, messages = _decode_messages(raw, documents)
     if not messages:
         _invalid("messages", "must hold at least one user or assistant message")
     stream = body.get("stream")
@@ -82,7 +84,7 @@ def decode_request(body: Any) -> ChatRequest:
         stop=_stop(body.get("stop")),
         stream=bool(stream),
         user=user,
-        params=_params_of(body),
+        params=_params_of(body) | ({"document": tuple(documents)} if documents else {}),
     )
 
 
@@ -196,7 +198,7 @@ class _Turns:
         self._tool_group = False
 
 
-def _decode_messages(raw: list[Any]) -> tuple[str | None, list[Message]]:
+def _decode_messages(raw: list[Any], documents: set[str]) -> tuple[str | None, list[Message]]:
     system: list[str] = []
     turns = _Turns()
     for i, m in enumerate(raw):
@@ -208,7 +210,7 @@ def _decode_messages(raw: list[Any]) -> tuple[str | None, list[Message]]:
         if role in ("system", "developer"):
             system.append(_plain_text(content, f"{field}.content"))
         elif role == "user":
-            turns.user(_user_blocks(content, f"{field}.content"))
+            turns.user(_user_blocks(content, f"{field}.content", documents))
         elif role == "assistant":
             turns.assistant(_assistant_blocks(m, field))
         elif role == "tool":
@@ -249,7 +251,7 @@ def _text_part(part: JSON, field: str) -> str:
     return text
 
 
-def _user_blocks(content: Any, field: str) -> list[Block]:
+def _user_blocks(content: Any, field: str, documents: set[str]) -> list[Block]:
     if isinstance(content, str):
         return [TextBlock(content)]
     if content is None:
@@ -266,6 +268,9 @@ def _user_blocks(content: Any, field: str) -> list[Block]:
             blocks.append(TextBlock(_text_part(part, where)))
         elif kind == "image_url":
             blocks.append(_image(part.get("image_url"), f"{where}.image_url"))
+        elif kind == "file":
+            blocks.append(_file(part.get("file"), f"{where}.file"))
+            documents.add("base64")
         else:
             _invalid(f"{where}.type", f"unsupported content part type {kind!r}")
     return blocks
@@ -288,6 +293,31 @@ def _image(value: Any, field: str) -> ImageBlock:
     if url.startswith(("http://", "https://")):
         return ImageBlock(url=url)
     _invalid(f"{field}.url", "must be an http(s) URL or a data: URL")
+
+
+def _file(value: Any, field: str) -> DocumentBlock:
+    """OpenAI's `file` content part with inline `file_data` (a base64 PDF, as a data URL or
+    bare): the internal document block. A `file_id` names a file in OpenAI's Files API,
+    which no other provider can read: refused by name."""
+    if not isinstance(value, dict):
+        _invalid(field, "must be an object")
+    if value.get("file_id") is not None:
+        _invalid(f"{field}.file_id", "not supported: send the file inline as file_data")
+    data = value.get("file_data")
+    if not isinstance(data, str) or not data:
+        _invalid(f"{field}.file_data", "is required")
+    if data.startswith("data:"):
+        header, sep, data = data[5:].partition(",")
+        if not sep or header != "application/pdf;base64":
+            _invalid(f"{field}.file_data", "a data URL must be data:application/pdf;base64,<data>")
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        _invalid(f"{field}.file_data", "does not hold valid base64")
+    filename = value.get("filename")
+    if filename is not None and not isinstance(filename, str):
+        _invalid(f"{field}.filename", "must be a string")
+    return DocumentBlock(media_type="application/pdf", data=data, title=filename)
 
 
 def _assistant_blocks(m: JSON, field: str) -> list[Block]:

@@ -9,6 +9,7 @@ decodes a caller strictly and writes exactly what OpenAI writes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
@@ -18,8 +19,10 @@ from orchestrator.providers._blocks import BlockWriter
 from orchestrator.providers._openai_format.answer import wire_call
 from orchestrator.providers._types import (
     Block,
+    BlockDelta,
     ChatRequest,
     ChatResponse,
+    DocumentBlock,
     ImageBlock,
     Message,
     MessageStart,
@@ -153,14 +156,31 @@ def _image_part(block: ImageBlock) -> JSON:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def _part(block: TextBlock | ImageBlock | DocumentBlock) -> JSON:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ImageBlock):
+        return _image_part(block)
+    if block.text is not None:  # a plain-text document is text to the model
+        return {"type": "text", "text": block.text}
+    # OpenAI's `file` part: a PDF inline as a data URL (the table refuses URL documents).
+    return {
+        "type": "file",
+        "file": {
+            "filename": block.title or "document.pdf",
+            "file_data": f"data:application/pdf;base64,{block.data or ''}",
+        },
+    }
+
+
 def _encode_user(m: Message) -> list[JSON]:
     out: list[JSON] = []
-    rest: list[TextBlock | ImageBlock] = []
+    rest: list[TextBlock | ImageBlock | DocumentBlock] = []
     for b in m.content:
         if isinstance(b, ToolResultBlock):
             out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text})
             rest.extend(c for c in b.content if isinstance(c, ImageBlock))
-        elif isinstance(b, (TextBlock, ImageBlock)):
+        elif isinstance(b, (TextBlock, ImageBlock, DocumentBlock)):
             rest.append(b)
     if rest or not out:
         if len(rest) == 1 and isinstance(rest[0], TextBlock):
@@ -168,10 +188,7 @@ def _encode_user(m: Message) -> list[JSON]:
         elif not rest:
             content = ""
         else:
-            content = [
-                {"type": "text", "text": b.text} if isinstance(b, TextBlock) else _image_part(b)
-                for b in rest
-            ]
+            content = [_part(b) for b in rest]
         out.append({"role": "user", "content": content})
     return out
 
@@ -206,7 +223,14 @@ def _encode_tool_choice(choice: str | dict[str, str]) -> str | JSON:
 def _decode_usage(raw: Any) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
-    return Usage(int(raw.get("prompt_tokens") or 0), int(raw.get("completion_tokens") or 0))
+    details = raw.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        int(raw.get("prompt_tokens") or 0),
+        int(raw.get("completion_tokens") or 0),
+        # OpenAI caches prompts on its own: what it read is ours to report as cache_read.
+        cache_read_input_tokens=cached if isinstance(cached, int) else 0,
+    )
 
 
 def _args(value: Any) -> dict[str, Any]:
@@ -289,7 +313,21 @@ def decode_response(body: Any, provider: str) -> ChatResponse:
         stop_reason=stop,
         usage=_decode_usage(body.get("usage")),
         created=int(body.get("created") or 0),
+        logprobs=choice["logprobs"] if isinstance(choice.get("logprobs"), dict) else None,
     )
+
+
+def _with_logprobs(
+    events: list[StreamEvent], logprobs: tuple[dict[str, Any], ...]
+) -> list[StreamEvent]:
+    """The chunk's events with its logprobs on its text delta (a chunk carries the
+    logprobs of the tokens it carries; a chunk without text keeps none)."""
+    for i in range(len(events) - 1, -1, -1):
+        event = events[i]
+        if isinstance(event, BlockDelta):
+            events[i] = dataclasses.replace(event, logprobs=logprobs)
+            break
+    return events
 
 
 class ChunkDecoder:
@@ -327,7 +365,11 @@ class ChunkDecoder:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             try:
-                out.extend(self._delta(choice.get("delta") or {}))
+                events = self._delta(choice.get("delta") or {})
+                logprobs = choice.get("logprobs")
+                if isinstance(logprobs, dict) and logprobs.get("content"):
+                    events = _with_logprobs(events, tuple(logprobs["content"]))
+                out.extend(events)
             except ValueError as exc:
                 raise ProviderError(
                     f"{self.provider}: malformed stream: {exc}", provider=self.provider

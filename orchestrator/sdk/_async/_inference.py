@@ -16,6 +16,7 @@ from orchestrator.sdk._requests import (
     chat_completion_call,
     given,
     message_call,
+    message_count_call,
     seg,
 )
 from orchestrator.wire import (
@@ -28,6 +29,7 @@ from orchestrator.wire import (
     InstanceState,
     Message,
     MessageStreamEvent,
+    MessageTokenCount,
     Model,
     ModelList,
     ModelResponse,
@@ -151,6 +153,17 @@ class AsyncInference(AsyncCore):
         """POST /messages (Anthropic's shape; `system` etc. go in `extra_body`)."""
         body = chat_body(model, messages, max_tokens, temperature, tools, extra_body, False)
         return await self._send(message_call(body))
+
+    async def count_message_tokens(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> MessageTokenCount:
+        """POST /messages/count_tokens (Anthropic's shape; `system`, `tools` in `extra_body`)."""
+        body = {**(extra_body or {}), "messages": [dict(m) for m in messages], **given(model=model)}
+        return await self._send(message_count_call(body))
 
     async def message_stream(
         self,
