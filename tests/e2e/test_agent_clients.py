@@ -79,6 +79,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                         },
                     },
                     "rate_limit_per_minute": 0,
+                    # Codex's default config declares a hosted web_search tool, which no
+                    # provider behind us runs: an operator serving Codex drops and lists it
+                    # (docs/openai-compatibility.md), as this service does.
+                    "drop_unsupported_params": True,
                 }
             )
         )
