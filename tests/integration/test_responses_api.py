@@ -333,7 +333,7 @@ async def test_json_schema_to_both_upstreams_and_fields_refused_by_name(
                         }
                     ]
                 },
-                "input[0].content[0].type",
+                "input[0].content[0].file_id",
             ),
         ]
         for extra, field in refused:

@@ -16,6 +16,7 @@ from orchestrator.providers import (
     BlockStart,
     BlockStop,
     ChatResponse,
+    DocumentBlock,
     ImageBlock,
     MessageEnd,
     MessageStart,
@@ -126,7 +127,11 @@ def test_options_map_to_the_internal_request_and_params() -> None:
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
-            "input[0].content[0].type",
+            "input[0].content[0].file_data",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{**FILE, "file_id": "file_1"}]}]},
+            "input[0].content[0].file_id",
         ),
         ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.name"),
         ({"input": "x", "metadata": {"k": 1}}, "metadata.k"),
@@ -352,3 +357,28 @@ def test_custom_tools_are_functions_of_one_text_argument_both_ways() -> None:
         "response.completed",
     ]
     assert events[-1]["response"]["output"][0]["input"] == "*** Begin Patch"
+
+
+def test_input_file_parts_become_document_blocks() -> None:
+    """A PDF inline (data URL) or by URL reaches the internal model as a document block, as
+    a chat-completions `file` part does; the provider's table decides where it may go."""
+    req = rf.decode_request(
+        {
+            "model": "m",
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "sum up"},
+                        {**FILE, "filename": "a.pdf"},
+                        {"type": "input_file", "file_url": "https://example.com/b.pdf"},
+                    ],
+                }
+            ],
+        }
+    )
+    (message,) = req.chat.messages
+    text, inline, linked = message.content
+    assert text == TextBlock("sum up")
+    assert inline == DocumentBlock(media_type="application/pdf", data="JVBERi0=", title="a.pdf")
+    assert linked == DocumentBlock(url="https://example.com/b.pdf")

@@ -22,6 +22,7 @@ from typing import Any, Literal, NoReturn
 from orchestrator.errors import ValidationFailed
 from orchestrator.providers._types import (
     Block,
+    DocumentBlock,
     ImageBlock,
     Message,
     TextBlock,
@@ -239,8 +240,43 @@ def _input_part(part: Any, at: str) -> JSON:
             invalid(f"{at}.detail", "must be low, high, auto or original")
         return {"type": "input_image", "image_url": url, "detail": detail}
     if kind == "input_file":
-        invalid(f"{at}.type", "input_file parts are not supported yet")
+        return _input_file(part, at)
     invalid(f"{at}.type", f"unsupported content part type {kind!r}")
+
+
+def _input_file(part: JSON, at: str) -> JSON:
+    """A PDF inline (`file_data`: a data URL or bare base64) or by `file_url`; a `file_id`
+    names a file in OpenAI's Files API, which no provider behind us can read."""
+    if part.get("file_id") is not None:
+        invalid(f"{at}.file_id", "file ids are not supported: send file_data or file_url")
+    filename = part.get("filename")
+    if filename is not None and not isinstance(filename, str):
+        invalid(f"{at}.filename", "must be a string")
+    out: JSON = {"type": "input_file"}
+    if filename is not None:
+        out["filename"] = filename
+    url = part.get("file_url")
+    if url is not None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            invalid(f"{at}.file_url", "must be an http(s) URL")
+        return {**out, "file_url": url}
+    _pdf(part.get("file_data"), f"{at}.file_data")
+    return {**out, "file_data": part["file_data"]}
+
+
+def _pdf(data: Any, where: str) -> str:
+    """The base64 of a PDF given as `data:application/pdf;base64,...` or bare base64."""
+    if not isinstance(data, str) or not data:
+        invalid(where, "is required (or file_url)")
+    if data.startswith("data:"):
+        header, sep, data = data[5:].partition(",")
+        if not sep or header != "application/pdf;base64":
+            invalid(where, "a data URL must be data:application/pdf;base64,<data>")
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        invalid(where, "does not hold valid base64")
+    return str(data)
 
 
 def _image(url: Any, where: str) -> ImageBlock:
@@ -329,7 +365,10 @@ def items_to_messages(items: list[JSON], field: str) -> tuple[list[str], list[Me
             if isinstance(output, str):
                 parts = (TextBlock(output),) if output else ()
             else:
-                parts = tuple(_block(p, f"{field}[{i}].output") for p in output)
+                blocks = [_block(p, f"{field}[{i}].output") for p in output]
+                if any(isinstance(b, DocumentBlock) for b in blocks):
+                    invalid(f"{field}[{i}].output", "input_file parts are not supported here")
+                parts = tuple(b for b in blocks if not isinstance(b, DocumentBlock))
             turns.add("user", [ToolResultBlock(item["call_id"], parts)], tool_output=True)
         elif kind == "reasoning":
             texts = [p["text"] for p in item.get("content") or item.get("summary") or []]
@@ -340,7 +379,13 @@ def items_to_messages(items: list[JSON], field: str) -> tuple[list[str], list[Me
     return system, messages
 
 
-def _block(part: JSON, where: str) -> TextBlock | ImageBlock:
+def _block(part: JSON, where: str) -> TextBlock | ImageBlock | DocumentBlock:
     if part["type"] == "input_image":
         return _image(part["image_url"], where)
+    if part["type"] == "input_file":
+        title = part.get("filename")
+        if "file_url" in part:
+            return DocumentBlock(url=part["file_url"], title=title)
+        data = _pdf(part["file_data"], f"{where}.file_data")
+        return DocumentBlock(media_type="application/pdf", data=data, title=title)
     return TextBlock(part["text"])
