@@ -13,6 +13,9 @@ model that calls whatever tool a step's prompt names (tests/fakes/agent_llm.py):
 - a marketplace skill's body in the model's system prompt;
 - policies: a user's own deny, and a global deny their allow cannot loosen;
 - the audit trail on /events, and no secret of the run in any event or log line.
+
+On the e2e modules' shared service (tests/e2e/shared.py): its users, servers and skills have
+names of their own, and the global rule it adds it takes back.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.shared import SharedService
 from tests.e2e.test_json_logs import _session_dir
-from tests.e2e.test_workflows import Orchestrator, agent_config, running
+from tests.e2e.test_workflows import Orchestrator
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
-from tests.fakes.agent_llm import agent_reply
 from tests.fakes.mcp_server import McpServerProcess
 from tests.fakes.openai_server import OpenAIFake
 
@@ -59,9 +62,9 @@ class WeatherApi(LoopbackServer):
 
 
 @pytest.fixture(scope="module")
-def llm() -> Iterator[OpenAIFake]:
-    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
-        yield server
+def llm(shared_service: SharedService) -> OpenAIFake:
+    """The agents' model (answers with tests/fakes/agent_llm.py's `agent_reply`)."""
+    return shared_service.llm
 
 
 @pytest.fixture(scope="module")
@@ -79,19 +82,10 @@ def weather() -> Iterator[WeatherApi]:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
-    work = tmp_path_factory.mktemp("agent-tools-e2e")
-    settings = agent_config(
-        llm,
-        provider_retries=0,
-        agent_workers=1,
-        workflow_shards=1,
-        outbound_allowed_cidrs=["127.0.0.0/8"],
-        mcp_stdio_commands=[sys.executable],
-        mcp_call_timeout_s=3,
-    )
-    with running(work, settings) as orch:
-        yield orch
+def service(shared_service: SharedService) -> Orchestrator:
+    """The shared service: provider_retries 0, loopback allowed outbound, this interpreter
+    allowed as a stdio MCP command, and `mcp_call_timeout_s: 3`."""
+    return shared_service.orch
 
 
 def _user(service: Orchestrator) -> httpx.Client:

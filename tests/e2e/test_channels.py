@@ -30,7 +30,10 @@ Relaying (SPEC part 4 "Channels"): for each type an inbound message becomes an a
 run as the channel owner and its answer is delivered to the platform; duplicates once; a
 disallowed address is 401; a ChannelHub killed with SIGKILL is restarted and delivers what
 was waiting; no secret appears in any answer or in the log; a burst to one channel past its
-inbound messages per minute gets 429s and runs no more agent tasks than the limit (issue 29)."""
+inbound messages per minute gets 429s and runs no more agent tasks than the limit (issue 29).
+
+On the e2e modules' shared service (tests/e2e/shared.py, whose settings hold the platforms'
+URLs, the Teams issuer and the inbound limit): its users' names carry this run's suffix."""
 
 from __future__ import annotations
 
@@ -39,28 +42,28 @@ import contextlib
 import json
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from orchestrator.config import TELEGRAM_WEBHOOK_CIDRS
-from tests.e2e.test_workflows import Orchestrator, _actors, agent_config, running
+from tests.e2e.shared import CHANNEL_INBOUND_PER_MINUTE, PUBLIC_URL, SharedService
+from tests.e2e.test_workflows import Orchestrator, _actors
 from tests.fakes import slack_server as slack
 from tests.fakes import teams_server as teams
 from tests.fakes import telegram_server as telegram
 from tests.fakes._loopback import LoopbackServer, RecordedRequest, Send
-from tests.fakes.agent_llm import agent_reply
-from tests.fakes.openai_server import OpenAIFake
 from tests.fakes.webhook_server import CallbackFake
 
 pytestmark = pytest.mark.e2e
 
 SIGNING_SECRET = "e2e-signing-secret-0123456789abcdef"
 TG_SECRET = "e2e_tg_secret"
-INBOUND_PER_MINUTE = 10
-PUBLIC = "https://orch.example.com"
+INBOUND_PER_MINUTE = CHANNEL_INBOUND_PER_MINUTE
+PUBLIC = PUBLIC_URL
+RUN = uuid.uuid4().hex[:8]  # in its users' names: the shared service outlives the module
 BOSS = "U0BOSS0001"  # the Slack channel's approver
 TG_APPROVER = 4242  # the Telegram channel's approver (a Telegram user id)
 TG_CHAT = -1001234567890  # where the Telegram questions go
@@ -93,54 +96,28 @@ class Fakes:
 
 
 @pytest.fixture(scope="module")
-def fakes() -> Iterator[Fakes]:
-    with (
-        slack.SlackFake() as s,
-        teams.TeamsFake() as t,
-        telegram.TelegramFake() as g,
-        CallbackFake() as hook,
-        PayApi() as pay,
-    ):
-        yield Fakes(s, t, g, hook, pay)
+def fakes(shared_service: SharedService) -> Iterator[Fakes]:
+    """The platforms' fakes the shared service's settings point at, and this module's own."""
+    s = shared_service
+    with CallbackFake() as hook, PayApi() as pay:
+        yield Fakes(s.slack, s.teams, s.telegram, hook, pay)
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory, fakes: Fakes) -> Iterator[Orchestrator]:
-    t = fakes.teams
-    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
-        work = tmp_path_factory.mktemp("channels-e2e")
-        settings = agent_config(
-            llm,
-            provider_retries=0,
-            agent_workers=1,
-            workflow_shards=1,
-            outbound_allowed_cidrs=["127.0.0.0/8"],  # the fakes listen on loopback
-            channel_api_base_urls={
-                "slack": fakes.slack.api_url,
-                "telegram": fakes.telegram.url,
-                "teams_login": t.login_url,
-            },
-            channel_retry_base_s=0.2,
-            public_url=PUBLIC,
-            teams_jwks_url=t.jwks_url,
-            teams_issuer=t.issuer,
-            teams_audience=t.app_id,
-            # HAProxy keeps the X-Forwarded-For of a client on loopback: the relay tests play
-            # Telegram's front with it. The approval test's presses come from loopback itself.
-            trusted_proxies=["127.0.0.1/32"],
-            telegram_allowed_cidrs=[*TELEGRAM_WEBHOOK_CIDRS, "127.0.0.0/8"],
-            # Small, so a burst past it is quick (the other tests send a few per channel).
-            channel_inbound_per_minute=INBOUND_PER_MINUTE,
-        )
-        with running(work, settings) as orch:
-            yield orch
+def service(shared_service: SharedService, fakes: Fakes) -> Orchestrator:
+    """The shared service: provider_retries 0, loopback allowed outbound (the fakes listen
+    there), the platforms' API base URLs, PUBLIC as its public URL, the Teams fake's issuer,
+    127.0.0.1 a trusted proxy (HAProxy keeps a loopback client's X-Forwarded-For: the relay
+    tests play Telegram's front with it; the approval test's presses come from loopback
+    itself), loopback among Telegram's addresses, and INBOUND_PER_MINUTE."""
+    return shared_service.orch
 
 
 @contextlib.contextmanager
 def _as(service: Orchestrator, user: str) -> Iterator[httpx.Client]:
     """A client with `user`'s token (a user, not an admin)."""
     with service.client() as admin:
-        made = admin.post("/tokens", json={"user_uuid": user})
+        made = admin.post("/tokens", json={"user_uuid": f"{user}-{RUN}"})
         assert made.status_code == 200, made.text
     headers = {"Authorization": f"Bearer {made.json()['token']}"}
     with httpx.Client(base_url=service.url, headers=headers, timeout=60) as c:
@@ -460,7 +437,12 @@ def test_an_api_decision_updates_the_slack_message_at_once(
         update = _until(lambda: _updates(s, iv["id"]), within=30)[0]  # noqa: B023 - used at once
         took = time.monotonic() - decided_at
         assert took < PROMPT_S, f"{step}: the message was updated after {took:.1f}s"
-        said = "Approved by user:ann: fine" if verb == "approve" else "Rejected by user:ann"
+        ann_uuid = f"ann-{RUN}"
+        said = (
+            f"Approved by user:{ann_uuid}: fine"
+            if verb == "approve"
+            else f"Rejected by user:{ann_uuid}"
+        )
         assert said in json.dumps(update["blocks"])
     final = _finished(ann, workflow_id)
     assert final["status"] == "failed", final
@@ -664,7 +646,7 @@ def _wait(check: Any, within: float = 30) -> Any:
 
 
 def _token(c: httpx.Client, user: str) -> dict[str, str]:
-    made = c.post("/tokens", json={"user_uuid": user}).json()
+    made = c.post("/tokens", json={"user_uuid": f"{user}-{RUN}"}).json()
     return {"Authorization": f"Bearer {made['token']}"}
 
 

@@ -3,31 +3,33 @@ actors, embedded Postgres + pgvector and Redis, the local ONNX embedder), one se
 module: every endpoint over HTTP, the default limits, admin-only endpoints 403 for users,
 embeddings filled in after the store and used by vector search with `text`, traversal
 attempts sent raw, and an agent (in a worker actor) using the memory and workspace tools as
-the task's user."""
+the task's user. On the e2e modules' shared service (tests/e2e/shared.py): its users are its
+own (a random suffix), and it counts only the skills it published (its own tag)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+import uuid
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.test_workflows import Orchestrator, agent_config, running
-from tests.fakes.agent_llm import agent_reply
-from tests.fakes.openai_server import OpenAIFake
+from tests.e2e.shared import SharedService
+from tests.e2e.test_workflows import Orchestrator
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    work = tmp_path_factory.mktemp("data-e2e")
-    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
-        settings = agent_config(llm, embedder="local", marketplace_publish_per_hour=3)
-        with running(work, settings) as orch:
-            yield orch
+def service(shared_service: SharedService) -> Orchestrator:
+    """The shared service: the local embedder (scripts/serve's default) and
+    `marketplace_publish_per_hour: 3`."""
+    return shared_service.orch
+
+
+def _name(user: str) -> str:
+    return f"{user}-{uuid.uuid4().hex[:8]}"
 
 
 def _token(c: httpx.Client, user: str) -> dict[str, str]:
@@ -45,7 +47,7 @@ def _wait(check: Any, within: float = 30) -> Any:
 
 def test_every_memory_endpoint(service: Orchestrator) -> None:
     with service.client() as c:
-        ann, bob = _token(c, "ann"), _token(c, "bob")
+        ann, bob = _token(c, _name("ann")), _token(c, _name("bob"))
         # store / get / overwrite rules / delete
         r = c.post("/memory/default/store", headers=ann, json={"key": "k", "value": "v1"})
         assert r.status_code == 200 and r.json() == {"status": "ok"}
@@ -144,11 +146,12 @@ def test_every_memory_endpoint(service: Orchestrator) -> None:
 
 def test_workspace_over_http(service: Orchestrator) -> None:
     root = service.work / "data" / "workspace"
+    ann_uuid = _name("ann")
     with service.client() as c:
-        ann, bob = _token(c, "ann"), _token(c, "bob")
+        ann, bob = _token(c, ann_uuid), _token(c, _name("bob"))
         r = c.post("/workspace/write", headers=ann, json={"path": "d/a.md", "content": "one two"})
         assert r.status_code == 200 and r.json()["ok"] is True
-        assert (root / "ann" / "d" / "a.md").read_text() == "one two"
+        assert (root / ann_uuid / "d" / "a.md").read_text() == "one two"
         got = c.post("/workspace/read", headers=ann, json={"path": "d/a.md"}).json()
         assert got["content"] == "one two" and got["size"] == 7 and got["path"] == "d/a.md"
         assert c.post("/workspace/read", headers=bob, json={"path": "d/a.md"}).status_code == 404
@@ -174,7 +177,7 @@ def test_workspace_over_http(service: Orchestrator) -> None:
         # Traversal, sent as the client gives it (no normalisation on the way).
         outside = service.work / "outside.txt"
         outside.write_text("secret")
-        (root / "ann" / "link").symlink_to(service.work)
+        (root / ann_uuid / "link").symlink_to(service.work)
         for path in (
             "../bob/x",
             "a/../../x",
@@ -196,9 +199,11 @@ def test_workspace_over_http(service: Orchestrator) -> None:
 
 
 def test_marketplace_over_http(service: Orchestrator) -> None:
+    mk_ann, mk_bob, tag = _name("mk-ann"), _name("mk-bob"), _name("t")
     with service.client() as c:
-        ann, bob = _token(c, "mk-ann"), _token(c, "mk-bob")
-        skill = {"name": "summarise", "description": "Summarise text", "tags": ["text"]}
+        ann, bob = _token(c, mk_ann), _token(c, mk_bob)
+        # Its own tag on each skill: other modules' skills are in the same marketplace.
+        skill = {"name": "summarise", "description": "Summarise text", "tags": ["text", tag]}
         r = c.post("/marketplace/publish", headers=ann, json={**skill, "body": "Do it."})
         assert r.status_code == 200 and r.json()["version"] == "1"
         r = c.post("/marketplace/publish", headers=ann, json={**skill, "body": "Do it well."})
@@ -208,11 +213,12 @@ def test_marketplace_over_http(service: Orchestrator) -> None:
         assert r.status_code == 400
         r = c.post("/marketplace/publish", headers=ann, json={"name": "big", "body": "x" * 4097})
         assert r.status_code == 400
-        r = c.post("/marketplace/publish", headers=ann, json={"name": "third", "body": "x"})
+        third = {"name": "third", "body": "x", "tags": [tag]}
+        r = c.post("/marketplace/publish", headers=ann, json=third)
         assert r.status_code == 200  # the third publish of the hour
         r = c.post("/marketplace/publish", headers=ann, json={"name": "fourth", "body": "x"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
-        page = c.get("/marketplace/browse", headers=bob, params={"limit": 1}).json()
+        page = c.get("/marketplace/browse", headers=bob, params={"limit": 1, "tags": tag}).json()
         assert page["total"] == 3 and page["has_more"] is True and len(page["items"]) == 1
         assert set(page["items"][0]) == {
             "name",
@@ -224,29 +230,30 @@ def test_marketplace_over_http(service: Orchestrator) -> None:
         }
         assert c.get("/marketplace/detail/summarise", headers=bob).status_code == 409
         detail = c.get(
-            "/marketplace/detail/summarise", headers=bob, params={"author": "mk-ann"}
+            "/marketplace/detail/summarise", headers=bob, params={"author": mk_ann}
         ).json()
         assert detail["body"] == "Do it well." and detail["downloads"] == 1
-        popular = c.get("/marketplace/browse", headers=bob, params={"sort": "popular"}).json()
-        assert popular["items"][0]["author"] == "mk-ann"
+        popular = c.get(
+            "/marketplace/browse", headers=bob, params={"sort": "popular", "tags": tag}
+        ).json()
+        assert popular["items"][0]["author"] == mk_ann
         hits = c.get("/marketplace/search", headers=bob, params={"q": "summarise"}).json()
-        assert {i["author"] for i in hits["items"]} == {"mk-ann", "mk-bob"}
+        assert {i["author"] for i in hits["items"]} == {mk_ann, mk_bob}
         r = c.post(
             "/marketplace/report/summarise",
             headers=bob,
-            json={"reason": "spam", "author": "mk-ann"},
+            json={"reason": "spam", "author": mk_ann},
         )
         assert r.status_code == 200
         assert c.get("/marketplace/reports", headers=bob).status_code == 403
-        assert len(c.get("/marketplace/reports").json()["reports"]) == 1
+        reports = c.get("/marketplace/reports").json()["reports"]
+        assert [r["author"] for r in reports if r["name"] == "summarise"] == [mk_ann]
         assert c.post("/marketplace/dismiss/summarise", headers=bob).status_code == 403
         assert (
-            c.post("/marketplace/dismiss/summarise", params={"author": "mk-ann"}).json()[
-                "dismissed"
-            ]
+            c.post("/marketplace/dismiss/summarise", params={"author": mk_ann}).json()["dismissed"]
             == 1
         )
-        r = c.delete("/marketplace/delete/summarise", headers=bob, params={"author": "mk-ann"})
+        r = c.delete("/marketplace/delete/summarise", headers=bob, params={"author": mk_ann})
         assert r.status_code == 403
         assert c.delete("/marketplace/delete/summarise", headers=ann).json()["deleted"] is True
         assert c.delete("/marketplace/delete/nothing", headers=ann).status_code == 404
@@ -257,7 +264,7 @@ def test_agent_tools_in_a_worker_act_as_the_user(service: Orchestrator) -> None:
     """An agent task runs in an AgentWorker actor: its memory and workspace tools act in the
     workflow creator's namespace and root."""
     with service.client() as c:
-        cy = _token(c, "cy")
+        cy = _token(c, _name("cy"))
         # Cached in a replica before the agent (in a worker) overwrites it.
         c.post("/memory/default/store", headers=cy, json={"key": "seen", "value": "before"})
         assert c.get("/memory/default/seen", headers=cy).json()["value"] == "before"
@@ -282,7 +289,7 @@ def test_agent_tools_in_a_worker_act_as_the_user(service: Orchestrator) -> None:
         got = c.post("/workspace/read", headers=cy, json={"path": "agent/out.md"}).json()
         assert got["content"] == "from the agent"
         assert c.get("/memory/default/seen", headers=cy).json()["value"] == "by the agent"
-        other = _token(c, "dee")
+        other = _token(c, _name("dee"))
         assert c.get("/memory/default/seen", headers=other).status_code == 404
 
 

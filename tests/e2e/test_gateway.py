@@ -1,35 +1,36 @@
 """The official `openai` and `anthropic` SDKs against the service started as the README says
-(`scripts/serve` with a config file), each routed to an OpenAI-format and an Anthropic-format
-upstream (real loopback servers speaking those wire formats); Bedrock signed with the
+(`scripts/serve` with a config file: the e2e modules' shared one, tests/e2e/shared.py), each
+routed to an OpenAI-format and an Anthropic-format upstream (real loopback servers speaking
+those wire formats, declared as custom providers of each format); Bedrock signed with the
 temporary AWS keys (session token included) of the environment the service starts in; and
 streams from upstreams whose Content-Type names no charset (llama.cpp's server, Ollama)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-import yaml
 
-from tests.conftest import free_port
-from tests.e2e.test_serve import _wait_for_ready_line
+from tests.e2e.shared import (
+    ANTHROPIC_MODEL,
+    AWS_TOKEN,
+    BEDROCK_MODEL,
+    LLAMACPP_MODEL,
+    OLLAMA_MODEL,
+    OPENAI_MODEL,
+    SharedService,
+)
 from tests.fakes.anthropic_server import FakeAnthropic, text_reply, tool_reply
-from tests.fakes.bedrock_server import ACCESS_KEY, SECRET_KEY, BedrockFake, BedrockTurn
+from tests.fakes.bedrock_server import BedrockFake, BedrockTurn
 from tests.fakes.ollama_server import OllamaFake, OllamaTurn
 from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 TOOL = {
     "type": "function",
@@ -44,9 +45,6 @@ ANT_TOOL = {
     "description": "Look a word up",
     "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
 }
-OPENAI_MODEL, ANTHROPIC_MODEL = "gpt-4o-mini", "claude-sonnet-4-5"
-BEDROCK_MODEL, AWS_TOKEN = "nova", "IQoJb3JpZ2luX2VjE2E2ESESSIONTOKEN"
-LLAMACPP_MODEL, OLLAMA_MODEL = "local-llama", "llama3.2"
 # 2-, 3- and 4-byte UTF-8 characters, which the upstreams below cut across chunks.
 MULTIBYTE = "Grüße, 你好世界 — café € 😀 𝄞 fin"
 
@@ -79,103 +77,19 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    work = tmp_path_factory.mktemp("gateway")
-    with (
-        OpenAIFake(api_key="sk-o") as oai,
-        FakeAnthropic(api_key="sk-a") as ant,
-        BedrockFake(session_token=AWS_TOKEN) as bedrock,
-        OpenAIFake(profile="llamacpp", models=[LLAMACPP_MODEL]) as llamacpp,
-        OllamaFake() as ollama,
-    ):
-        config = work / "orchestrator.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "providers": {
-                        "openai": {
-                            "base_url": oai.base_url,
-                            "api_key": "sk-o",
-                            "models": [OPENAI_MODEL],
-                        },
-                        "anthropic": {
-                            "base_url": ant.url,
-                            "api_key": "sk-a",
-                            "models": [ANTHROPIC_MODEL],
-                        },
-                        # No keys here: the AWS variables below sign (botocore's chain).
-                        "bedrock": {
-                            "base_url": bedrock.url,
-                            "models": [BEDROCK_MODEL],
-                            "model_id": "amazon.nova-lite-v1:0",
-                        },
-                        "ollama": {"base_url": ollama.url, "models": [OLLAMA_MODEL]},
-                    },
-                    "custom_providers": [
-                        {
-                            "id": "llamacpp",
-                            "format": "openai",
-                            "base_url": llamacpp.base_url,
-                            "models": [LLAMACPP_MODEL],
-                        }
-                    ],
-                    "rate_limit_per_minute": 0,
-                }
-            )
-        )
-        data_dir, log, port = work / "data", work / "serve.log", free_port()
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_", "AWS_"))
-        }
-        env.update(
-            AWS_ACCESS_KEY_ID=ACCESS_KEY,
-            AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-            AWS_SESSION_TOKEN=AWS_TOKEN,
-            AWS_REGION="us-east-1",
-            AWS_CONFIG_FILE=str(work / "no-aws-config"),
-            AWS_SHARED_CREDENTIALS_FILE=str(work / "no-aws-credentials"),
-            AWS_EC2_METADATA_DISABLED="true",
-        )
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    str(ROOT / "scripts" / "serve"),
-                    "--config",
-                    str(config),
-                    "--data-dir",
-                    str(data_dir),
-                    "--port",
-                    str(port),
-                ],
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        try:
-            _wait_for_ready_line(proc, log)
-            token = (data_dir / "admin_token").read_text().strip()
-            served = Gateway(f"http://127.0.0.1:{port}", token, oai, ant, bedrock, llamacpp, ollama)
-            yield served
-            for client in served.clients:
-                client.close()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            sys.stdout.write(log.read_text(errors="replace")[-2000:])
+def gateway(shared_service: SharedService) -> Iterator[Gateway]:
+    """The shared service (tests/e2e/shared.py): its configuration routes each model here to
+    its loopback upstream, and it starts with the AWS variables Bedrock signs with."""
+    s = shared_service
+    served = Gateway(s.base_url, s.admin_token, s.oai, s.ant, s.bedrock, s.llamacpp, s.ollama)
+    yield served
+    for client in served.clients:
+        client.close()
 
 
 @pytest.fixture(autouse=True)
-def fresh_upstreams(gateway: Gateway) -> None:
-    gateway.oai.reset()
-    gateway.ant.requests.clear()
-    gateway.bedrock.requests.clear()
-    gateway.llamacpp.reset()
-    gateway.ollama.requests.clear()
+def fresh_upstreams(gateway: Gateway, shared_service: SharedService) -> None:
+    shared_service.reset()
 
 
 @pytest.mark.parametrize("model", [OPENAI_MODEL, ANTHROPIC_MODEL])

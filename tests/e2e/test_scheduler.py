@@ -1,7 +1,8 @@
 """The scheduler through `scripts/serve` (the Scheduler actor, AgentWorkers, embedded
 Postgres): an every-1s job fires repeatedly as its creator, run-now dispatches at once, and a
 kill -9 of the Scheduler actor mid-run: Ray restarts it, the interrupted run is recorded as
-an error, and no slot fires twice."""
+an error, and no slot fires twice. On the e2e modules' shared service (tests/e2e/shared.py):
+its users are its own, it counts its own jobs' events, and it deletes the jobs it made."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -18,24 +20,34 @@ import httpx
 import pytest
 
 from tests.e2e.drivers import last_json_line
+from tests.e2e.shared import SharedService
 from tests.e2e.test_serve import ROOT
-from tests.e2e.test_workflows import Orchestrator, _actors, agent_config, running
-from tests.fakes.agent_llm import agent_reply
-from tests.fakes.openai_server import OpenAIFake
+from tests.e2e.test_workflows import Orchestrator, _actors
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    work = tmp_path_factory.mktemp("scheduler-e2e")
-    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as llm:
-        with running(work, agent_config(llm)) as orch:
-            yield orch
+def service(shared_service: SharedService) -> Orchestrator:
+    return shared_service.orch
 
 
-def _events(c: httpx.Client, types: str, **kw: Any) -> list[dict[str, Any]]:
-    return list(c.get("/events", params={"types": types, "limit": 1000}, **kw).json()["data"])
+def _events(
+    c: httpx.Client, types: str, user: str | None = None, **kw: Any
+) -> list[dict[str, Any]]:
+    params: dict[str, Any] = {"types": types, "limit": 1000}
+    if user is not None:
+        params["user_uuid"] = user  # an admin's view narrowed to that user's events
+    return list(c.get("/events", params=params, **kw).json()["data"])
+
+
+def _executed(c: httpx.Client, job_id: int) -> int:
+    return sum(e["data"]["job_id"] == job_id for e in _events(c, "scheduler.job_executed"))
+
+
+def _name(user: str) -> str:
+    """A user of this run's own (the service is shared, and outlives a module)."""
+    return f"{user}-{uuid.uuid4().hex[:8]}"
 
 
 def _wait(check: Any, within: float) -> Any:
@@ -46,15 +58,27 @@ def _wait(check: Any, within: float) -> Any:
     return got
 
 
-def test_every_job_run_now_and_scheduler_kill(service: Orchestrator) -> None:
+@pytest.fixture
+def made_jobs(service: Orchestrator) -> Iterator[list[int]]:
+    """Jobs a test made, deleted after it: nothing of it fires on while other modules run."""
+    jobs: list[int] = []
+    yield jobs
     with service.client() as c:
-        made = c.post("/tokens", json={"user_uuid": "dana", "admin": True}).json()
+        for job_id in jobs:
+            c.delete(f"/schedules/{job_id}")
+
+
+def test_every_job_run_now_and_scheduler_kill(service: Orchestrator, made_jobs: list[int]) -> None:
+    dana_uuid = _name("dana")
+    with service.client() as c:
+        made = c.post("/tokens", json={"user_uuid": dana_uuid, "admin": True}).json()
         dana = {"Authorization": f"Bearer {made['token']}"}
         jid = c.post("/schedules", headers=dana, json={"prompt": "tick", "every": 1000}).json()[
             "id"
         ]
-        _wait(lambda: len(_events(c, "scheduler.job_executed")) >= 3, 30)
-        tasks = _events(c, "task.completed", headers=dana)
+        made_jobs.append(jid)
+        _wait(lambda: _executed(c, jid) >= 3, 30)
+        tasks = _events(c, "task.completed", user=dana_uuid, headers=dana)
         assert len(tasks) >= 3
         assert all(e["data"]["task_id"].startswith(f"job-{jid}-run-") for e in tasks)
         assert (c.get(f"/schedules/{jid}").json())["last_result"] == "ok"
@@ -62,6 +86,7 @@ def test_every_job_run_now_and_scheduler_kill(service: Orchestrator) -> None:
 
         # Run now: a job whose cron is a year away is dispatched within a second.
         slow = c.post("/schedules", json={"prompt": "[sleep 4]", "cron": "0 0 1 1 *"}).json()["id"]
+        made_jobs.append(slow)
         asked = time.time() * 1000
         assert c.post(f"/schedules/{slow}/run").json()["status"] == "dispatched"
         dispatched = _wait(
@@ -85,12 +110,8 @@ def test_every_job_run_now_and_scheduler_kill(service: Orchestrator) -> None:
         assert "interrupted" in (job["last_error"] or "")
         assert job["consecutive_errors"] == 1 and job["running"] is False
         jid2 = c.post("/schedules", json={"prompt": "after", "every": 1000}).json()["id"]
-        _wait(
-            lambda: (
-                sum(e["data"]["job_id"] == jid2 for e in _events(c, "scheduler.job_executed")) >= 2
-            ),
-            30,
-        )
+        made_jobs.append(jid2)
+        _wait(lambda: _executed(c, jid2) >= 2, 30)
         # Each dispatch moved the job to its next slot: a slot fired twice would repeat one.
         for job_id in (jid, jid2):
             slots = Counter(
@@ -104,7 +125,7 @@ def test_every_job_run_now_and_scheduler_kill(service: Orchestrator) -> None:
 def test_error_codes_through_serve(service: Orchestrator) -> None:
     """SPEC part 7's scheduler errors, through the Serve ingress."""
     with service.client() as c:
-        made = c.post("/tokens", json={"user_uuid": "erik"}).json()
+        made = c.post("/tokens", json={"user_uuid": _name("erik")}).json()
         erik = {"Authorization": f"Bearer {made['token']}"}
         assert c.post("/schedules", json={"every": 1000}).status_code == 400  # no prompt
         r = c.post("/schedules", json={"prompt": "x", "cron": "99 * * * *"})

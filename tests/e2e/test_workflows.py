@@ -49,6 +49,9 @@ class Orchestrator:
     config: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    # Environment over the test's own (tests/e2e/shared.py: the AWS keys Bedrock signs with;
+    # inherited AWS_ variables are dropped when it names any).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -62,7 +65,12 @@ class Orchestrator:
     def start(self) -> None:
         log = self.work / "serve.log"
         offset = log.stat().st_size if log.exists() else 0
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_"))}
+        dropped = (
+            "ORCH_",
+            "RAY_SERVE_",
+            *(("AWS_",) if any("AWS_" in k for k in self.env) else ()),
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)} | self.env
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [
@@ -141,11 +149,13 @@ def agent_config(llm: OpenAIFake, **extra: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running(work: Path, settings: dict[str, Any]) -> Iterator[Orchestrator]:
+def running(
+    work: Path, settings: dict[str, Any], env: dict[str, str] | None = None
+) -> Iterator[Orchestrator]:
     """`scripts/serve` with these settings in `work`, stopped (its log tail printed) after."""
     config = work / "orchestrator.yaml"
     config.write_text(yaml.safe_dump(settings))
-    orch = Orchestrator(work, config)
+    orch = Orchestrator(work, config, env=env or {})
     orch.start()
     try:
         yield orch

@@ -1,5 +1,5 @@
-"""Browser fixtures for the web console (tests/e2e/ui): one service for the package started as
-`scripts/serve` starts it (tests/e2e/test_workflows.py `running`), its agents answered by a
+"""Browser fixtures for the web console (tests/e2e/ui): the e2e modules' shared service
+(tests/e2e/shared.py, `scripts/serve` as the README starts it), its agents answered by a
 loopback OpenAI-format model, and Debian's chromium driven by Playwright.
 
 `signed_in_page(token)` opens a fresh browser context (its own sessionStorage) on /ui and
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_workflows import Orchestrator, agent_config, running
-from tests.fakes.agent_llm import agent_reply
+from tests.e2e.shared import SharedService
+from tests.e2e.test_workflows import Orchestrator
 from tests.fakes.openai_server import OpenAIFake
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,30 +34,21 @@ SHOTS = (
 TIMEOUT_MS = 30_000
 
 
-# One service for every console module (the package): each started its own before, ~14 s of
-# set-up apiece. The tests' data are their own users', so they do not see each other's.
+# One service for every console module and the other e2e modules it agrees with (each module
+# started its own before, ~17 s of set-up apiece). The tests' data are their own users', so
+# they do not see each other's.
 @pytest.fixture(scope="package")
-def llm() -> Iterator[OpenAIFake]:
-    with OpenAIFake(api_key="sk-agent", default_reply=agent_reply) as server:
-        yield server
+def llm(shared_service: SharedService) -> OpenAIFake:
+    """The agents' model, `providers.openai` (answers with agent_llm's `agent_reply`)."""
+    return shared_service.llm
 
 
 @pytest.fixture(scope="package")
-def console(tmp_path_factory: pytest.TempPathFactory, llm: OpenAIFake) -> Iterator[Orchestrator]:
-    work = tmp_path_factory.mktemp("console-e2e")
-    settings = agent_config(
-        llm,
-        provider_retries=0,
-        agent_workers=2,
-        # Local inference sized for this machine (test_console_models starts the bundled model).
-        inference_ctx_size=2048,
-        inference_threads=2,
-        inference_poll_interval_s=0.3,
-        # test_console_tools registers an MCP server and an HTTP tool on loopback.
-        outbound_allowed_cidrs=["127.0.0.0/8"],
-    )
-    with running(work, settings) as orch:
-        yield orch
+def console(shared_service: SharedService) -> Orchestrator:
+    """The shared service: provider_retries 0, local inference sized for this machine
+    (test_console_models starts the bundled model), loopback allowed outbound
+    (test_console_tools registers an MCP server and an HTTP tool on loopback)."""
+    return shared_service.orch
 
 
 @pytest.fixture(scope="package")

@@ -185,7 +185,10 @@ def test_memory_browse_search_pin_and_delete(
     rows = entries.get_by_test_id("memory-entry")
     # Ann's entries, newest first as the API lists them; Ben's is not hers to see.
     expect(rows).to_have_count(len(values))
-    assert rows.evaluate_all("els => els.map(e => e.dataset.key)") == listed
+    # Each row waited for (not read once: the list may be drawn again between the count and a
+    # read, which then saw no rows at all on a loaded machine).
+    for i, key in enumerate(listed):
+        expect(rows.nth(i)).to_have_attribute("data-key", key)
     expect(entries.locator('[data-key="bens-secret"]')).to_have_count(0)
     for key, value in values.items():
         expect(entries.locator(f'[data-key="{key}"] pre.value')).to_have_text(value)
