@@ -26,14 +26,16 @@ from orchestrator.runtime.supervisor import Supervisor
 from tests.fakes._sockets import bound_socket
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Collect what the session left for the garbage collector while its ResourceWarnings
     are ignored. A leak during a test still fails that test (filterwarnings: error); what
     only the final collection finds belongs to no test, and pytest would report it as an
     error of the whole run: seen once in a full run, three asyncio Redis connections of the
     session's Redis collected after their event loop had closed (not reproduced by any
-    module alone)."""
+    module alone). First of the session's finishers: another plugin's (schemathesis imports
+    a module there) can set off the collection, and a session's fake upstream's socket
+    found then crashed the run (tests/e2e's shared service, its fakes' last connections)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()

@@ -2,7 +2,8 @@
 
 The e2e phase runs its modules one at a time and was mostly service starts (~17 s to start,
 ~4 s to stop, each): test_agent_tools, test_channels, test_data_api, test_gateway,
-test_scheduler and the console's package (tests/e2e/ui) each started their own, with settings
+test_scheduler and the console's package (tests/e2e/ui) each started their own (and
+test_agent_clients would have), with settings
 that do not conflict.
 They now use this one, through the session fixture `shared_service` (tests/e2e/conftest.py),
 which starts it the first time a test asks and stops it after the last test that uses it
@@ -133,6 +134,10 @@ class SharedService:
             "default_model": MODEL,
             "rate_limit_per_minute": 0,
             "provider_retries": 0,
+            # test_agent_clients: Codex's default config declares a hosted web_search tool
+            # no provider behind us runs; an operator serving Codex drops and lists it
+            # (docs/openai-compatibility.md). The 400 without it: tests/integration.
+            "drop_unsupported_params": True,
             # MCP servers, HTTP tools and the console's tools on loopback.
             "outbound_allowed_cidrs": ["127.0.0.0/8"],
             "mcp_stdio_commands": [sys.executable],

@@ -9,14 +9,14 @@ is skipped with the reason, never passed. Behind the service are the scripted up
 (tests/fakes): each scenario scripts a tool call the client really executes (Claude Code reads
 a file, Codex runs `cat`, the SDKs call their Python function) and then the answer, and checks
 what reached the upstream (the tool's output, Claude Code's `cache_control`). What each client
-sends was captured first (docs/openai-compatibility.md). One service for the whole module."""
+sends was captured first (docs/openai-compatibility.md). The service is the e2e phase's
+shared one (tests/e2e/shared.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import free_port
-from tests.e2e.test_serve import _wait_for_ready_line
+from tests.e2e import shared
+from tests.e2e.shared import SharedService
 from tests.fakes.anthropic_server import FakeAnthropic, Reply, text_reply, tool_reply
 from tests.fakes.openai_server import FakeReply, FakeToolCall, OpenAIFake
 
@@ -57,59 +57,17 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """`orchestrator serve` (the console script of this environment) with an OpenAI and an
-    Anthropic upstream fake."""
-    work = tmp_path_factory.mktemp("agent-clients")
-    with OpenAIFake(api_key="sk-o") as oai, FakeAnthropic(api_key="sk-a") as ant:
-        config = work / "orchestrator.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "providers": {
-                        "openai": {
-                            "base_url": oai.base_url,
-                            "api_key": "sk-o",
-                            "models": [OPENAI_MODEL],
-                        },
-                        "anthropic": {
-                            "base_url": ant.url,
-                            "api_key": "sk-a",
-                            "models": [ANTHROPIC_MODEL],
-                        },
-                    },
-                    "rate_limit_per_minute": 0,
-                    # Codex's default config declares a hosted web_search tool, which no
-                    # provider behind us runs: an operator serving Codex drops and lists it
-                    # (docs/openai-compatibility.md), as this service does.
-                    "drop_unsupported_params": True,
-                }
-            )
-        )
-        data_dir, log, port = work / "data", work / "serve.log", free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RAY_SERVE_"))}
-        serve = Path(sys.executable).with_name("orchestrator")
-        argv = [str(serve), "serve", "--config", str(config), "--data-dir", str(data_dir)]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [*argv, "--port", str(port)],
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        try:
-            _wait_for_ready_line(proc, log)
-            token = (data_dir / "admin_token").read_text().strip()
-            yield Served(f"http://127.0.0.1:{port}", token, oai, ant, work)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            sys.stdout.write(log.read_text(errors="replace")[-2000:])
+def served(shared_service: SharedService, tmp_path_factory: pytest.TempPathFactory) -> Served:
+    """The e2e phase's shared `orchestrator serve` (tests/e2e/shared.py) and its OpenAI- and
+    Anthropic-format upstream fakes (custom providers `fake-openai`, `fake-anthropic`)."""
+    assert (OPENAI_MODEL, ANTHROPIC_MODEL) == (shared.OPENAI_MODEL, shared.ANTHROPIC_MODEL)
+    return Served(
+        shared_service.base_url,
+        shared_service.admin_token,
+        shared_service.oai,
+        shared_service.ant,
+        tmp_path_factory.mktemp("agent-clients"),
+    )
 
 
 @pytest.fixture(autouse=True)
