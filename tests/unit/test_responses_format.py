@@ -295,6 +295,24 @@ def test_a_failed_stream_ends_with_error_and_response_failed() -> None:
     assert encoder.final["output"] == []  # the item cut short is not part of the output
 
 
+def test_a_failure_after_the_end_is_the_last_word() -> None:
+    """The endpoint sends `terminal_frame` after the stream's frames: a failure reported
+    after MessageEnd (the upstream broke while closing) must not be followed by a
+    response.completed contradicting the response.failed (and the stored failed answer)."""
+    from orchestrator.errors import BadGateway
+
+    encoder = rf.EventEncoder(
+        rf.decode_request({"model": "m", "input": "hi"}), id="resp_1", model="m", created_at=1
+    )
+    for event in (BlockStart(0, "text"), BlockDelta(0, "ok"), BlockStop(0)):
+        encoder.frames(event)
+    encoder.frames(MessageEnd("end_turn", Usage(1, 1)))
+    raw = encoder.error_frames(BadGateway("upstream broke")) + encoder.terminal_frame()
+    types = [json.loads(f.split("\ndata: ")[1])["type"] for f in raw.decode().split("\n\n") if f]
+    assert types == ["error", "response.failed"]
+    assert encoder.final is not None and encoder.final["status"] == "failed"
+
+
 PATCH_TOOL = {
     "type": "custom",
     "name": "apply_patch",
