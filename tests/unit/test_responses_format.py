@@ -400,3 +400,22 @@ def test_input_file_parts_become_document_blocks() -> None:
     assert text == TextBlock("sum up")
     assert inline == DocumentBlock(media_type="application/pdf", data="JVBERi0=", title="a.pdf")
     assert linked == DocumentBlock(url="https://example.com/b.pdf")
+    # Recorded for the provider tables, as the other decoders do: OpenAI takes the inline
+    # PDF but not the URL one (a 400 naming `document`, never an empty file part), and a
+    # provider without documents refuses both instead of losing them.
+    chat = rf.conversation(req, [])
+    assert chat.params["document"] == ("base64", "url")
+    from orchestrator.providers import _params
+
+    class _OpenAI:
+        params = _params.OPENAI
+
+    class _Ollama:
+        params = _params.OLLAMA
+
+    assert _params.unsupported(_OpenAI(), chat.params) == ["document"]
+    inline_only = rf.conversation(
+        rf.decode_request({"model": "m", "input": [{"role": "user", "content": [FILE]}]}), []
+    )
+    assert _params.unsupported(_OpenAI(), inline_only.params) == []
+    assert _params.unsupported(_Ollama(), inline_only.params) == ["document"]
