@@ -136,6 +136,10 @@ def test_options_map_to_the_internal_request_and_params() -> None:
         ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.name"),
         ({"input": "x", "metadata": {"k": 1}}, "metadata.k"),
         ({"input": "x", "nope": 1}, "nope"),
+        (  # ids are the input_items cursors: a repeated one would page forever
+            {"input": [{"role": "user", "content": "a", "id": "m"}] * 2},
+            "input[1].id",
+        ),
         ({}, "input"),
     ],
 )
