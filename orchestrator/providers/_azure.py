@@ -123,8 +123,10 @@ class EntraToken:
                 provider=self.provider,
                 upstream_status=401,
             )
-        expires_in = data.get("expires_in")
-        lifetime = float(expires_in) if isinstance(expires_in, int | float | str) else 3600.0
+        try:  # a number, or a numeric string (v1 endpoints sent strings)
+            lifetime = float(data.get("expires_in", 3600.0))
+        except (TypeError, ValueError):
+            lifetime = 3600.0
         # A short-lived token is renewed at half its life rather than never cached.
         self._renew_at = asked + max(lifetime - EXPIRY_MARGIN_S, lifetime / 2)
         self._token = token
@@ -141,12 +143,10 @@ class AzureOpenAIAdapter(OpenAIAdapter):
     params: Mapping[str, Translate] = _params.OPENAI
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient) -> None:
-        super().__init__(config, http)
         extra = config.extra
-        self.api_version = str(extra.get("api_version") or AZURE_API_VERSION)
-        self.deployments: dict[str, str] = dict(extra.get("deployments") or {})
-        self._root = config.base_url.rstrip("/").removesuffix("/openai")
-        self._urls: dict[tuple[str, str], httpx.URL] = {}
+        # Set before OpenAIAdapter.__init__, which builds the request headers once from
+        # `headers()`: with Entra configured no `api-key` may be among them (a key left in
+        # AZURE_OPENAI_API_KEY would otherwise ride along with the bearer token).
         self.entra: EntraToken | None = None
         if extra.get("tenant_id") and extra.get("client_id") and extra.get("client_secret"):
             self.entra = EntraToken(
@@ -156,18 +156,19 @@ class AzureOpenAIAdapter(OpenAIAdapter):
                 tenant_id=str(extra["tenant_id"]),
                 client_id=str(extra["client_id"]),
                 client_secret=str(extra["client_secret"]),
-                timeout=self._timeout,
+                timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
             )
+        super().__init__(config, http)
+        self.api_version = str(extra.get("api_version") or AZURE_API_VERSION)
+        self.deployments: dict[str, str] = dict(extra.get("deployments") or {})
+        self._root = config.base_url.rstrip("/").removesuffix("/openai")
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
 
     def headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
-        if self.config.api_key and not self._uses_entra():
+        if self.config.api_key and self.entra is None:
             headers["api-key"] = self.config.api_key
         return headers
-
-    def _uses_entra(self) -> bool:
-        # Read before __init__ sets it: OpenAIAdapter.__init__ builds the headers first.
-        return getattr(self, "entra", None) is not None
 
     async def _with_auth(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         if self.entra is None:

@@ -66,6 +66,7 @@ __all__ = [
     "OPENAI",
     "PARAM_FIELDS",
     "REASONING_BUDGETS",
+    "VERTEX_ANTHROPIC",
     "Limited",
     "apply",
     "fit",
@@ -321,6 +322,12 @@ ANTHROPIC: Mapping[str, Translate] = _NativeTable(
         )
     }
 )
+
+# Claude on Vertex AI: Anthropic's table without the caller-body-only entries. Its body is
+# encoded from the internal model (`encode_request`), which has no place for server tools
+# (`tools.<type>`) or server-tool blocks (`content.<type>`): honoured here they would be
+# lost without a word, so they are refused by name (or dropped and listed) instead.
+VERTEX_ANTHROPIC: Mapping[str, Translate] = dict(ANTHROPIC)
 
 
 # --- Gemini generateContent ----------------------------------------------------------------

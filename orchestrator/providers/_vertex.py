@@ -153,7 +153,7 @@ class _VertexAnthropic:
     """Claude on Vertex: Anthropic's Messages body and answers at `:rawPredict` /
     `:streamRawPredict`."""
 
-    params: Mapping[str, Translate] = _params.ANTHROPIC
+    params: Mapping[str, Translate] = _params.VERTEX_ANTHROPIC
 
     def __init__(self, config: ProviderConfig, http: httpx.AsyncClient, vertex: VertexAdapter):
         self.config = config

@@ -109,6 +109,16 @@ async def test_claude_code_requests_reach_anthropic_verbatim_with_cache_usage_ba
             sent = ant.requests[-1]
             assert sent.path == "/v1/messages" and sent.json == captured["body"]
             assert sent.headers["anthropic-beta"] == captured["headers"]["anthropic-beta"]
+            # Of the caller's headers only anthropic-beta goes on: never its key (ours is a
+            # gateway token), nor its session id, app name or browser-access flag.
+            assert ADMIN_TOKEN not in json.dumps(sent.headers)
+            sent_names = {k.lower() for k in sent.headers}
+            for name in (
+                "x-claude-code-session-id",
+                "x-app",
+                "anthropic-dangerous-direct-browser-access",
+            ):
+                assert name not in sent_names, name
             assert ant.violations == []
             events = _sse(r.text)
             start = events[0][1]["message"]["usage"]

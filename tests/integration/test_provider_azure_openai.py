@@ -281,6 +281,23 @@ async def test_entra_id_token_is_fetched_once_and_sent_as_bearer(
         assert "api-key" not in sent.headers
 
 
+async def test_with_entra_configured_a_leftover_key_is_never_sent(
+    azure: AzureOpenAIFake, http: httpx.AsyncClient
+) -> None:
+    """A key (AZURE_OPENAI_API_KEY) beside Entra settings: the bearer alone goes out, on
+    every call, not only on the probe (the headers are built once, at construction)."""
+    entra = azure.entra
+    assert entra is not None
+    azure_adapter = adapter(azure, http, **entra_extra(entra, api_key="stale-key"))
+    await azure_adapter.complete(ask())
+    await collect(azure_adapter.stream(ask()))
+    await azure_adapter.probe()
+    assert len(azure.requests) == 3
+    for sent in azure.requests:
+        assert "api-key" not in sent.headers
+        assert sent.headers["authorization"].startswith("Bearer ")
+
+
 async def test_a_short_lived_entra_token_is_renewed(
     azure: AzureOpenAIFake, http: httpx.AsyncClient
 ) -> None:

@@ -20,6 +20,21 @@ def test_anthropic_keeps_its_own_forms() -> None:
     assert _params.unsupported(_Adapter(_params.ANTHROPIC), {"content.server_tool_use": True}) == []
 
 
+def test_claude_on_vertex_refuses_what_only_a_caller_body_carries() -> None:
+    """Vertex's Claude body is encoded from the internal model, which cannot carry server
+    tools or server-tool blocks: refused by name there, not honoured and lost."""
+    from orchestrator.providers._vertex import _VertexAnthropic
+
+    vertex = _Adapter(_VertexAnthropic.params)
+    wanted = {"tools.web_search_20250305": True, "content.server_tool_use": True}
+    assert _params.unsupported(vertex, wanted) == list(wanted)
+    everything_else = {"thinking": {"type": "enabled", "budget_tokens": 1024}, "top_k": 5}
+    assert _params.unsupported(vertex, {**everything_else, "cache_control": True}) == []
+    with pytest.raises(ValidationFailed) as caught:
+        _params.fit(wanted, vertex, "vertex", drop=False)
+    assert [f["field"] for f in caught.value.extra["fields"]] == list(wanted)
+
+
 def test_effort_and_adaptive_thinking_become_reasoning_effort_for_openai() -> None:
     params = {
         "thinking": {"type": "adaptive"},

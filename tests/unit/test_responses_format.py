@@ -136,6 +136,10 @@ def test_options_map_to_the_internal_request_and_params() -> None:
         ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.name"),
         ({"input": "x", "metadata": {"k": 1}}, "metadata.k"),
         ({"input": "x", "nope": 1}, "nope"),
+        (  # ids are the input_items cursors: a repeated one would page forever
+            {"input": [{"role": "user", "content": "a", "id": "m"}] * 2},
+            "input[1].id",
+        ),
         ({}, "input"),
     ],
 )
@@ -295,6 +299,24 @@ def test_a_failed_stream_ends_with_error_and_response_failed() -> None:
     assert encoder.final["output"] == []  # the item cut short is not part of the output
 
 
+def test_a_failure_after_the_end_is_the_last_word() -> None:
+    """The endpoint sends `terminal_frame` after the stream's frames: a failure reported
+    after MessageEnd (the upstream broke while closing) must not be followed by a
+    response.completed contradicting the response.failed (and the stored failed answer)."""
+    from orchestrator.errors import BadGateway
+
+    encoder = rf.EventEncoder(
+        rf.decode_request({"model": "m", "input": "hi"}), id="resp_1", model="m", created_at=1
+    )
+    for event in (BlockStart(0, "text"), BlockDelta(0, "ok"), BlockStop(0)):
+        encoder.frames(event)
+    encoder.frames(MessageEnd("end_turn", Usage(1, 1)))
+    raw = encoder.error_frames(BadGateway("upstream broke")) + encoder.terminal_frame()
+    types = [json.loads(f.split("\ndata: ")[1])["type"] for f in raw.decode().split("\n\n") if f]
+    assert types == ["error", "response.failed"]
+    assert encoder.final is not None and encoder.final["status"] == "failed"
+
+
 PATCH_TOOL = {
     "type": "custom",
     "name": "apply_patch",
@@ -382,3 +404,22 @@ def test_input_file_parts_become_document_blocks() -> None:
     assert text == TextBlock("sum up")
     assert inline == DocumentBlock(media_type="application/pdf", data="JVBERi0=", title="a.pdf")
     assert linked == DocumentBlock(url="https://example.com/b.pdf")
+    # Recorded for the provider tables, as the other decoders do: OpenAI takes the inline
+    # PDF but not the URL one (a 400 naming `document`, never an empty file part), and a
+    # provider without documents refuses both instead of losing them.
+    chat = rf.conversation(req, [])
+    assert chat.params["document"] == ("base64", "url")
+    from orchestrator.providers import _params
+
+    class _OpenAI:
+        params = _params.OPENAI
+
+    class _Ollama:
+        params = _params.OLLAMA
+
+    assert _params.unsupported(_OpenAI(), chat.params) == ["document"]
+    inline_only = rf.conversation(
+        rf.decode_request({"model": "m", "input": [{"role": "user", "content": [FILE]}]}), []
+    )
+    assert _params.unsupported(_OpenAI(), inline_only.params) == []
+    assert _params.unsupported(_Ollama(), inline_only.params) == ["document"]

@@ -75,7 +75,15 @@ def normalise_input(raw: Any) -> list[JSON]:
         return [_message("user", [{"type": "input_text", "text": raw}])]
     if not isinstance(raw, list):
         invalid("input", "must be a string or an array of items")
-    return [_item(item, f"input[{i}]") for i, item in enumerate(raw)]
+    items = [_item(item, f"input[{i}]") for i, item in enumerate(raw)]
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        # Ids are the cursors of GET /responses/{id}/input_items: a repeated one would page
+        # forever (OpenAI refuses it too: "Duplicate item found with id").
+        if item["id"] in seen:
+            invalid(f"input[{i}].id", f"duplicate item id {item['id']!r}")
+        seen.add(item["id"])
+    return items
 
 
 def _message(role: str, content: list[JSON], id: str | None = None) -> JSON:

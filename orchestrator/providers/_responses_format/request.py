@@ -10,6 +10,7 @@ provider-dependent one goes to `ChatRequest.params`, whose provider tables decid
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from orchestrator.providers._responses_format.items import (
     normalise_input,
 )
 from orchestrator.providers._responses_format.tools import Tools, tool_choice
-from orchestrator.providers._types import ChatRequest
+from orchestrator.providers._types import ChatRequest, DocumentBlock
 
 __all__ = ["INCLUDE_HONOURED", "ResponsesRequest", "conversation", "decode_request"]
 
@@ -248,9 +249,22 @@ def conversation(request: ResponsesRequest, history: list[JSON]) -> ChatRequest:
 
 
 def _checked(chat: ChatRequest) -> ChatRequest:
+    """`chat` with at least one message, and its documents' kinds in `params["document"]`
+    ("base64", "url"), as the chat-completions and Messages decoders record them: the
+    provider's table then refuses (or drops and lists) what it cannot read, rather than an
+    encoder sending a URL document as an empty PDF or one without documents losing it."""
     if not chat.messages:
         invalid("input", "must hold at least one user, assistant or tool output item")
-    return chat
+    kinds: list[str] = []
+    for message in chat.messages:
+        for block in message.content:
+            if isinstance(block, DocumentBlock):
+                kind = "url" if block.url is not None else "base64"
+                if kind not in kinds:
+                    kinds.append(kind)
+    if not kinds:
+        return chat
+    return dataclasses.replace(chat, params={**chat.params, "document": tuple(kinds)})
 
 
 def _joined(instructions: str | None, system: list[str]) -> str | None:

@@ -159,6 +159,7 @@ class EventEncoder:
         out.append(self._event("error", code=code, message=exc.message, param=None))
         self._open = None  # an item cut short is not part of the output
         self.final = self._response("failed", error={"code": code, "message": exc.message})
+        self.terminal = None  # a failure after the end: no response.completed after this
         out.append(self._event("response.failed", response=self.final))
         return b"".join(sse_event(e) for e in out)
 
