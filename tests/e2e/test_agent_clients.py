@@ -251,10 +251,14 @@ def test_claude_code_reads_a_file_with_its_tool_and_answers(
         },
         anthropic=True,
     )
-    assert counted["input_tokens"] > 0
+    # The upstream's own count (the Anthropic fake answers count_tokens), not our estimate.
+    assert counted.headers["x-orchestrator-token-count"] == "provider"
+    assert counted.json()["input_tokens"] > 0
+    assert any(r.path.startswith("/v1/messages/count_tokens") for r in served.ant.requests)
 
 
 def _post(served: Served, path: str, body: dict[str, Any], *, anthropic: bool) -> Any:
+    """The response (200 asserted)."""
     import httpx
 
     headers = (
@@ -264,7 +268,7 @@ def _post(served: Served, path: str, body: dict[str, Any], *, anthropic: bool) -
     )
     response = httpx.post(f"{served.url}{path}", json=body, headers=headers, timeout=30)
     assert response.status_code == 200, response.text
-    return response.json()
+    return response
 
 
 # --- Codex ------------------------------------------------------------------------------

@@ -409,7 +409,7 @@ def test_the_declared_table_follows_the_model() -> None:
     config = ProviderConfig("vertex", "vertex", "http://x/v1", extra={"project": "p"})
     vertex_adapter = VertexAdapter(config, httpx.AsyncClient())
     assert vertex_adapter.params_for(GEMINI) is _params.GEMINI
-    assert vertex_adapter.params_for(CLAUDE) is _params.ANTHROPIC
+    assert vertex_adapter.params_for(CLAUDE) is _params.VERTEX_ANTHROPIC
     both = {"top_k": 5, "response_format": {"type": "json_object"}}
     assert _params.fit(both, vertex_adapter, "vertex", drop=False, model=CLAUDE) == both
     assert _params.fit(both, vertex_adapter, "vertex", drop=False, model=GEMINI) == both
